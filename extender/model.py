@@ -1,0 +1,321 @@
+"""The live model of the cluster's cards: nodes x cards as numpy arrays, plus who holds what.
+
+Why arrays: the extender scores every candidate node on every request (thousands of nodes) and
+the benchmark replays ~100k placements per policy; both run the same pure functions in
+:mod:`extender.scoring` over :class:`CardArrays`, vectorised with numpy.
+
+Why one model per process, guarded by one lock: a card is never double-booked only if every
+filter/prioritize/bind sees the same state and bind's re-check + commit is atomic. The server
+therefore runs one gunicorn worker process (with threads); see ``extender/gunicorn_conf.py``.
+
+Nothing here is the source of truth: allocations live on the pods as annotations
+(:mod:`stowage.allocation`), so the model can always be rebuilt from the API server.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+from stowage.inventory import Card, Inventory, normalize_model
+from stowage.resources import CORE_MILLI_PER_CARD, GpuRequest
+
+INF = float("inf")
+
+
+class AllocationConflict(RuntimeError):
+    """The chosen cards no longer have room (another pod took them in between)."""
+
+
+@dataclass
+class CardArrays:
+    """Pure data the scoring functions read. Shape [N] for nodes, [N, K] for cards.
+
+    A card slot k of node i exists when ``exists[i, k]``; its card index on the node is k.
+    ``mem_*`` are MiB, ``core_free`` milli-cards (1000 = whole card). A card that holds a
+    whole-GPU pod has ``mem_free == core_free == 0``. ``pods`` counts pods on the card, so a
+    card is free for a whole-GPU pod iff it exists, is healthy and ``pods == 0``.
+    """
+
+    exists: np.ndarray
+    healthy: np.ndarray
+    mem_total: np.ndarray
+    mem_free: np.ndarray
+    core_free: np.ndarray
+    pods: np.ndarray
+    model: np.ndarray      # int ids into ClusterModel.models
+    numa: np.ndarray       # -1 unknown
+    nvlink: np.ndarray     # [N, K, K] bool adjacency
+    node_ok: np.ndarray    # [N] node present and schedulable
+    cpu_free: np.ndarray   # [N] milli-CPU (inf when not modelled)
+    hmem_free: np.ndarray  # [N] host MiB (inf when not modelled)
+
+    @classmethod
+    def empty(cls, n: int, k: int) -> "CardArrays":
+        return cls(
+            exists=np.zeros((n, k), bool), healthy=np.zeros((n, k), bool),
+            mem_total=np.zeros((n, k), np.int64), mem_free=np.zeros((n, k), np.int64),
+            core_free=np.zeros((n, k), np.int64), pods=np.zeros((n, k), np.int32),
+            model=np.zeros((n, k), np.int32), numa=np.full((n, k), -1, np.int32),
+            nvlink=np.zeros((n, k, k), bool), node_ok=np.zeros(n, bool),
+            cpu_free=np.full(n, INF), hmem_free=np.full(n, INF))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.exists.shape  # type: ignore[return-value]
+
+    def resized(self, n: int, k: int) -> "CardArrays":
+        """A copy grown to at least n nodes and k card slots (new slots empty)."""
+        out = CardArrays.empty(n, k)
+        n0, k0 = self.shape
+        for name in ("exists", "healthy", "mem_total", "mem_free", "core_free", "pods", "model", "numa"):
+            getattr(out, name)[:n0, :k0] = getattr(self, name)
+        out.nvlink[:n0, :k0, :k0] = self.nvlink
+        for name in ("node_ok", "cpu_free", "hmem_free"):
+            getattr(out, name)[:n0] = getattr(self, name)
+        return out
+
+    def free_whole(self) -> np.ndarray:
+        """[N, K] cards a whole-GPU pod could take now."""
+        return self.exists & self.healthy & (self.pods == 0)
+
+
+@dataclass
+class PodAllocation:
+    """One pod's hold on one node's cards."""
+
+    uid: str
+    name: str               # namespace/name, for people
+    node: str
+    cards: tuple[int, ...]  # card indices (slots) on the node
+    mem_mib: tuple[int, ...]
+    core_milli: tuple[int, ...]
+    whole: bool
+    applied: bool = False   # False while the node is not (yet) in the model
+
+
+@dataclass
+class NodeMeta:
+    name: str
+    uuids: dict[int, str] = field(default_factory=dict)
+    models: dict[int, str] = field(default_factory=dict)
+    source: str = "simulated"
+    whole_only: bool = False
+    pods: set[str] = field(default_factory=set)
+
+
+class ClusterModel:
+    """Nodes and their cards, and every GPU pod's allocation, behind one re-entrant lock.
+
+    All mutating methods take the lock themselves; readers that need several consistent reads
+    (filter, prioritize, bind) hold ``model.lock`` around them.
+    """
+
+    def __init__(self, max_cards: int = 8, capacity: int = 64) -> None:
+        self.lock = threading.RLock()
+        self.a = CardArrays.empty(capacity, max_cards)
+        self.names: list[str | None] = [None] * capacity
+        self.index: dict[str, int] = {}
+        self.meta: dict[str, NodeMeta] = {}
+        self.models: list[str] = ["UNKNOWN"]
+        self._model_ids: dict[str, int] = {"UNKNOWN": 0}
+        self.allocations: dict[str, PodAllocation] = {}
+        self._free_slots: list[int] = list(range(capacity - 1, -1, -1))
+        self.generation = 0  # bumped on every change; lets callers cache derived data
+
+    # ----------------------------------------------------------------- nodes
+    def model_id(self, model: str) -> int:
+        key = normalize_model(model)
+        mid = self._model_ids.get(key)
+        if mid is None:
+            mid = self._model_ids[key] = len(self.models)
+            self.models.append(key)
+        return mid
+
+    def _slot_for(self, name: str, ncards: int) -> int:
+        n, k = self.a.shape
+        if ncards > k:
+            self.a = self.a.resized(n, max(ncards, k))
+        if name in self.index:
+            return self.index[name]
+        if not self._free_slots:
+            grow = max(n, 16)
+            self.a = self.a.resized(n + grow, self.a.shape[1])
+            self.names.extend([None] * grow)
+            self._free_slots.extend(range(n + grow - 1, n - 1, -1))
+        slot = self._free_slots.pop()
+        self.index[name] = slot
+        self.names[slot] = name
+        return slot
+
+    def upsert_node(self, name: str, inventory: Inventory, *, cpu_milli: float = INF,
+                    host_mem_mib: float = INF, schedulable: bool = True) -> None:
+        """Add a node or replace its cards; allocations already held on it are kept."""
+        with self.lock:
+            cards = list(inventory.cards)
+            width = max((c.index for c in cards), default=-1) + 1
+            i = self._slot_for(name, width)
+            a = self.a
+            a.exists[i] = False
+            a.healthy[i] = False
+            a.mem_total[i] = 0
+            a.model[i] = 0
+            a.numa[i] = -1
+            a.nvlink[i] = False
+            meta = self.meta.get(name) or NodeMeta(name=name)
+            meta.uuids, meta.models = {}, {}
+            meta.source, meta.whole_only = inventory.source, inventory.whole_only
+            for c in cards:
+                k = c.index
+                a.exists[i, k] = True
+                a.healthy[i, k] = c.healthy
+                a.mem_total[i, k] = c.memory_mib
+                a.model[i, k] = self.model_id(c.model)
+                a.numa[i, k] = c.numa
+                for peer in c.nvlink:
+                    if 0 <= peer < a.shape[1]:
+                        a.nvlink[i, k, peer] = a.nvlink[i, peer, k] = True
+                meta.uuids[k] = c.uuid
+                meta.models[k] = c.model
+            a.node_ok[i] = schedulable
+            a.cpu_free[i] = cpu_milli
+            a.hmem_free[i] = host_mem_mib
+            self.meta[name] = meta
+            self._recompute_node(i, meta)
+            self.generation += 1
+
+    def _recompute_node(self, i: int, meta: NodeMeta) -> None:
+        """Free memory/core/pods of node i from its totals and the allocations on it."""
+        a = self.a
+        a.mem_free[i] = a.mem_total[i]
+        a.core_free[i] = np.where(a.exists[i], CORE_MILLI_PER_CARD, 0)
+        a.pods[i] = 0
+        for uid in sorted(meta.pods):
+            alloc = self.allocations.get(uid)
+            if alloc is not None:
+                self._apply(i, alloc, +1)
+
+    def _apply(self, i: int, alloc: PodAllocation, sign: int) -> None:
+        a = self.a
+        for k, mem, core in zip(alloc.cards, alloc.mem_mib, alloc.core_milli):
+            if k >= a.shape[1]:
+                continue  # card slot vanished; the allocation is kept on record
+            a.mem_free[i, k] -= sign * mem
+            a.core_free[i, k] -= sign * core
+            a.pods[i, k] += sign
+        alloc.applied = sign > 0
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node's cards. Its pods' allocations stay on record until the pods go."""
+        with self.lock:
+            i = self.index.pop(name, None)
+            if i is None:
+                return
+            a = self.a
+            for arr in (a.exists, a.healthy, a.node_ok):
+                arr[i] = False
+            a.mem_total[i] = a.mem_free[i] = a.core_free[i] = a.pods[i] = 0
+            a.nvlink[i] = False
+            self.names[i] = None
+            self._free_slots.append(i)
+            meta = self.meta.get(name)
+            if meta is not None:
+                for uid in meta.pods:
+                    if uid in self.allocations:
+                        self.allocations[uid].applied = False
+            self.generation += 1
+
+    def node_names(self) -> list[str]:
+        return [n for n in self.names if n is not None]
+
+    # ----------------------------------------------------------- allocations
+    def assign(self, uid: str, name: str, node: str, cards: Iterable[int], req: GpuRequest, *,
+               check: bool = True, mem_mib: Iterable[int] | None = None,
+               core_milli: Iterable[int] | None = None) -> PodAllocation:
+        """Record that pod ``uid`` holds ``cards`` on ``node``.
+
+        With ``check`` (bind), raises :class:`AllocationConflict` unless the cards still have room.
+        Without it (rebuilding from pod annotations), the allocation is recorded whatever the
+        state, so an allocation that exists on the cluster is never lost from the model.
+        """
+        cards = tuple(int(k) for k in cards)
+        with self.lock:
+            if uid in self.allocations:
+                prev = self.allocations[uid]
+                if prev.node == node and prev.cards == cards:
+                    return prev
+                if check:
+                    raise AllocationConflict(f"pod {name} already holds cards {list(prev.cards)} on {prev.node}")
+                self.release(uid)
+            i = self.index.get(node)
+            a = self.a
+            if req.is_whole:
+                mems = tuple(int(a.mem_total[i, k]) if i is not None and k < a.shape[1] else 0 for k in cards)
+                cores = tuple(CORE_MILLI_PER_CARD for _ in cards)
+            else:
+                mems = tuple(mem_mib) if mem_mib is not None else tuple(req.mem_mib for _ in cards)
+                cores = tuple(core_milli) if core_milli is not None else tuple(req.core_milli for _ in cards)
+            if check:
+                self._check_room(node, i, cards, req, mems, cores)
+            alloc = PodAllocation(uid=uid, name=name, node=node, cards=cards, mem_mib=mems,
+                                  core_milli=cores, whole=req.is_whole)
+            self.allocations[uid] = alloc
+            meta = self.meta.setdefault(node, NodeMeta(name=node))
+            meta.pods.add(uid)
+            if i is not None:
+                self._apply(i, alloc, +1)
+            self.generation += 1
+            return alloc
+
+    def _check_room(self, node: str, i: int | None, cards: tuple[int, ...], req: GpuRequest,
+                    mems: tuple[int, ...], cores: tuple[int, ...]) -> None:
+        a = self.a
+        if i is None:
+            raise AllocationConflict(f"node {node} is not known to the extender")
+        if len(set(cards)) != len(cards) or not cards:
+            raise AllocationConflict(f"invalid card choice {list(cards)}")
+        for k, mem, core in zip(cards, mems, cores):
+            if k >= a.shape[1] or not a.exists[i, k]:
+                raise AllocationConflict(f"card {k} does not exist on {node}")
+            if not a.healthy[i, k]:
+                raise AllocationConflict(f"card {k} on {node} is unhealthy")
+            if req.is_whole:
+                if a.pods[i, k] != 0:
+                    raise AllocationConflict(f"card {k} on {node} is no longer free")
+            elif a.mem_free[i, k] < mem or a.core_free[i, k] < core:
+                raise AllocationConflict(
+                    f"card {k} on {node} has {a.mem_free[i, k]} MiB / {a.core_free[i, k] / 10:g}% free now, "
+                    f"pod needs {mem} MiB / {core / 10:g}%")
+
+    def release(self, uid: str) -> PodAllocation | None:
+        """The pod is gone (deleted, finished): give its cards back."""
+        with self.lock:
+            alloc = self.allocations.pop(uid, None)
+            if alloc is None:
+                return None
+            meta = self.meta.get(alloc.node)
+            if meta is not None:
+                meta.pods.discard(uid)
+            i = self.index.get(alloc.node)
+            if i is not None and alloc.applied:
+                self._apply(i, alloc, -1)
+            self.generation += 1
+            return alloc
+
+    def card_uuid(self, node: str, k: int) -> str:
+        meta = self.meta.get(node)
+        return meta.uuids.get(k, f"{node}/gpu{k}") if meta else f"{node}/gpu{k}"
+
+    def cards_of(self, node: str) -> list[Card]:
+        """The node's cards as inventory records (current health), for people and `inspect`."""
+        with self.lock:
+            i = self.index[node]
+            meta = self.meta[node]
+            a = self.a
+            return [Card(index=k, uuid=meta.uuids.get(k, ""), model=meta.models.get(k, "UNKNOWN"),
+                         memory_mib=int(a.mem_total[i, k]), healthy=bool(a.healthy[i, k]),
+                         numa=int(a.numa[i, k]),
+                         nvlink=tuple(int(p) for p in np.flatnonzero(a.nvlink[i, k])))
+                    for k in range(a.shape[1]) if a.exists[i, k]]

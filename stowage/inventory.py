@@ -1,0 +1,163 @@
+"""The node's card inventory: the one format the device plugin writes and the extender reads.
+
+The device plugin publishes it on its Node as the annotation :data:`INVENTORY_ANNOTATION`, a
+JSON object::
+
+    {"version": 1,
+     "memoryUnitMiB": 1024,
+     "cards": [{"index": 0, "uuid": "GPU-3f2a...", "model": "NVIDIA A100-SXM4-80GB",
+                "memoryMiB": 81920, "healthy": true, "numa": 0, "nvlink": [1, 2, 3]}, ...]}
+
+``numa`` (-1 or absent: unknown) and ``nvlink`` (indices of cards with an NVLink to this one)
+are optional. Where the annotation is absent (a cluster running NVIDIA's own device plugin),
+:func:`inventory_from_node` falls back to NVIDIA GPU Feature Discovery labels, then to
+``status.allocatable["nvidia.com/gpu"]`` alone, so whole-GPU packing still works there.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from .resources import DEFAULT_MEMORY_UNIT_MIB, RESOURCE_GPU, RequestError, quantity_to_int
+
+INVENTORY_ANNOTATION = "stowage.io/gpu-inventory"
+INVENTORY_VERSION = 1
+
+GFD_COUNT = "nvidia.com/gpu.count"
+GFD_PRODUCT = "nvidia.com/gpu.product"
+GFD_MEMORY = "nvidia.com/gpu.memory"  # MiB per card
+
+UNKNOWN_MODEL = "unknown"
+
+
+class InventoryError(ValueError):
+    """An inventory annotation that cannot be read; the message names what is wrong."""
+
+
+@dataclass(frozen=True)
+class Card:
+    """One physical GPU as the scheduler needs to know it."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    healthy: bool = True
+    numa: int = -1
+    nvlink: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {"index": d["index"], "uuid": d["uuid"], "model": d["model"], "memoryMiB": d["memory_mib"],
+                "healthy": d["healthy"], "numa": d["numa"], "nvlink": list(d["nvlink"])}
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """All cards of one node, and where the information came from (for `inspect` and logs)."""
+
+    cards: tuple[Card, ...]
+    source: str = "annotation"  # annotation | gfd-labels | allocatable | simulated
+    memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB
+    whole_only: bool = False  # True when per-card memory is unknown: only whole-GPU pods fit
+
+
+def encode_inventory(cards: list[Card] | tuple[Card, ...], memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB) -> str:
+    """The annotation value for these cards (compact JSON, stable key order)."""
+    return json.dumps({"version": INVENTORY_VERSION, "memoryUnitMiB": memory_unit_mib,
+                       "cards": [c.to_json() for c in sorted(cards, key=lambda c: c.index)]},
+                      separators=(",", ":"), sort_keys=True)
+
+
+def decode_inventory(value: str) -> Inventory:
+    """Parse the annotation value; raises :class:`InventoryError` with a precise message."""
+    try:
+        doc = json.loads(value)
+    except (TypeError, ValueError) as exc:
+        raise InventoryError(f"{INVENTORY_ANNOTATION} is not JSON: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("cards"), list):
+        raise InventoryError(f"{INVENTORY_ANNOTATION} must be an object with a 'cards' list")
+    if doc.get("version", INVENTORY_VERSION) != INVENTORY_VERSION:
+        raise InventoryError(f"{INVENTORY_ANNOTATION} version {doc.get('version')!r} is not supported (want {INVENTORY_VERSION})")
+    cards = []
+    seen: set[int] = set()
+    for i, c in enumerate(doc["cards"]):
+        try:
+            card = Card(index=int(c["index"]), uuid=str(c["uuid"]), model=str(c.get("model") or UNKNOWN_MODEL),
+                        memory_mib=int(c["memoryMiB"]), healthy=bool(c.get("healthy", True)),
+                        numa=int(c.get("numa", -1) if c.get("numa") is not None else -1),
+                        nvlink=tuple(int(x) for x in c.get("nvlink") or ()))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InventoryError(f"{INVENTORY_ANNOTATION}: card #{i} is malformed ({exc!r})") from exc
+        if card.index in seen or card.index < 0 or card.memory_mib < 0:
+            raise InventoryError(f"{INVENTORY_ANNOTATION}: card #{i} has a duplicate or negative index/memory")
+        seen.add(card.index)
+        cards.append(card)
+    unit = int(doc.get("memoryUnitMiB", DEFAULT_MEMORY_UNIT_MIB) or DEFAULT_MEMORY_UNIT_MIB)
+    return Inventory(cards=tuple(sorted(cards, key=lambda c: c.index)), source="annotation", memory_unit_mib=unit)
+
+
+def inventory_from_node(node: Mapping[str, Any]) -> Inventory:
+    """A node's cards from, in order of preference: our annotation, GFD labels, allocatable.
+
+    A malformed annotation raises :class:`InventoryError` (the caller logs it and treats the node
+    as having no schedulable cards rather than guessing).
+    """
+    meta = node.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    labels = meta.get("labels") or {}
+    name = meta.get("name", "?")
+    if INVENTORY_ANNOTATION in annotations:
+        return decode_inventory(annotations[INVENTORY_ANNOTATION])
+    status = node.get("status") or {}
+    allocatable = status.get("allocatable") or {}
+    try:
+        alloc_gpus = quantity_to_int(allocatable.get(RESOURCE_GPU, 0), f"{name} allocatable {RESOURCE_GPU}")
+    except RequestError as exc:
+        raise InventoryError(str(exc)) from exc
+    if GFD_COUNT in labels:
+        try:
+            count = int(labels[GFD_COUNT])
+            mem = int(labels.get(GFD_MEMORY, 0) or 0)
+        except ValueError as exc:
+            raise InventoryError(f"node {name}: bad GPU Feature Discovery label ({exc})") from exc
+        model = labels.get(GFD_PRODUCT) or UNKNOWN_MODEL
+        # Allocatable below the label count means the device plugin reports unhealthy cards.
+        healthy_n = min(count, alloc_gpus) if RESOURCE_GPU in allocatable else count
+        cards = tuple(Card(index=i, uuid=f"{name}/gpu{i}", model=model, memory_mib=mem, healthy=i < healthy_n)
+                      for i in range(count))
+        return Inventory(cards=cards, source="gfd-labels", whole_only=mem <= 0)
+    cards = tuple(Card(index=i, uuid=f"{name}/gpu{i}", model=UNKNOWN_MODEL, memory_mib=0) for i in range(alloc_gpus))
+    return Inventory(cards=cards, source="allocatable", whole_only=True)
+
+
+_PREFIXES = ("nvidia-", "tesla-", "geforce-", "quadro-")
+
+
+def normalize_model(name: str) -> str:
+    """Canonical model name: upper case, '-' separated, vendor/brand prefixes dropped.
+
+    'NVIDIA A100-SXM4-80GB' (NVML) and 'NVIDIA-A100-SXM4-80GB' (GFD label) both become
+    'A100-SXM4-80GB'; 'Tesla T4' becomes 'T4'.
+    """
+    s = re.sub(r"[\s_]+", "-", name.strip()).lower()
+    changed = True
+    while changed:
+        changed = False
+        for p in _PREFIXES:
+            if s.startswith(p):
+                s, changed = s[len(p):], True
+    return s.upper()
+
+
+def model_matches(pattern: str, model: str) -> bool:
+    """Exact model matching on whole '-' separated tokens: the pattern's tokens must be a prefix.
+
+    'A100' matches 'A100-SXM4-80GB' and 'A100-PCIE-40GB' but never 'A10' or 'A100X'; 'A10'
+    matches 'A10' and 'A10-24GB' but never 'A100' or 'A10G'.
+    """
+    p = normalize_model(pattern).split("-")
+    m = normalize_model(model).split("-")
+    return len(p) <= len(m) and m[: len(p)] == p

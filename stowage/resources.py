@@ -1,0 +1,225 @@
+"""Resource names, units and a pod's effective GPU request.
+
+Both halves of Stowage (the scheduler extender and the device plugin) and the benchmark read
+a pod's GPU request through :func:`pod_gpu_request`, so "what does this pod ask for" has one
+answer everywhere.
+
+Units inside Stowage:
+- card memory in MiB (``int``);
+- card compute ("core") in milli-cards: 1000 is a whole card. ``nvidia.com/gpu-core`` is given
+  by users in percent (1-100) and multiplied by 10;
+- the extended resource ``nvidia.com/gpu-memory`` counts *units* of card memory; one unit is
+  :data:`DEFAULT_MEMORY_UNIT_MIB` (1 GiB) unless the operator configures otherwise. The device
+  plugin advertises one device per unit, so the unit must be the same on both sides.
+
+Request semantics (documented in the README):
+- ``nvidia.com/gpu: N`` alone: N whole cards, each used by this pod alone.
+- ``nvidia.com/gpu-memory: M`` (and optionally ``nvidia.com/gpu-core: C``) without
+  ``nvidia.com/gpu``: a share of ONE card with M units of memory and C percent of compute.
+- ``nvidia.com/gpu: N`` together with ``nvidia.com/gpu-memory: M``: N whole cards, each with at
+  least M units of total memory (a "big enough card" constraint, like ``stowage.io/min-card-memory``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal, ROUND_CEILING
+from typing import Any, Iterable, Mapping
+
+RESOURCE_GPU = "nvidia.com/gpu"
+RESOURCE_GPU_MEMORY = "nvidia.com/gpu-memory"
+RESOURCE_GPU_CORE = "nvidia.com/gpu-core"
+GPU_RESOURCES = (RESOURCE_GPU, RESOURCE_GPU_MEMORY, RESOURCE_GPU_CORE)
+
+DEFAULT_MEMORY_UNIT_MIB = 1024
+CORE_MILLI_PER_CARD = 1000
+MAX_GPUS_PER_POD = 64
+
+
+class RequestError(ValueError):
+    """A pod's resource request that Stowage cannot honour; the message is shown to the user."""
+
+
+_SUFFIXES: dict[str, Decimal] = {
+    "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30),
+    "Ti": Decimal(2**40), "Pi": Decimal(2**50), "Ei": Decimal(2**60),
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
+    "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9),
+    "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18),
+}
+
+
+def parse_quantity(value: Any) -> Decimal:
+    """Parse a Kubernetes resource quantity ("2", "500m", "20Gi", "1e3", 4) into a Decimal.
+
+    Kubernetes' own grammar (apimachinery ``resource.Quantity``): a signed decimal number,
+    optionally in exponent form, followed by a binary (Ki..Ei) or decimal (n..E) suffix.
+    """
+    if isinstance(value, bool):
+        raise RequestError(f"invalid quantity {value!r}")
+    if isinstance(value, (int, float)):
+        return Decimal(str(value))
+    if not isinstance(value, str) or not value.strip():
+        raise RequestError(f"invalid quantity {value!r}")
+    s = value.strip()
+    for suffix in ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"):
+        if s.endswith(suffix):
+            number, mult = s[: -len(suffix)], _SUFFIXES[suffix]
+            break
+    else:
+        if s[-1] in "numkMGTPE":
+            number, mult = s[:-1], _SUFFIXES[s[-1]]
+        else:
+            number, mult = s, Decimal(1)
+    try:
+        return Decimal(number) * mult
+    except Exception as exc:  # decimal.InvalidOperation
+        raise RequestError(f"invalid quantity {value!r}") from exc
+
+
+def quantity_to_int(value: Any, what: str) -> int:
+    """A quantity that must be a non-negative whole number of units (extended resources are)."""
+    q = parse_quantity(value)
+    if q < 0:
+        raise RequestError(f"{what} must not be negative, got {value!r}")
+    if q != q.to_integral_value():
+        raise RequestError(f"{what} must be a whole number, got {value!r}")
+    return int(q)
+
+
+def quantity_to_milli(value: Any) -> int:
+    """CPU-style quantity in milli units, rounded up as Kubernetes does."""
+    return int((parse_quantity(value) * 1000).to_integral_value(rounding=ROUND_CEILING))
+
+
+def quantity_to_mib(value: Any) -> int:
+    """Byte quantity in MiB, rounded up."""
+    return int((parse_quantity(value) / Decimal(2**20)).to_integral_value(rounding=ROUND_CEILING))
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """What one pod needs from the cluster's GPUs (and, for the benchmark, host CPU/memory).
+
+    ``gpus`` > 0: that many whole cards; ``min_card_mem_mib`` is then a lower bound on each
+    card's *total* memory. ``gpus`` == 0 and (``mem_mib`` or ``core_milli``) > 0: a share of one
+    card. ``cpu_milli`` / ``host_mem_mib`` are node filters used by the benchmark (in a real
+    cluster kube-scheduler checks them itself, so the extender leaves them 0).
+    """
+
+    gpus: int = 0
+    mem_mib: int = 0
+    core_milli: int = 0
+    min_card_mem_mib: int = 0
+    cpu_milli: int = 0
+    host_mem_mib: int = 0
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.gpus > 0 or self.mem_mib > 0 or self.core_milli > 0
+
+    @property
+    def is_whole(self) -> bool:
+        return self.gpus > 0
+
+    @property
+    def is_shared(self) -> bool:
+        return self.gpus == 0 and (self.mem_mib > 0 or self.core_milli > 0)
+
+    def describe(self) -> str:
+        """Short human text, e.g. '2 whole GPUs' or '20 GiB + 30% of one GPU'."""
+        if self.is_whole:
+            s = f"{self.gpus} whole GPU{'s' if self.gpus != 1 else ''}"
+            if self.min_card_mem_mib:
+                s += f" of >= {fmt_mib(self.min_card_mem_mib)}"
+            return s
+        if self.is_shared:
+            parts = []
+            if self.mem_mib:
+                parts.append(fmt_mib(self.mem_mib))
+            if self.core_milli:
+                parts.append(f"{self.core_milli / 10:g}% compute")
+            return " + ".join(parts) + " of one GPU"
+        return "no GPU"
+
+
+def fmt_mib(mib: float) -> str:
+    """MiB as a person reads it: '12 GiB', '1.5 GiB', '512 MiB'."""
+    if mib >= 1024:
+        return f"{mib / 1024:.4g} GiB"
+    return f"{mib:.4g} MiB"
+
+
+def _container_requests(container: Mapping[str, Any]) -> dict[str, Any]:
+    """Requests of one container, falling back to limits (extended resources: requests == limits)."""
+    res = container.get("resources") or {}
+    limits = res.get("limits") or {}
+    requests = res.get("requests") or {}
+    merged = dict(limits)
+    merged.update(requests)
+    return merged
+
+
+def _amounts(container: Mapping[str, Any], memory_unit_mib: int) -> tuple[int, int, int]:
+    req = _container_requests(container)
+    name = container.get("name", "?")
+    gpus = quantity_to_int(req.get(RESOURCE_GPU, 0), f"{RESOURCE_GPU} of container {name}")
+    mem_units = quantity_to_int(req.get(RESOURCE_GPU_MEMORY, 0), f"{RESOURCE_GPU_MEMORY} of container {name}")
+    core_pct = quantity_to_int(req.get(RESOURCE_GPU_CORE, 0), f"{RESOURCE_GPU_CORE} of container {name}")
+    return gpus, mem_units * memory_unit_mib, core_pct * (CORE_MILLI_PER_CARD // 100)
+
+
+def _effective(app: Iterable[tuple[int, ...]], init: list[tuple[tuple[int, ...], bool]]) -> tuple[int, ...]:
+    """Kubernetes' effective pod request, resource by resource.
+
+    max(sum of app containers + all sidecars, max over init containers i of
+    (init_i + sidecars started before i)). A sidecar is an init container with
+    ``restartPolicy: Always`` (KEP-753), which keeps running beside the app containers.
+    """
+    width = 3
+    total = [0] * width
+    for a in app:
+        total = [t + x for t, x in zip(total, a)]
+    sidecars = [0] * width
+    peak_init = [0] * width
+    for amounts, is_sidecar in init:
+        if is_sidecar:
+            sidecars = [s + x for s, x in zip(sidecars, amounts)]
+            peak_init = [max(p, s) for p, s in zip(peak_init, sidecars)]
+        else:
+            peak_init = [max(p, s + x) for p, s, x in zip(peak_init, sidecars, amounts)]
+    total = [t + s for t, s in zip(total, sidecars)]
+    return tuple(max(t, p) for t, p in zip(total, peak_init))
+
+
+def pod_gpu_request(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB) -> GpuRequest:
+    """The GPU request of a pod object (Kubernetes JSON, camelCase), by the effective-request rule.
+
+    Raises :class:`RequestError` with a message meant for the user when the request is
+    malformed (negative, fractional, or an impossible combination).
+    """
+    if not isinstance(pod, Mapping):
+        raise RequestError("pod is not an object")
+    spec = pod.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        raise RequestError("pod.spec is not an object")
+    containers = spec.get("containers") or []
+    init_containers = spec.get("initContainers") or []
+    if not isinstance(containers, list) or not isinstance(init_containers, list):
+        raise RequestError("pod.spec.containers must be a list")
+    app = [_amounts(c, memory_unit_mib) for c in containers if isinstance(c, Mapping)]
+    init = [(_amounts(c, memory_unit_mib), c.get("restartPolicy") == "Always")
+            for c in init_containers if isinstance(c, Mapping)]
+    gpus, mem_mib, core_milli = _effective(app, init)
+    overhead = spec.get("overhead") or {}
+    if isinstance(overhead, Mapping) and RESOURCE_GPU in overhead:
+        gpus += quantity_to_int(overhead[RESOURCE_GPU], f"overhead {RESOURCE_GPU}")
+    if gpus > MAX_GPUS_PER_POD:
+        raise RequestError(f"pod asks for {gpus} GPUs; at most {MAX_GPUS_PER_POD} are supported")
+    if gpus > 0:
+        # Whole cards: gpu-memory is a per-card minimum, compute is always the whole card.
+        return GpuRequest(gpus=gpus, min_card_mem_mib=mem_mib)
+    if core_milli > CORE_MILLI_PER_CARD:
+        raise RequestError(f"{RESOURCE_GPU_CORE} is a percentage of one card (1-100), got {core_milli // 10}")
+    if core_milli > 0 and mem_mib == 0:
+        raise RequestError(f"{RESOURCE_GPU_CORE} needs {RESOURCE_GPU_MEMORY} too: a card share without memory cannot be enforced")
+    return GpuRequest(mem_mib=mem_mib, core_milli=core_milli)
