@@ -93,6 +93,8 @@ class PodAllocation:
     mem_mib: tuple[int, ...]
     core_milli: tuple[int, ...]
     whole: bool
+    cpu_milli: int = 0      # host CPU/memory: modelled by the benchmark, 0 in the extender
+    host_mem_mib: int = 0
     applied: bool = False   # False while the node is not (yet) in the model
 
 
@@ -190,6 +192,7 @@ class ClusterModel:
         """Free memory/core/pods of node i from its totals and the allocations on it."""
         a = self.a
         a.mem_free[i] = a.mem_total[i]
+        # cpu_free/hmem_free were just reset to the node's totals by upsert_node.
         a.core_free[i] = np.where(a.exists[i], CORE_MILLI_PER_CARD, 0)
         a.pods[i] = 0
         for uid in sorted(meta.pods):
@@ -199,6 +202,8 @@ class ClusterModel:
 
     def _apply(self, i: int, alloc: PodAllocation, sign: int) -> None:
         a = self.a
+        a.cpu_free[i] -= sign * alloc.cpu_milli
+        a.hmem_free[i] -= sign * alloc.host_mem_mib
         for k, mem, core in zip(alloc.cards, alloc.mem_mib, alloc.core_milli):
             if k >= a.shape[1]:
                 continue  # card slot vanished; the allocation is kept on record
@@ -260,7 +265,8 @@ class ClusterModel:
             if check:
                 self._check_room(node, i, cards, req, mems, cores)
             alloc = PodAllocation(uid=uid, name=name, node=node, cards=cards, mem_mib=mems,
-                                  core_milli=cores, whole=req.is_whole)
+                                  core_milli=cores, whole=req.is_whole, cpu_milli=req.cpu_milli,
+                                  host_mem_mib=req.host_mem_mib)
             self.allocations[uid] = alloc
             meta = self.meta.setdefault(node, NodeMeta(name=node))
             meta.pods.add(uid)
@@ -274,6 +280,8 @@ class ClusterModel:
         a = self.a
         if i is None:
             raise AllocationConflict(f"node {node} is not known to the extender")
+        if a.cpu_free[i] < req.cpu_milli or a.hmem_free[i] < req.host_mem_mib:
+            raise AllocationConflict(f"node {node} has no room for the pod's CPU/memory")
         if len(set(cards)) != len(cards) or not cards:
             raise AllocationConflict(f"invalid card choice {list(cards)}")
         for k, mem, core in zip(cards, mems, cores):

@@ -248,6 +248,12 @@ PLACERS: dict[str, Callable[[], Placer]] = {
 POLICY_PLACER: dict[str, str] = {PACK: "most-allocated", SPREAD: "least-allocated"}
 
 
+def placer_for(policy_value: str) -> Placer:
+    """The placer serving a node-level policy value ("pack" or "spread")."""
+    _load_policies()
+    return get_placer(POLICY_PLACER[policy_value])
+
+
 def register_placer(name: str, factory: Callable[[], Placer], *, as_pack_default: bool = False) -> None:
     """Add a placer by name (used by policy modules); optionally make it what 'pack' means."""
     PLACERS[name] = factory
@@ -255,7 +261,24 @@ def register_placer(name: str, factory: Callable[[], Placer], *, as_pack_default
         POLICY_PLACER[PACK] = name
 
 
+_POLICIES_LOADED = False
+
+
+def _load_policies() -> None:
+    """Import the policy modules (FGD, Stowage's own, ...) that register themselves here."""
+    global _POLICIES_LOADED
+    if not _POLICIES_LOADED:
+        _POLICIES_LOADED = True
+        try:
+            import extender.policies  # noqa: F401  (registers placers)
+        except ModuleNotFoundError as exc:
+            if exc.name != "extender.policies":
+                raise
+
+
 def get_placer(name: str) -> Placer:
+    """A fresh placer by name ("most-allocated", "least-allocated", ...; see PLACERS)."""
+    _load_policies()
     try:
         return PLACERS[name]()
     except KeyError:
