@@ -1,0 +1,464 @@
+"""What-if planning for operators: pure logic over a :class:`extender.model.ClusterModel`.
+
+Three questions an operator asks before scaling, each answered by *simulating* the extender on
+a private copy of the card arrays (the live model is never touched):
+
+- :func:`capacity` — how many more pods of a shape fit right now, and on which nodes. Pods are
+  placed one after another with the same :func:`extender.scoring.card_mask` / ``fit`` / placer /
+  card-choice code the extender serves, so the answer is what kube-scheduler + Stowage would do,
+  not an arithmetic upper bound (a 40 GiB card with 30 GiB used holds no 20 GiB slice, however
+  much memory the cluster has in total).
+- :func:`drain_plan` — which nodes could be emptied (so the cluster autoscaler can remove them)
+  by moving the fewest pods, greedily, re-placing every pod of a candidate node on the nodes
+  that stay, with the same fit code.
+- :func:`fragmentation` — per card, the free share that no typical pod shape could use now.
+
+Shapes are written in a small grammar (:func:`parse_shape`) shared by ``stowage plan`` and its
+tests. Nothing here does I/O.
+"""
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass, field, fields
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from extender.model import CardArrays, ClusterModel, PodAllocation
+from extender.policy import PodPolicy
+from extender.scoring import Placer, card_mask, fit, get_placer, placer_for, reason
+from stowage.resources import CORE_MILLI_PER_CARD, GpuRequest, RequestError, parse_quantity
+
+DEFAULT_LIMIT = 10_000
+
+
+# --------------------------------------------------------------------------- shapes
+class ShapeError(ValueError):
+    """A shape string that does not follow the grammar; the message says how to write it."""
+
+
+SHAPE_GRAMMAR = """\
+  N            N whole GPUs                        e.g. 1, 4
+  NxMEM        N whole GPUs of at least MEM each    e.g. 1x80Gi, 2x40Gi
+  MEM          a slice of one GPU with MEM memory   e.g. 10Gi, 512Mi
+  MEM,P%       a slice with MEM and P% of compute   e.g. 10Gi,30%
+  ...@MODEL    any of the above, only on GPU models matching MODEL (A100, or A100|H100)
+MEM is a Kubernetes quantity with a unit (Mi, Gi, Ti, M, G; 'GiB' is read as 'Gi')."""
+
+_WHOLE = re.compile(r"^(\d+)(?:\s*[x×*]\s*(.+))?$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One pod shape: its GPU request and the card constraints (model, card size) it carries."""
+
+    text: str
+    req: GpuRequest
+    policy: PodPolicy = field(default_factory=PodPolicy)
+
+    def describe(self) -> str:
+        s = self.req.describe()
+        if self.policy.models_include:
+            s += f" on {'/'.join(self.policy.models_include)}"
+        return s
+
+
+def _mem_mib(text: str, shape: str) -> int:
+    t = text.strip()
+    t = re.sub(r"(?i)([KMGTPE])iB$", lambda m: m.group(1).upper() + "i", t)
+    if not t or t[-1].isdigit():
+        raise ShapeError(f"shape {shape!r}: memory {text!r} needs a unit, e.g. {t or '10'}Gi")
+    try:
+        q = parse_quantity(t)
+    except RequestError:
+        raise ShapeError(f"shape {shape!r}: {text!r} is not a memory quantity (e.g. 10Gi, 512Mi)") from None
+    mib = int(q / (1 << 20))
+    if mib <= 0:
+        raise ShapeError(f"shape {shape!r}: memory {text!r} must be at least 1Mi")
+    return mib
+
+
+def parse_shape(text: str) -> Shape:
+    """Parse a shape string (grammar in :data:`SHAPE_GRAMMAR`); raises :class:`ShapeError`."""
+    if not isinstance(text, str) or not text.strip():
+        raise ShapeError("empty shape; write e.g. 1, 4, 1x80Gi, 10Gi or 10Gi,30%")
+    raw = text.strip()
+    body, _, models = raw.partition("@")
+    body = body.strip()
+    policy = PodPolicy()
+    if _:
+        names = tuple(m.strip() for m in models.split("|") if m.strip())
+        if not names:
+            raise ShapeError(f"shape {raw!r}: nothing after '@' (write e.g. @A100 or @A100|H100)")
+        policy = PodPolicy(models_include=names)
+    m = _WHOLE.match(body)
+    if m:
+        gpus = int(m.group(1))
+        if gpus <= 0:
+            raise ShapeError(f"shape {raw!r}: the number of GPUs must be at least 1")
+        min_mem = _mem_mib(m.group(2), raw) if m.group(2) else 0
+        return Shape(text=raw, req=GpuRequest(gpus=gpus, min_card_mem_mib=min_mem), policy=policy)
+    mem_text, comma, core_text = body.partition(",")
+    if body.lower().startswith(("x", "×")):
+        raise ShapeError(f"shape {raw!r}: write the GPU count before 'x', e.g. 1x80Gi")
+    mem = _mem_mib(mem_text, raw)
+    core = 0
+    if comma:
+        c = core_text.strip().rstrip("%").strip()
+        if not core_text.strip().endswith("%") or not c.isdigit():
+            raise ShapeError(f"shape {raw!r}: compute must be a percentage 1-100 like 30%, got {core_text.strip()!r}")
+        pct = int(c)
+        if not 1 <= pct <= 100:
+            raise ShapeError(f"shape {raw!r}: compute must be 1-100%, got {pct}%")
+        core = pct * (CORE_MILLI_PER_CARD // 100)
+    return Shape(text=raw, req=GpuRequest(mem_mib=mem, core_milli=core), policy=policy)
+
+
+def shape_of_allocation(alloc: PodAllocation) -> GpuRequest:
+    """The request a pod evidently made, rebuilt from what it holds (used to move it elsewhere)."""
+    if alloc.whole:
+        return GpuRequest(gpus=len(alloc.cards), cpu_milli=alloc.cpu_milli, host_mem_mib=alloc.host_mem_mib)
+    return GpuRequest(mem_mib=int(alloc.mem_mib[0]) if alloc.mem_mib else 0,
+                      core_milli=int(alloc.core_milli[0]) if alloc.core_milli else 0,
+                      cpu_milli=alloc.cpu_milli, host_mem_mib=alloc.host_mem_mib)
+
+
+# --------------------------------------------------------------------------- simulation
+def copy_arrays(a: CardArrays) -> CardArrays:
+    """A deep copy, so a what-if never changes the live model."""
+    return CardArrays(**{f.name: getattr(a, f.name).copy() for f in fields(a)})
+
+
+def apply_placement(a: CardArrays, i: int, cards: Sequence[int], req: GpuRequest, sign: int = 1) -> None:
+    """Book (sign=+1) or release (-1) ``req`` on cards of node i, exactly as
+    :meth:`ClusterModel.assign` books it: a whole card takes its total memory and all compute."""
+    for k in cards:
+        if req.is_whole:
+            a.mem_free[i, k] -= sign * a.mem_total[i, k]
+            a.core_free[i, k] -= sign * CORE_MILLI_PER_CARD
+        else:
+            a.mem_free[i, k] -= sign * req.mem_mib
+            a.core_free[i, k] -= sign * req.core_milli
+        a.pods[i, k] += sign
+    a.cpu_free[i] -= sign * req.cpu_milli
+    a.hmem_free[i] -= sign * req.host_mem_mib
+
+
+def choose(a: CardArrays, req: GpuRequest, policy: PodPolicy, placer: Placer, mask: np.ndarray,
+           tie: np.ndarray | None = None) -> tuple[int, list[int]] | None:
+    """Where the extender would put this pod now: (node slot, card slots), or None if nowhere.
+
+    ``tie`` (optional, [N]) breaks equal scores (lower first), as kube-scheduler's random pick
+    among equal nodes would; without it the lowest slot wins, which keeps answers reproducible.
+    """
+    f = fit(a, req, mask)
+    idx = np.flatnonzero(f.ok)
+    if idx.size == 0:
+        return None
+    scores = np.asarray(placer.score(a, req, idx, f.usable), float)
+    best = scores.max()
+    top = idx[scores >= best - 1e-12]
+    i = int(top[np.argmin(tie[top])]) if tie is not None and top.size > 1 else int(top[0])
+    cards = placer.choose_cards(a, i, req, f.usable[i], policy)
+    return i, [int(k) for k in cards]
+
+
+def _placer(placer: str | Placer | None) -> Placer:
+    if placer is None:
+        return placer_for("pack")
+    if isinstance(placer, str):
+        return placer_for(placer) if placer in ("pack", "spread") else get_placer(placer)
+    return placer
+
+
+def _prime(placer: Placer, model: ClusterModel) -> None:
+    """Let a learning placer see the pods already running, as the live extender has."""
+    for alloc in model.allocations.values():
+        placer.observe(shape_of_allocation(alloc))
+
+
+@dataclass
+class CapacityResult:
+    """How many more pods of ``shape`` fit now, and where they would go."""
+
+    shape: Shape
+    count: int
+    per_node: dict[str, int]
+    placements: list[tuple[str, tuple[int, ...]]]
+    limited: bool          # stopped at the limit: at least ``count`` fit
+    why_not: dict[str, int]  # when nothing more fits: reason -> number of nodes
+
+    def to_json(self) -> dict:
+        return {"shape": self.shape.text, "describe": self.shape.describe(), "count": self.count,
+                "atLeast": self.limited, "perNode": self.per_node,
+                "placements": [{"node": n, "cards": list(c)} for n, c in self.placements],
+                "whyNotMore": self.why_not}
+
+
+def capacity(model: ClusterModel, shape: Shape, placer: str | Placer | None = None,
+             limit: int = DEFAULT_LIMIT) -> CapacityResult:
+    """Place pods of ``shape`` one after another on a copy of the cluster until none fits."""
+    pl = _placer(placer)
+    with model.lock:
+        a = copy_arrays(model.a)
+        names = list(model.names)
+        models = list(model.models)
+        _prime(pl, model)
+    mask = card_mask(a, models, shape.policy, shape.req)
+    per_node: Counter[str] = Counter()
+    placements: list[tuple[str, tuple[int, ...]]] = []
+    while len(placements) < limit:
+        pl.observe(shape.req)
+        got = choose(a, shape.req, shape.policy, pl, mask)
+        if got is None:
+            break
+        i, cards = got
+        apply_placement(a, i, cards, shape.req)
+        name = names[i] or f"#{i}"
+        per_node[name] += 1
+        placements.append((name, tuple(cards)))
+    limited = len(placements) >= limit
+    why: Counter[str] = Counter()
+    if not limited:
+        for i, name in enumerate(names):
+            if name is not None:
+                why[_generic(reason(a, i, shape.req, mask, name))] += 1
+    return CapacityResult(shape=shape, count=len(placements),
+                          per_node=dict(sorted(per_node.items(), key=lambda kv: (-kv[1], kv[0]))),
+                          placements=placements, limited=limited, why_not=dict(why.most_common()))
+
+
+def _generic(text: str) -> str:
+    """Reasons without per-node numbers, so equal causes group together."""
+    return re.sub(r"best is .*?( \(|$)", r"best is smaller\1", re.sub(r"card \d+", "card", text))
+
+
+# --------------------------------------------------------------------------- drain plan
+@dataclass(frozen=True)
+class Move:
+    pod: str
+    uid: str
+    source: str
+    source_cards: tuple[int, ...]
+    target: str
+    target_cards: tuple[int, ...]
+    shape: str
+
+
+@dataclass
+class DrainedNode:
+    node: str
+    gpus: int
+    moves: list[Move]
+
+
+@dataclass
+class DrainPlan:
+    """Nodes that can be emptied, in the order they were chosen, and the pods to move."""
+
+    drained: list[DrainedNode]
+    kept: dict[str, str]  # node -> why it cannot be emptied (first pod that found no room)
+
+    @property
+    def moves(self) -> list[Move]:
+        return [m for d in self.drained for m in d.moves]
+
+    @property
+    def gpus_freed(self) -> int:
+        return sum(d.gpus for d in self.drained)
+
+    def to_json(self) -> dict:
+        return {"nodesFreed": len(self.drained), "gpusFreed": self.gpus_freed, "podsToMove": len(self.moves),
+                "drained": [{"node": d.node, "gpus": d.gpus,
+                             "moves": [{"pod": m.pod, "uid": m.uid, "from": m.source, "fromCards": list(m.source_cards),
+                                        "to": m.target, "toCards": list(m.target_cards), "shape": m.shape}
+                                       for m in d.moves]} for d in self.drained],
+                "kept": self.kept}
+
+
+def _pods_on(model: ClusterModel, node: str) -> list[PodAllocation]:
+    meta = model.meta.get(node)
+    if meta is None:
+        return []
+    allocs = [model.allocations[u] for u in sorted(meta.pods) if u in model.allocations]
+    return [al for al in allocs if al.applied]
+
+
+def _size_key(al: PodAllocation) -> tuple:
+    """Biggest first (first-fit decreasing): whole multi-GPU pods are the hardest to re-place."""
+    return (-(len(al.cards) * CORE_MILLI_PER_CARD if al.whole else 0), -sum(al.mem_mib), -sum(al.core_milli), al.uid)
+
+
+def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_model: bool = True,
+               max_nodes: int | None = None) -> DrainPlan:
+    """Greedy: try to empty nodes with the fewest, lightest GPU pods first.
+
+    A candidate is emptied only if every one of its pods can be re-placed (same fit and placer
+    code) on nodes that stay: never on a node already emptied nor on the candidate itself, and
+    never on a node that received moved pods is then emptied in turn (so each pod moves once).
+    With ``keep_model`` a pod only moves to cards of the model it runs on now, because the
+    model does not record which model constraints the pod asked for; without it a whole-GPU pod
+    still only moves to cards with at least as much memory as it has now, and a slice to any
+    card with room. Empty GPU nodes come first and cost no move.
+    """
+    pl = _placer(placer)
+    with model.lock:
+        sim = copy_arrays(model.a)
+        names = list(model.names)
+        index = dict(model.index)
+        pods = {n: _pods_on(model, n) for n in index}
+        _prime(pl, model)
+    gpu_nodes = [n for n, i in index.items() if sim.exists[i].any()]
+    held = {n: sum(len(al.cards) * CORE_MILLI_PER_CARD if al.whole else max(al.core_milli) for al in pods[n])
+            for n in gpu_nodes}
+    order = sorted(gpu_nodes, key=lambda n: (len(pods[n]), held[n], n))
+    drained: list[DrainedNode] = []
+    kept: dict[str, str] = {}
+    receivers: set[str] = set()
+    base_ok = sim.node_ok.copy()
+    for node in order:
+        if max_nodes is not None and len(drained) >= max_nodes:
+            break
+        if node in receivers:
+            kept[node] = "receives pods moved from another emptied node"
+            continue
+        i = index[node]
+        trial = copy_arrays(sim)
+        trial.node_ok[i] = False
+        moves: list[Move] = []
+        failed = ""
+        for al in sorted(pods[node], key=_size_key):
+            req = shape_of_allocation(al)
+            apply_placement(trial, i, al.cards, req, -1)
+            mask = trial.exists.copy()
+            if keep_model and al.cards:
+                mask &= trial.model == trial.model[i, al.cards[0]]
+            elif al.whole and al.cards:
+                mask &= trial.mem_total >= int(trial.mem_total[i, list(al.cards)].min())
+            pol = PodPolicy()
+            got = choose(trial, req, pol, pl, mask)
+            if got is None:
+                failed = f"no room elsewhere for {al.name} ({req.describe()})"
+                break
+            j, cards = got
+            apply_placement(trial, j, cards, req)
+            moves.append(Move(pod=al.name, uid=al.uid, source=node, source_cards=tuple(al.cards),
+                              target=names[j] or f"#{j}", target_cards=tuple(cards), shape=req.describe()))
+        if failed:
+            kept[node] = failed
+            continue
+        sim = trial
+        receivers.update(m.target for m in moves)
+        drained.append(DrainedNode(node=node, gpus=int(sim.exists[i].sum()), moves=moves))
+    sim.node_ok[:] = base_ok
+    return DrainPlan(drained=drained, kept=kept)
+
+
+# --------------------------------------------------------------------------- fragmentation
+def free_share(a: CardArrays) -> np.ndarray:
+    """[N, K] milli-cards still free on each healthy card: the smaller of free compute and
+    free memory as a share of the card (an empty card is 1000)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mem_share = np.where(a.mem_total > 0, a.mem_free * CORE_MILLI_PER_CARD // np.maximum(a.mem_total, 1),
+                             a.core_free)
+    share = np.minimum(a.core_free, mem_share)
+    share = np.where(a.pods == 0, CORE_MILLI_PER_CARD, share)
+    return np.clip(np.where(a.exists & a.healthy, share, 0), 0, CORE_MILLI_PER_CARD)
+
+
+def typical_shapes(model: ClusterModel, coverage: float = 0.95) -> list[Shape]:
+    """The pod shapes running now, most frequent first until ``coverage`` of pods is covered,
+    plus one whole GPU (what an empty card is always good for)."""
+    counts: Counter[GpuRequest] = Counter()
+    with model.lock:
+        for al in model.allocations.values():
+            r = shape_of_allocation(al)
+            counts[GpuRequest(gpus=r.gpus, mem_mib=r.mem_mib, core_milli=r.core_milli)] += 1
+    total = sum(counts.values())
+    out: list[Shape] = [Shape(text="1", req=GpuRequest(gpus=1))]
+    seen = 0
+    for r, c in counts.most_common():
+        if total and seen >= coverage * total:
+            break
+        seen += c
+        if r != out[0].req:
+            out.append(Shape(text=r.describe(), req=r))
+    return out
+
+
+@dataclass
+class Fragmentation:
+    """Per card: free share (milli) and the part of it no typical shape could use now."""
+
+    free: np.ndarray      # [N, K]
+    stranded: np.ndarray  # [N, K]
+    shapes: list[Shape]
+
+    def node_totals(self, i: int) -> tuple[int, int]:
+        return int(self.free[i].sum()), int(self.stranded[i].sum())
+
+    @property
+    def cluster_pct(self) -> float:
+        """Stranded share of all free GPU capacity, in percent."""
+        tot = float(self.free.sum())
+        return 100.0 * float(self.stranded.sum()) / tot if tot else 0.0
+
+
+def fragmentation(model: ClusterModel, shapes: Sequence[Shape] | None = None) -> Fragmentation:
+    """A card's free share is stranded when no shape in ``shapes`` (default: the typical ones
+    running now) could be placed using that card right now — FGD's notion of fragmentation,
+    reported per card so an operator sees where the waste sits."""
+    shapes = list(shapes) if shapes else typical_shapes(model)
+    with model.lock:
+        a = copy_arrays(model.a)
+        models = list(model.models)
+    usable_any = np.zeros(a.shape, bool)
+    for s in shapes:
+        f = fit(a, s.req, card_mask(a, models, s.policy, s.req))
+        usable_any |= f.usable & f.ok[:, None]
+    free = free_share(a)
+    stranded = np.where(usable_any, 0, free)
+    return Fragmentation(free=free, stranded=stranded, shapes=shapes)
+
+
+# --------------------------------------------------------------------------- demo fill
+FILL_MIX: tuple[tuple[float, GpuRequest], ...] = (
+    (0.35, GpuRequest(gpus=1)),
+    (0.08, GpuRequest(gpus=2)),
+    (0.04, GpuRequest(gpus=4)),
+    (0.18, GpuRequest(mem_mib=10 * 1024, core_milli=300)),
+    (0.15, GpuRequest(mem_mib=20 * 1024, core_milli=500)),
+    (0.12, GpuRequest(mem_mib=5 * 1024, core_milli=100)),
+    (0.08, GpuRequest(mem_mib=40 * 1024, core_milli=0)),
+)
+
+
+def fill_random(model: ClusterModel, n: int, seed: int = 0, placer: str | Placer | None = None,
+                namespace: str = "fill") -> int:
+    """Place up to ``n`` pods of a seeded random mix (:data:`FILL_MIX`) into the live model, so a
+    simulated cluster shows something. Returns how many were placed (the rest found no room)."""
+    rng = random.Random(seed)
+    pl = _placer(placer)
+    weights = [w for w, _ in FILL_MIX]
+    placed = 0
+    for p in range(n):
+        req = rng.choices([r for _, r in FILL_MIX], weights)[0]
+        pol = PodPolicy()
+        with model.lock:
+            got = choose(model.a, req, pol, pl, card_mask(model.a, model.models, pol, req))
+            if got is None:
+                continue
+            i, cards = got
+            node = model.names[i]
+            assert node is not None
+            pl.observe(req)
+            model.assign(f"{namespace}-uid-{p:05d}", f"{namespace}/pod-{p:05d}", node, cards, req)
+        placed += 1
+    return placed
+
+
+def iter_nodes(model: ClusterModel) -> Iterable[tuple[int, str]]:
+    """(slot, name) of every node, in name order (what tables show)."""
+    return sorted(((i, n) for n, i in model.index.items()), key=lambda t: t[1])
