@@ -1,0 +1,127 @@
+"""`stowage extender`: serve filter/prioritize/bind for kube-scheduler under gunicorn.
+
+Two ways to feed the model: ``--simulated FILE|builtin`` (an embedded cluster, no Kubernetes;
+what `stowage demo` runs) or ``--kubeconfig FILE`` / ``--in-cluster`` (list+watch of nodes and
+pods through the Kubernetes API, binding through ``pods/binding``).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import click
+from flask import Flask
+
+from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
+
+from .app import DEFAULT_MAX_BODY_BYTES, create_app
+from .gunicorn_conf import ExtenderServer, gunicorn_options, register_exit
+from .model import ClusterModel
+from .policy import PACK, SPREAD, PodPolicy
+from .service import ExtenderService
+from .simcluster import SimCluster, SimClusterError, describe, load_cluster
+
+log = logging.getLogger("stowage.extender")
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+@dataclass
+class ServeConfig:
+    """Everything the worker needs to build the app (plain data: it is created before fork)."""
+
+    url_prefix: str = ""
+    cluster: SimCluster | None = None       # simulated mode
+    kubeconfig: str | None = None           # kube mode
+    in_cluster: bool = False
+    default_policy: PodPolicy = PodPolicy()
+    memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+def build_app(cfg: ServeConfig) -> Flask:
+    """The extender app for ``cfg``, with its model fed (simulated) or being fed (kube)."""
+    model = ClusterModel()
+    if cfg.cluster is not None:
+        cfg.cluster.populate(model)
+        service = ExtenderService(model, memory_unit_mib=cfg.memory_unit_mib, default_policy=cfg.default_policy)
+        message = f"simulated cluster {cfg.cluster.source}: {describe(cfg.cluster)}"
+        log.info("model fed from %s", message)
+        return create_app(service, url_prefix=cfg.url_prefix, ready=lambda: (True, message),
+                          max_body_bytes=cfg.max_body_bytes)
+    # Kube mode: imported lazily so simulated mode never needs the Kubernetes client set up.
+    from .kube import KubeFeeder, load_api_client
+    from .kube_binder import KubeBinder
+
+    api_client = load_api_client(kubeconfig=cfg.kubeconfig, in_cluster=cfg.in_cluster)
+    feeder = KubeFeeder(model, api_client, memory_unit_mib=cfg.memory_unit_mib)
+    service = ExtenderService(model, binder=KubeBinder(api_client), pod_source=feeder,
+                              memory_unit_mib=cfg.memory_unit_mib, default_policy=cfg.default_policy)
+    feeder.start()
+    register_exit(feeder.stop)
+    return create_app(service, url_prefix=cfg.url_prefix, ready=feeder.ready, max_body_bytes=cfg.max_body_bytes)
+
+
+def run_server(cfg: ServeConfig, bind: str, threads: int, log_level: str,
+               factory: Callable[[ServeConfig], Flask] = build_app, **extra: Any) -> None:
+    """Run gunicorn in this process until SIGTERM/SIGINT."""
+    options = gunicorn_options(bind=bind, threads=threads, log_level=log_level, **extra)
+    ExtenderServer(lambda: factory(cfg), options).run()
+
+
+@click.command("extender")
+@click.option("--bind", default="0.0.0.0:8888", show_default=True,
+              help="Address to listen on: HOST:PORT, unix:PATH or fd://FD.")
+@click.option("--threads", type=click.IntRange(1, 256), default=8, show_default=True,
+              help="Request threads in the single worker process.")
+@click.option("--url-prefix", default="", show_default=True,
+              help="Path prefix of the verbs, e.g. /stowage for /stowage/filter (the scheduler's urlPrefix path).")
+@click.option("--simulated", metavar="FILE|builtin",
+              help="Feed the model from a simulated cluster file (or the built-in one) instead of Kubernetes.")
+@click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False),
+              help="Kubeconfig for the API server (kube mode).")
+@click.option("--in-cluster", is_flag=True, help="Use the pod's service account (kube mode).")
+@click.option("--default-node-policy", type=click.Choice([PACK, SPREAD]), default=PACK, show_default=True,
+              help="Node-level policy for pods without the stowage.io/node-policy annotation.")
+@click.option("--default-card-policy", type=click.Choice([PACK, SPREAD]), default=PACK, show_default=True,
+              help="Card-level policy for pods without the stowage.io/card-policy annotation.")
+@click.option("--memory-unit-mib", type=click.IntRange(1), default=DEFAULT_MEMORY_UNIT_MIB, show_default=True,
+              help="MiB per unit of nvidia.com/gpu-memory (must match the device plugin).")
+@click.option("--max-body-mib", type=click.IntRange(1), default=DEFAULT_MAX_BODY_BYTES // (1 << 20),
+              show_default=True, help="Largest request body accepted (HTTP 413 above).")
+@click.option("--timeout", type=click.IntRange(5), default=60, show_default=True,
+              help="Seconds a request may run before gunicorn restarts the worker.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)
+def serve(bind: str, threads: int, url_prefix: str, simulated: str | None, kubeconfig: str | None,
+          in_cluster: bool, default_node_policy: str, default_card_policy: str, memory_unit_mib: int,
+          max_body_mib: int, timeout: int, log_level: str) -> None:
+    """Run the kube-scheduler extender (filter, prioritize, bind, /healthz, /readyz, /metrics).
+
+    Runs ONE gunicorn worker process with threads: the card model lives in that process, and
+    several processes would each hand out the same cards.
+    """
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
+    modes = sum(bool(x) for x in (simulated, kubeconfig or in_cluster))
+    if modes != 1:
+        raise click.UsageError("choose one model source: --simulated FILE|builtin, or --kubeconfig FILE / --in-cluster")
+    if kubeconfig and in_cluster:
+        raise click.UsageError("--kubeconfig and --in-cluster are exclusive")
+    cluster = None
+    if simulated:
+        try:
+            cluster = load_cluster(simulated)
+        except SimClusterError as exc:
+            raise click.ClickException(str(exc)) from None
+        src = click.get_current_context().get_parameter_source("memory_unit_mib")
+        if src == click.core.ParameterSource.DEFAULT:
+            memory_unit_mib = cluster.memory_unit_mib  # the simulated "device plugin" advertises in this unit
+    cfg = ServeConfig(url_prefix=url_prefix, cluster=cluster, kubeconfig=kubeconfig, in_cluster=in_cluster,
+                      default_policy=PodPolicy(node=default_node_policy, card=default_card_policy),
+                      memory_unit_mib=memory_unit_mib, max_body_bytes=max_body_mib << 20)
+    run_server(cfg, bind=bind, threads=threads, log_level=log_level, timeout=timeout)
+
+
+if __name__ == "__main__":
+    serve()

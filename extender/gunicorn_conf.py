@@ -1,0 +1,87 @@
+"""Running the extender under gunicorn, programmatically: ONE worker process, many threads.
+
+Why exactly one worker process: the extender's decisions are only safe if every filter,
+prioritize and bind sees the same model of the cards, and bind's "re-check, then reserve" is
+atomic. The model lives in the worker's memory. Two worker processes would each hold their own
+copy, fed independently: a bind in worker A would not be seen by worker B, and both could hand
+out the same card (double-booking). Threads share the one model and serialise on its lock, so
+the ``gthread`` worker gives concurrency for I/O (the binder's API calls, slow clients) without
+a second copy of the state. The scoring work is numpy, which releases the GIL in its loops.
+
+Why gunicorn at all (not Flask's dev server): robust HTTP/1.1 keep-alive (kube-scheduler reuses
+connections), request/worker timeouts, graceful shutdown on SIGTERM, and a master that restarts
+a crashed worker (which then rebuilds the model from the API server).
+
+The app is built in the worker (``load()`` runs after fork), so the Kubernetes watch threads
+start in the process that serves the requests.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from flask import Flask
+from gunicorn.app.base import BaseApplication
+
+log = logging.getLogger("stowage.extender")
+
+# Called (no arguments) when the worker exits, e.g. to stop the Kubernetes watch threads.
+_on_exit: list[Callable[[], None]] = []
+
+
+def register_exit(fn: Callable[[], None]) -> None:
+    """Run ``fn`` when the gunicorn worker exits."""
+    _on_exit.append(fn)
+
+
+def _worker_exit(server: Any, worker: Any) -> None:
+    while _on_exit:
+        fn = _on_exit.pop()
+        try:
+            fn()
+        except Exception:  # shutting down: log and carry on
+            log.exception("error while stopping the extender")
+
+
+def gunicorn_options(bind: str, threads: int, log_level: str, timeout: int = 60,
+                     keepalive: int = 75) -> dict[str, Any]:
+    """The gunicorn settings Stowage runs with (see the module docstring for ``workers: 1``).
+
+    ``keepalive`` exceeds kube-scheduler's idle connection reuse so its connections are not
+    cut under it; ``timeout`` bounds how long a stuck request may hold the worker.
+    """
+    return {
+        "bind": bind,
+        "workers": 1,
+        "worker_class": "gthread",
+        "threads": max(1, threads),
+        "timeout": timeout,
+        "graceful_timeout": 10,
+        "keepalive": keepalive,
+        "loglevel": log_level,
+        "accesslog": None,
+        "errorlog": "-",
+        "preload_app": False,
+        "worker_exit": _worker_exit,
+        "proc_name": "stowage-extender",
+        # gunicorn >= 25 opens a control socket at a fixed per-user path by default; two
+        # extenders (or an extender and the demo's) would fight over it. We do not use it.
+        "control_socket_disable": True,
+    }
+
+
+class ExtenderServer(BaseApplication):
+    """A gunicorn application whose WSGI app comes from ``app_factory`` (called in the worker)."""
+
+    def __init__(self, app_factory: Callable[[], Flask], options: dict[str, Any]) -> None:
+        self.app_factory = app_factory
+        self.options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self.options.items():
+            if key in self.cfg.settings:
+                self.cfg.set(key, value)
+
+    def load(self) -> Flask:
+        return self.app_factory()

@@ -1,0 +1,390 @@
+"""Filter, prioritize and bind over a :class:`~extender.model.ClusterModel`, without HTTP.
+
+The Flask app (:mod:`extender.app`) only decodes bodies and encodes answers; every decision is
+made here so that tests, the demo and the benchmark exercise the very same logic.
+
+Concurrency contract: every read of the model that must be consistent (fit for all nodes,
+scores, card choice) happens under ``model.lock``; bind's re-check and reservation
+(``model.assign(check=True)``) happen in the same critical section as the card choice, so two
+binds can never take the same card whatever the interleaving. The binder (which talks to the
+API server and may be slow) runs OUTSIDE the lock; if it fails, the reservation is released, so
+no half-recorded allocation survives.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol
+
+import numpy as np
+
+from stowage.allocation import AllocationRecord, CardShare
+from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError, pod_gpu_request
+
+from . import scoring
+from .model import AllocationConflict, CardArrays, ClusterModel, PodAllocation
+from .policy import PACK, SPREAD, PodPolicy, PolicyError, parse_policy
+from .wire import BindingArgs, ExtenderArgs, FilterResult, filter_answer, priority_list
+
+log = logging.getLogger("stowage.extender")
+
+UNKNOWN_NODE = "node unknown to Stowage"
+WHOLE_ONLY = ("card memory unknown on this node (no stowage.io/gpu-inventory annotation or GPU Feature "
+              "Discovery memory label): only whole-GPU pods can be placed here")
+
+
+class BindError(RuntimeError):
+    """The binder could not complete the binding; the message goes back to kube-scheduler."""
+
+
+class Binder(Protocol):
+    """Makes a bind real: records the allocation on the pod, then creates the Binding.
+
+    ``record`` is None for a pod that asks for no GPU (nothing to record, just bind). Raise
+    :class:`BindError` on failure; the implementation must itself leave no annotation behind
+    when the Binding could not be created.
+    """
+
+    def bind(self, namespace: str, name: str, uid: str, node: str, record: AllocationRecord | None) -> None: ...
+
+
+class PodSource(Protocol):
+    """Where bind finds a pod it did not see at filter (e.g. after an extender restart)."""
+
+    def get_pod(self, namespace: str, name: str) -> dict | None: ...
+
+
+class SimBinder:
+    """Embedded (simulated) mode: there is no API server, the model reservation is the binding.
+
+    Keeps what was bound so the demo and tests can look at it.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.bound: dict[str, tuple[str, AllocationRecord | None]] = {}
+
+    def bind(self, namespace: str, name: str, uid: str, node: str, record: AllocationRecord | None) -> None:
+        with self.lock:
+            self.bound[uid] = (f"{namespace}/{name}", record)
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """What the service needs to know about one pod, parsed once per request body."""
+
+    uid: str
+    namespace: str
+    name: str
+    req: GpuRequest | None  # None when the request or policy is invalid
+    policy: PodPolicy | None
+    error: str = ""         # the user-facing message when req/policy is invalid
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def row_view(a: CardArrays, i: int) -> CardArrays:
+    """Node i alone as a 1-node :class:`CardArrays` (numpy views, no copy)."""
+    return CardArrays(**{f.name: getattr(a, f.name)[i:i + 1] for f in dataclasses.fields(CardArrays)})
+
+
+def _take(items: list, sel: np.ndarray) -> list:
+    """items[sel] for a list, through a numpy object array (no Python loop per element)."""
+    arr = np.empty(len(items), dtype=object)
+    arr[:] = items
+    return arr[sel].tolist()
+
+
+class ExtenderService:
+    """The three extender verbs over one shared model.
+
+    Placers are kept per node-policy value ("pack", "spread") for the life of the service,
+    because a placer may learn the workload mix from the pods it observes.
+    """
+
+    def __init__(self, model: ClusterModel, *, binder: Binder | None = None, pod_source: PodSource | None = None,
+                 memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB, default_policy: PodPolicy | None = None,
+                 placer_factory: Callable[[str], scoring.Placer] = scoring.placer_for,
+                 pod_cache_size: int = 100_000) -> None:
+        if memory_unit_mib <= 0:
+            raise ValueError("memory unit must be a positive number of MiB")
+        self.model = model
+        self.binder: Binder = binder if binder is not None else SimBinder()
+        self.pod_source = pod_source
+        self.memory_unit_mib = memory_unit_mib
+        self.default_policy = default_policy or PodPolicy()
+        self.placers: dict[str, scoring.Placer] = {p: placer_factory(p) for p in (PACK, SPREAD)}
+        self._pods: OrderedDict[str, PodInfo] = OrderedDict()  # uid -> info, LRU
+        self._uid_by_key: dict[str, str] = {}
+        self._pods_lock = threading.Lock()
+        self._cache_size = pod_cache_size
+
+    # ------------------------------------------------------------------------------- pods
+    def pod_info(self, pod: Mapping[str, Any]) -> PodInfo:
+        """Parse a pod's GPU request and policy; remember it for bind; observe new pods."""
+        meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+        name = str(meta.get("name") or "")
+        namespace = str(meta.get("namespace") or "default")
+        uid = str(meta.get("uid") or f"{namespace}/{name}")
+        try:
+            req = pod_gpu_request(pod, self.memory_unit_mib)
+            ann = meta.get("annotations")
+            if ann is not None and not isinstance(ann, Mapping):
+                raise PolicyError("metadata.annotations must be an object")
+            policy = parse_policy(ann, self.default_policy)
+            info = PodInfo(uid=uid, namespace=namespace, name=name, req=req, policy=policy)
+        except (RequestError, PolicyError) as exc:
+            info = PodInfo(uid=uid, namespace=namespace, name=name, req=None, policy=None,
+                           error=f"Stowage cannot schedule this pod: {exc}")
+        except (TypeError, AttributeError, ValueError) as exc:  # a Pod object of the wrong shape
+            info = PodInfo(uid=uid, namespace=namespace, name=name, req=None, policy=None,
+                           error=f"Stowage cannot schedule this pod: malformed pod object ({exc})")
+        with self._pods_lock:
+            new = uid not in self._pods
+            self._pods[uid] = info
+            self._pods.move_to_end(uid)
+            self._uid_by_key[info.key] = uid
+            while len(self._pods) > self._cache_size:
+                old_uid, old = self._pods.popitem(last=False)
+                if self._uid_by_key.get(old.key) == old_uid:
+                    del self._uid_by_key[old.key]
+        if new and info.req is not None and info.req.is_gpu:
+            with self.model.lock:  # placers are not required to be thread-safe
+                for placer in self.placers.values():
+                    placer.observe(info.req)
+        return info
+
+    def _forget(self, uid: str) -> None:
+        with self._pods_lock:
+            info = self._pods.pop(uid, None)
+            if info is not None and self._uid_by_key.get(info.key) == uid:
+                del self._uid_by_key[info.key]
+
+    def _known_pod(self, args: BindingArgs) -> PodInfo | None:
+        with self._pods_lock:
+            uid = args.pod_uid or self._uid_by_key.get(args.key, "")
+            info = self._pods.get(uid)
+        if info is not None and info.key == args.key:
+            return info
+        return None
+
+    # ----------------------------------------------------------------------------- filter
+    def _indices(self, names: list[str]) -> np.ndarray:
+        index = self.model.index
+        return np.fromiter((index.get(n, -1) for n in names), dtype=np.int64, count=len(names))
+
+    def _reason(self, a: CardArrays, i: int, req: GpuRequest, mask: np.ndarray, name: str) -> str:
+        meta = self.model.meta.get(name)
+        if req.is_shared and meta is not None and meta.whole_only and a.exists[i].any():
+            return WHOLE_ONLY
+        return scoring.reason(a, i, req, mask, name)
+
+    def filter(self, args: ExtenderArgs) -> FilterResult:
+        """Which of the candidate nodes can host the pod now, and why each other one cannot."""
+        names = args.names
+        info = self.pod_info(args.pod)
+        if info.req is None:
+            # A pod-level problem: no node will ever do until the user fixes the pod.
+            return filter_answer(args, unresolvable={n: info.error for n in names})
+        if not info.req.is_gpu:
+            return filter_answer(args, passing=names, passing_nodes=args.nodes)
+        req, policy = info.req, info.policy
+        assert policy is not None
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        with self.model.lock:
+            a = self.model.a
+            idx = self._indices(names)
+            known = idx >= 0
+            safe = np.where(known, idx, 0)
+            mask = scoring.card_mask(a, self.model.models, policy, req)
+            f = scoring.fit(a, req, mask)
+            ok = known & f.ok[safe]
+            unres = f.unresolvable[safe]
+            for j in np.flatnonzero(known & ~ok):  # reasons for failing nodes only
+                i, name = int(idx[j]), names[j]
+                (unresolvable if unres[j] else failed)[name] = self._reason(a, i, req, mask, name)
+        for j in np.flatnonzero(~known):
+            failed[names[j]] = UNKNOWN_NODE
+        sel = np.flatnonzero(ok)
+        passing = _take(names, sel)
+        passing_nodes = None
+        if args.nodes is not None:
+            if args.node_names is None:
+                passing_nodes = _take(args.nodes, sel)
+            else:  # both forms sent: match Node objects by name
+                keep = set(passing)
+                passing_nodes = [n for n in args.nodes if n["metadata"]["name"] in keep]
+        return filter_answer(args, passing=passing, passing_nodes=passing_nodes,
+                             failed=failed, unresolvable=unresolvable)
+
+    # ------------------------------------------------------------------------- prioritize
+    def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
+        """Scores 0..10 for every candidate node: the placer's ranking among feasible nodes,
+        0 for nodes that cannot take the pod (or when the pod asks for no GPU)."""
+        names = args.names
+        scores = np.zeros(len(names), np.int64)
+        info = self.pod_info(args.pod)
+        if info.req is not None and info.req.is_gpu and names:
+            req, policy = info.req, info.policy
+            assert policy is not None
+            with self.model.lock:
+                a = self.model.a
+                idx = self._indices(names)
+                known = idx >= 0
+                mask = scoring.card_mask(a, self.model.models, policy, req)
+                f = scoring.fit(a, req, mask)
+                feasible = known & f.ok[np.where(known, idx, 0)]
+                fidx = idx[feasible]
+                if fidx.size:
+                    raw = self.placers[policy.node].score(a, req, fidx, f.usable)
+                    scores[feasible] = scoring.to_extender_scores(raw)
+        return priority_list(names, scores.tolist())
+
+    # ------------------------------------------------------------------------------- bind
+    def _pod_for_bind(self, args: BindingArgs) -> PodInfo | str:
+        info = self._known_pod(args)
+        if info is not None:
+            return info
+        if self.pod_source is None:
+            return (f"pod {args.key} (uid {args.pod_uid or '?'}) was not seen at filter and no pod source is "
+                    "configured: it cannot be bound by this extender")
+        try:
+            pod = self.pod_source.get_pod(args.pod_namespace, args.pod_name)
+        except Exception as exc:  # the API server may be unreachable: retryable
+            return f"cannot read pod {args.key}: {exc}"
+        if pod is None:
+            return f"pod {args.key} not found"
+        uid = str(((pod.get("metadata") or {}).get("uid")) or "")
+        if args.pod_uid and uid and uid != args.pod_uid:
+            return f"pod {args.key} has uid {uid}, bind asked for uid {args.pod_uid} (pod was re-created)"
+        return self.pod_info(pod)
+
+    def _record(self, alloc: PodAllocation) -> AllocationRecord:
+        return AllocationRecord(
+            node=alloc.node, whole=alloc.whole,
+            cards=tuple(CardShare(index=k, uuid=self.model.card_uuid(alloc.node, k), memory_mib=int(m),
+                                  core_milli=int(c))
+                        for k, m, c in zip(alloc.cards, alloc.mem_mib, alloc.core_milli)))
+
+    def bind(self, args: BindingArgs) -> str:
+        """Choose cards on ``args.node``, reserve them, and bind. Returns '' or the error message.
+
+        An error makes kube-scheduler retry the pod within seconds, which is the right answer
+        when another pod took the cards in between.
+        """
+        node = args.node
+        if args.pod_uid:
+            with self.model.lock:
+                prev = self.model.allocations.get(args.pod_uid)
+                record = self._record(prev) if prev is not None else None
+            if prev is not None:
+                # Already holds cards (a bind repeated, or rebuilt from the pod's annotation).
+                if prev.node != node:
+                    return f"pod {args.key} already holds cards {list(prev.cards)} on node {prev.node}"
+                return self._complete(args.pod_namespace, args.pod_name, args.pod_uid, node, record, None, "")
+        info = self._pod_for_bind(args)
+        if isinstance(info, str):
+            log.warning("bind %s -> %s refused: %s", args.key, node, info)
+            return info
+        if info.req is None:
+            return info.error
+        uid = args.pod_uid or info.uid
+        alloc: PodAllocation | None = None
+        record = None
+        if info.req.is_gpu:
+            req, policy = info.req, info.policy
+            assert policy is not None
+            with self.model.lock:
+                prev = self.model.allocations.get(uid)
+                if prev is not None:  # only reachable without PodUID in the request
+                    return f"pod {info.key} already holds cards {list(prev.cards)} on node {prev.node}"
+                i = self.model.index.get(node)
+                if i is None:
+                    return f"cannot bind {info.key} to {node}: {UNKNOWN_NODE}"
+                row = row_view(self.model.a, i)
+                mask = scoring.card_mask(row, self.model.models, policy, req)
+                f = scoring.fit(row, req, mask)
+                if not f.ok[0]:
+                    msg = f"cannot bind {info.key} to {node} now: {self._reason(row, 0, req, mask, node)}"
+                    log.info("bind refused: %s", msg)
+                    return msg
+                cards = self.placers[policy.node].choose_cards(row, 0, req, f.usable[0], policy)
+                try:
+                    alloc = self.model.assign(uid, info.key, node, cards, req, check=True)
+                except AllocationConflict as exc:
+                    log.info("bind refused: %s -> %s: %s", info.key, node, exc)
+                    return f"cannot bind {info.key} to {node}: {exc}"
+                record = self._record(alloc)
+        err = self._complete(info.namespace, info.name, uid, node, record, alloc, info.req.describe())
+        if not err:
+            self._forget(uid)
+        return err
+
+    def _complete(self, namespace: str, name: str, uid: str, node: str, record: AllocationRecord | None,
+                  reserved: PodAllocation | None, what: str) -> str:
+        """Call the binder outside the model lock; on failure release ``reserved`` (ours only)."""
+        key = f"{namespace}/{name}"
+        try:
+            self.binder.bind(namespace, name, uid, node, record)
+        except Exception as exc:  # BindError or anything else: never keep the reservation
+            if reserved is not None:
+                with self.model.lock:
+                    if self.model.allocations.get(uid) is reserved:
+                        self.model.release(uid)
+            msg = str(exc) if isinstance(exc, BindError) else f"binding failed: {exc!r}"
+            log.warning("bind %s -> %s failed%s: %s", key, node,
+                        ", reservation released" if reserved is not None else "", msg)
+            return f"cannot bind {key} to {node}: {msg}"
+        if record is None:
+            log.info("bound %s -> %s (no GPU)", key, node)
+        else:
+            log.info("bound %s -> %s cards %s%s", key, node, ",".join(str(c.index) for c in record.cards),
+                     f" ({what})" if what else " (already held)")
+        return ""
+
+    # ------------------------------------------------------------------------------ views
+    def stats(self) -> dict[str, int]:
+        """Counts for /metrics and logs."""
+        with self.model.lock:
+            a = self.model.a
+            live = a.exists & a.node_ok[:, None]
+            return {"nodes": len(self.model.index), "cards": int(live.sum()),
+                    "healthy_cards": int((live & a.healthy).sum()),
+                    "free_whole_cards": int((live & a.free_whole()).sum()),
+                    "allocations": len(self.model.allocations)}
+
+    def state(self) -> dict[str, Any]:
+        """The whole model as JSON-able data: per node, per card, and every allocation."""
+        with self.model.lock:
+            a = self.model.a
+            nodes = []
+            for name in sorted(self.model.index):
+                i = self.model.index[name]
+                meta = self.model.meta[name]
+                cards = []
+                for k in np.flatnonzero(a.exists[i]):
+                    k = int(k)
+                    cards.append({"index": k, "uuid": meta.uuids.get(k, ""), "model": meta.models.get(k, ""),
+                                  "memoryMiB": int(a.mem_total[i, k]), "freeMemoryMiB": int(a.mem_free[i, k]),
+                                  "freeCoreMilli": int(a.core_free[i, k]), "pods": int(a.pods[i, k]),
+                                  "healthy": bool(a.healthy[i, k]), "numa": int(a.numa[i, k])})
+                nodes.append({"name": name, "schedulable": bool(a.node_ok[i]), "source": meta.source,
+                              "cards": cards})
+            allocs = {uid: {"pod": al.name, "node": al.node, "cards": list(al.cards), "memoryMiB": list(al.mem_mib),
+                            "coreMilli": list(al.core_milli), "whole": al.whole}
+                      for uid, al in self.model.allocations.items()}
+            return {"nodes": nodes, "allocations": allocs}
+
+    def allocation(self, uid: str) -> dict[str, Any] | None:
+        with self.model.lock:
+            al = self.model.allocations.get(uid)
+            if al is None:
+                return None
+            return {"pod": al.name, "node": al.node, "cards": list(al.cards), "memoryMiB": list(al.mem_mib),
+                    "coreMilli": list(al.core_milli), "whole": al.whole}

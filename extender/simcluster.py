@@ -1,0 +1,277 @@
+"""An embedded, simulated cluster: nodes and cards from a YAML file, no Kubernetes needed.
+
+It feeds the same :class:`~extender.model.ClusterModel` the Kubernetes feeder feeds, so
+`stowage demo` and `stowage extender --simulated` exercise exactly the production code path
+above the model. The format is documented at the top of the built-in file,
+``extender/data/default-cluster.yaml``; :func:`load_cluster` validates a user file of the
+same format and names the offending entry in its errors.
+
+:func:`node_objects` renders the cluster as ``v1.Node`` JSON objects (like those kube-scheduler
+sends with ``nodeCacheCapable: false``), carrying the inventory annotation our device plugin
+would publish, so the full-nodes mode can be driven too.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from importlib import resources as importlib_resources
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from stowage.inventory import (GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, INVENTORY_ANNOTATION, Card, Inventory,
+                               encode_inventory)
+from stowage.resources import (DEFAULT_MEMORY_UNIT_MIB, RESOURCE_GPU, RESOURCE_GPU_MEMORY, RequestError,
+                               quantity_to_mib, quantity_to_milli)
+
+from .model import ClusterModel
+
+BUILTIN = "builtin"
+_UUID_NS = uuid.UUID("6f1d3a52-5b7e-4c1e-9d5f-2a8b7c6e4d30")
+MAX_NODES = 100_000
+MAX_CARDS_PER_NODE = 64
+
+
+class SimClusterError(ValueError):
+    """A simulated-cluster file that cannot be used; the message names file and entry."""
+
+
+@dataclass(frozen=True)
+class SimNode:
+    name: str
+    cards: tuple[Card, ...]
+    cpu_milli: int = 0       # 0: not given
+    memory_mib: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def inventory(self, memory_unit_mib: int) -> Inventory:
+        return Inventory(cards=self.cards, source="simulated", memory_unit_mib=memory_unit_mib)
+
+
+@dataclass(frozen=True)
+class SimCluster:
+    nodes: tuple[SimNode, ...]
+    memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB
+    source: str = BUILTIN
+
+    @property
+    def card_count(self) -> int:
+        return sum(len(n.cards) for n in self.nodes)
+
+    def populate(self, model: ClusterModel) -> None:
+        """Put every node and card into the model (host CPU/memory are kube-scheduler's job)."""
+        for n in self.nodes:
+            model.upsert_node(n.name, n.inventory(self.memory_unit_mib))
+
+
+def builtin_path() -> Path:
+    return Path(str(importlib_resources.files("extender.data").joinpath("default-cluster.yaml")))
+
+
+def card_uuid(node: str, index: int) -> str:
+    """A stable, realistic-looking UUID for a simulated card."""
+    return "GPU-" + str(uuid.uuid5(_UUID_NS, f"{node}/{index}"))
+
+
+def _where(src: str, path: str) -> str:
+    return f"{src}: {path}"
+
+
+def _int(value: Any, where: str, lo: int = 0, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SimClusterError(f"{where}: expected a whole number, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        raise SimClusterError(f"{where}: {value} is out of range ({lo}..{hi if hi is not None else ''})")
+    return value
+
+
+def _mib(value: Any, where: str) -> int:
+    """Per-card memory: a quantity ("80Gi") or a bare number of MiB."""
+    try:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            mib = int(value)
+        elif isinstance(value, str) and value.strip().replace(".", "", 1).isdigit():
+            mib = int(float(value))
+        else:
+            mib = quantity_to_mib(value)
+    except RequestError as exc:
+        raise SimClusterError(f"{where}: {exc}") from None
+    if mib <= 0:
+        raise SimClusterError(f"{where}: memory must be positive, got {value!r}")
+    return mib
+
+
+def _host(value: Any, where: str, conv) -> int:
+    if value is None:
+        return 0
+    try:
+        out = conv(value)
+    except RequestError as exc:
+        raise SimClusterError(f"{where}: {exc}") from None
+    if out < 0:
+        raise SimClusterError(f"{where}: must not be negative")
+    return out
+
+
+def _per_card(value: Any, count: int, where: str, default: int) -> list[int]:
+    if value is None:
+        return [default] * count
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value] * count
+    if isinstance(value, list) and len(value) == count:
+        return [_int(v, f"{where}[{k}]", lo=-1) for k, v in enumerate(value)]
+    raise SimClusterError(f"{where}: expected one int or a list of {count} ints, got {value!r}")
+
+
+def _nvlink(value: Any, count: int, where: str) -> list[set[int]]:
+    peers: list[set[int]] = [set() for _ in range(count)]
+    if value is None:
+        return peers
+    if value == "all":
+        groups = [list(range(count))]
+    elif isinstance(value, list) and all(isinstance(g, list) for g in value):
+        groups = value
+    else:
+        raise SimClusterError(f"{where}: expected \"all\" or a list of card-index groups, got {value!r}")
+    for gi, g in enumerate(groups):
+        ks = [_int(k, f"{where}[{gi}]", 0, count - 1) for k in g]
+        for k in ks:
+            peers[k].update(x for x in ks if x != k)
+    return peers
+
+
+def _cards(node: str, gpus: Any, where: str) -> tuple[Card, ...]:
+    if gpus is None:
+        return ()
+    if not isinstance(gpus, dict):
+        raise SimClusterError(f"{where}: expected a mapping with model, count, memory")
+    unknown = set(gpus) - {"model", "count", "memory", "numa", "nvlink", "unhealthy"}
+    if unknown:
+        raise SimClusterError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    model = gpus.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise SimClusterError(f"{where}.model: expected a GPU model name")
+    count = _int(gpus.get("count"), f"{where}.count", 0, MAX_CARDS_PER_NODE)
+    if "memory" not in gpus:
+        raise SimClusterError(f"{where}.memory: missing (per-card memory, e.g. 80Gi)")
+    mem = _mib(gpus["memory"], f"{where}.memory")
+    numa = _per_card(gpus.get("numa"), count, f"{where}.numa", -1)
+    links = _nvlink(gpus.get("nvlink"), count, f"{where}.nvlink")
+    bad = gpus.get("unhealthy") or []
+    if not isinstance(bad, list):
+        raise SimClusterError(f"{where}.unhealthy: expected a list of card indices")
+    unhealthy = {_int(k, f"{where}.unhealthy", 0, max(count - 1, 0)) for k in bad}
+    return tuple(Card(index=k, uuid=card_uuid(node, k), model=model.strip(), memory_mib=mem,
+                      healthy=k not in unhealthy, numa=numa[k], nvlink=tuple(sorted(links[k])))
+                 for k in range(count))
+
+
+def parse_cluster(doc: Any, src: str = "<cluster>") -> SimCluster:
+    """Validate a parsed YAML document into a :class:`SimCluster`."""
+    if not isinstance(doc, dict):
+        raise SimClusterError(f"{src}: expected a mapping with a 'nodes' list at the top")
+    unknown = set(doc) - {"nodes", "memoryUnitMiB"}
+    if unknown:
+        raise SimClusterError(f"{src}: unknown top-level key(s) {', '.join(sorted(map(str, unknown)))}")
+    unit = _int(doc.get("memoryUnitMiB", DEFAULT_MEMORY_UNIT_MIB), _where(src, "memoryUnitMiB"), 1)
+    entries = doc.get("nodes")
+    if not isinstance(entries, list) or not entries:
+        raise SimClusterError(f"{src}: 'nodes' must be a non-empty list")
+    nodes: list[SimNode] = []
+    seen: set[str] = set()
+    for e, entry in enumerate(entries):
+        where = _where(src, f"nodes[{e}]")
+        if not isinstance(entry, dict):
+            raise SimClusterError(f"{where}: expected a mapping")
+        unknown = set(entry) - {"name", "count", "cpu", "memory", "labels", "gpus"}
+        if unknown:
+            raise SimClusterError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+        pattern = entry.get("name")
+        if not isinstance(pattern, str) or not pattern:
+            raise SimClusterError(f"{where}.name: expected a node name (with {{i}} when count > 1)")
+        count = _int(entry.get("count", 1), f"{where}.count", 1, MAX_NODES)
+        if count > 1 and "{i" not in pattern:
+            raise SimClusterError(f"{where}.name: with count > 1 the name needs {{i}} (e.g. \"a100-{{i:02d}}\")")
+        cpu = _host(entry.get("cpu"), f"{where}.cpu", quantity_to_milli)
+        mem = _host(entry.get("memory"), f"{where}.memory", quantity_to_mib)
+        labels = entry.get("labels") or {}
+        if not isinstance(labels, dict):
+            raise SimClusterError(f"{where}.labels: expected a mapping")
+        for i in range(1, count + 1):
+            try:
+                name = pattern.format(i=i)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise SimClusterError(f"{where}.name: bad pattern {pattern!r} ({exc})") from None
+            if name in seen:
+                raise SimClusterError(f"{where}: duplicate node name {name!r}")
+            seen.add(name)
+            nodes.append(SimNode(name=name, cards=_cards(name, entry.get("gpus"), f"{where}.gpus"),
+                                 cpu_milli=cpu, memory_mib=mem,
+                                 labels={str(k): str(v) for k, v in labels.items()}))
+            if len(nodes) > MAX_NODES:
+                raise SimClusterError(f"{src}: more than {MAX_NODES} nodes")
+    return SimCluster(nodes=tuple(nodes), memory_unit_mib=unit, source=src)
+
+
+def load_cluster(path: str | Path | None = None) -> SimCluster:
+    """The cluster in ``path`` (YAML), or the built-in one for None / "builtin"."""
+    if path is None or str(path) == BUILTIN:
+        p = builtin_path()
+        src = BUILTIN
+    else:
+        p = Path(path)
+        src = str(p)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SimClusterError(f"{src}: cannot read cluster file: {exc.strerror or exc}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SimClusterError(f"{src}: not valid YAML: {exc}") from None
+    return parse_cluster(doc, src)
+
+
+def node_objects(cluster: SimCluster) -> list[dict[str, Any]]:
+    """The cluster's nodes as ``v1.Node`` JSON objects (as kube-scheduler sends them)."""
+    out = []
+    for n in cluster.nodes:
+        healthy = [c for c in n.cards if c.healthy]
+        labels = {"kubernetes.io/hostname": n.name, "kubernetes.io/os": "linux", **n.labels}
+        resources: dict[str, str] = {"pods": "110"}
+        if n.cpu_milli:
+            resources["cpu"] = f"{n.cpu_milli}m" if n.cpu_milli % 1000 else str(n.cpu_milli // 1000)
+        if n.memory_mib:
+            resources["memory"] = f"{n.memory_mib}Mi"
+        annotations = {}
+        if n.cards:
+            model = n.cards[0].model
+            labels.update({GFD_COUNT: str(len(n.cards)), GFD_PRODUCT: model.replace(" ", "-"),
+                           GFD_MEMORY: str(n.cards[0].memory_mib)})
+            resources[RESOURCE_GPU] = str(len(healthy))
+            resources[RESOURCE_GPU_MEMORY] = str(sum(c.memory_mib for c in healthy) // cluster.memory_unit_mib)
+            annotations[INVENTORY_ANNOTATION] = encode_inventory(n.cards, cluster.memory_unit_mib)
+        out.append({
+            "metadata": {"name": n.name, "uid": str(uuid.uuid5(_UUID_NS, f"node/{n.name}")),
+                         "labels": labels, "annotations": annotations},
+            "spec": {},
+            "status": {"capacity": dict(resources), "allocatable": dict(resources),
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                       "message": "simulated by Stowage"}]},
+        })
+    return out
+
+
+def describe(cluster: SimCluster) -> str:
+    """One line: '36 nodes, 204 cards (32 H100-SXM5-80GB, ...)'."""
+    counts: dict[str, int] = {}
+    for n in cluster.nodes:
+        for c in n.cards:
+            counts[c.model] = counts.get(c.model, 0) + 1
+    detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return f"{len(cluster.nodes)} nodes, {cluster.card_count} cards ({detail})"
+
+
+__all__ = ["SimCluster", "SimNode", "SimClusterError", "load_cluster", "parse_cluster", "node_objects",
+           "card_uuid", "builtin_path", "describe", "BUILTIN"]

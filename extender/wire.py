@@ -1,0 +1,216 @@
+"""The kube-scheduler extender wire format (``k8s.io/kube-scheduler/extender/v1``), and nothing else.
+
+kube-scheduler is not ours: these types mirror the upstream Go structs exactly. They have no
+JSON tags, so on the wire the keys are the Go field names (``Pod``, ``Nodes``, ``NodeNames``,
+``PodName``...). Go's ``encoding/json`` matches keys case-insensitively when decoding (an
+exact match wins), so we accept any case on input but always answer with the Go spelling.
+
+Upstream types::
+
+    ExtenderArgs          {Pod *v1.Pod; Nodes *v1.NodeList; NodeNames *[]string}
+    ExtenderFilterResult  {Nodes *v1.NodeList; NodeNames *[]string; FailedNodes map[string]string;
+                           FailedAndUnresolvableNodes map[string]string; Error string}
+    HostPriorityList      []{Host string; Score int64}
+    ExtenderBindingArgs   {PodName, PodNamespace string; PodUID types.UID; Node string}
+    ExtenderBindingResult {Error string}
+
+Parsing raises :class:`WireError` for a body that is not an extender request at all (the app
+answers HTTP 400); everything that *is* a request but describes an unschedulable pod is left to
+:mod:`extender.service`, which answers it through ``FailedNodes``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import orjson
+
+
+class WireError(ValueError):
+    """A body that is not a valid extender request; the message says what is wrong."""
+
+
+def _get(doc: Mapping[str, Any], name: str) -> Any:
+    """Field ``name`` the way Go decodes it: exact key first, else any key equal ignoring case.
+
+    Go keeps the *last* case-insensitive match when several keys fold to the same name; an
+    exact match is preferred regardless of order.
+    """
+    if name in doc:
+        return doc[name]
+    low = name.lower()
+    found = None
+    for key, value in doc.items():
+        if isinstance(key, str) and key.lower() == low:
+            found = value
+    return found
+
+
+def decode_body(body: bytes | str) -> dict[str, Any]:
+    """The JSON object in a request body; :class:`WireError` if it is not one."""
+    if isinstance(body, str):
+        body = body.encode()
+    if not body or not body.strip():
+        raise WireError("empty request body: expected a JSON object from kube-scheduler")
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise WireError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise WireError(f"request body must be a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+@dataclass
+class ExtenderArgs:
+    """A filter or prioritize request.
+
+    ``node_names`` is set when the extender is ``nodeCacheCapable`` (kube-scheduler sends names
+    only); ``nodes`` holds the full ``v1.Node`` objects otherwise. ``names`` is the union in
+    request order, which is what the service works on.
+    """
+
+    pod: dict[str, Any]
+    node_names: list[str] | None
+    nodes: list[dict[str, Any]] | None
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def full_nodes(self) -> bool:
+        return self.nodes is not None
+
+
+def _node_name(node: Any, i: int) -> str:
+    if not isinstance(node, dict):
+        raise WireError(f"Nodes.items[{i}] must be a Node object, got {type(node).__name__}")
+    meta = node.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    if not isinstance(name, str) or not name:
+        raise WireError(f"Nodes.items[{i}] has no metadata.name")
+    return name
+
+
+def parse_extender_args(body: bytes | str | Mapping[str, Any]) -> ExtenderArgs:
+    """Parse an ``ExtenderArgs`` body (filter, prioritize)."""
+    doc = body if isinstance(body, Mapping) else decode_body(body)
+    pod = _get(doc, "Pod")
+    if pod is None:
+        raise WireError("not an extender request: no 'Pod' (expected {\"Pod\": ..., \"NodeNames\": [...]} "
+                        "or {\"Pod\": ..., \"Nodes\": {\"items\": [...]}})")
+    if not isinstance(pod, dict):
+        raise WireError(f"'Pod' must be a Pod object, got {type(pod).__name__}")
+    raw_names = _get(doc, "NodeNames")
+    node_names: list[str] | None = None
+    if raw_names is not None:
+        if not isinstance(raw_names, list) or not all(isinstance(n, str) for n in raw_names):
+            raise WireError("'NodeNames' must be a list of node name strings")
+        node_names = raw_names
+    raw_nodes = _get(doc, "Nodes")
+    nodes: list[dict[str, Any]] | None = None
+    node_list_names: list[str] = []
+    if raw_nodes is not None:
+        if not isinstance(raw_nodes, dict):
+            raise WireError(f"'Nodes' must be a NodeList object with 'items', got {type(raw_nodes).__name__}")
+        items = _get(raw_nodes, "items")
+        if items is None:
+            items = []
+        if not isinstance(items, list):
+            raise WireError("'Nodes.items' must be a list of Node objects")
+        node_list_names = [_node_name(n, i) for i, n in enumerate(items)]
+        nodes = items
+    if node_names is None and nodes is None:
+        names: list[str] = []
+    elif node_names is not None and nodes is not None:
+        # Never sent by kube-scheduler; be lenient and consider every node mentioned once.
+        seen = set(node_names)
+        names = list(node_names) + [n for n in node_list_names if n not in seen]
+    else:
+        names = list(node_names) if node_names is not None else node_list_names
+    return ExtenderArgs(pod=pod, node_names=node_names, nodes=nodes, names=names)
+
+
+@dataclass(frozen=True)
+class BindingArgs:
+    """An ``ExtenderBindingArgs`` body."""
+
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str
+    node: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.pod_namespace}/{self.pod_name}"
+
+
+def parse_binding_args(body: bytes | str | Mapping[str, Any]) -> BindingArgs:
+    """Parse an ``ExtenderBindingArgs`` body (bind)."""
+    doc = body if isinstance(body, Mapping) else decode_body(body)
+    values = {}
+    for name in ("PodName", "PodNamespace", "PodUID", "Node"):
+        v = _get(doc, name)
+        if v is None:
+            v = ""
+        if not isinstance(v, str):
+            raise WireError(f"'{name}' must be a string, got {type(v).__name__}")
+        values[name] = v
+    missing = [n for n in ("PodName", "Node") if not values[n]]
+    if missing:
+        raise WireError(f"not a bind request: missing {', '.join(missing)} "
+                        "(expected {\"PodName\", \"PodNamespace\", \"PodUID\", \"Node\"})")
+    return BindingArgs(pod_name=values["PodName"], pod_namespace=values["PodNamespace"] or "default",
+                       pod_uid=values["PodUID"], node=values["Node"])
+
+
+# ------------------------------------------------------------------------------------- answers
+@dataclass
+class FilterResult:
+    """An ``ExtenderFilterResult``. ``None`` fields are encoded as JSON null, like Go nil."""
+
+    node_names: list[str] | None = None
+    nodes: list[dict[str, Any]] | None = None
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "Nodes": None if self.nodes is None else {"metadata": {}, "items": self.nodes},
+            "NodeNames": self.node_names,
+            "FailedNodes": self.failed,
+            "FailedAndUnresolvableNodes": self.unresolvable,
+            "Error": self.error,
+        }
+
+
+def filter_answer(args: ExtenderArgs | None, passing: Sequence[str] | None = None,
+                  passing_nodes: list[dict[str, Any]] | None = None,
+                  failed: dict[str, str] | None = None, unresolvable: dict[str, str] | None = None,
+                  error: str = "") -> FilterResult:
+    """A filter answer in the same shape as the request.
+
+    With ``nodeCacheCapable: false`` kube-scheduler reads ONLY ``Nodes`` (answering names
+    alone silently rejects every node), so when the request carried Node objects the answer
+    carries the passing Node objects exactly as received.
+    """
+    res = FilterResult(failed=dict(failed or {}), unresolvable=dict(unresolvable or {}), error=error)
+    if args is None or args.node_names is not None or args.nodes is None:
+        res.node_names = list(passing or [])
+    if args is not None and args.nodes is not None:
+        res.nodes = list(passing_nodes or [])
+    return res
+
+
+def encode(doc: Any) -> bytes:
+    """JSON bytes for an answer (numpy integers allowed)."""
+    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def priority_list(hosts: Sequence[str], scores: Sequence[int]) -> list[dict[str, Any]]:
+    """A ``HostPriorityList``: ``[{"Host": name, "Score": 0..10}, ...]``."""
+    return [{"Host": h, "Score": int(s)} for h, s in zip(hosts, scores)]
+
+
+def binding_result(error: str = "") -> dict[str, str]:
+    """An ``ExtenderBindingResult``; empty ``Error`` means success."""
+    return {"Error": error}

@@ -1,0 +1,76 @@
+"""Helpers for the extender tests: small models, the real app served over real HTTP."""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import requests
+from werkzeug.serving import make_server
+
+from extender.app import create_app
+from extender.model import ClusterModel
+from extender.service import ExtenderService
+from extender.simcluster import parse_cluster
+from stowage.resources import GpuRequest
+
+
+def model_from(doc: dict[str, Any]) -> ClusterModel:
+    """A model holding the nodes of a simulated-cluster document (same format as the YAML)."""
+    model = ClusterModel()
+    parse_cluster(doc, "test").populate(model)
+    return model
+
+
+def gpus(model: str, count: int, memory: str, **extra: Any) -> dict[str, Any]:
+    return {"model": model, "count": count, "memory": memory, **extra}
+
+
+def take_whole(model: ClusterModel, node: str, cards: list[int], uid: str) -> None:
+    model.assign(uid, f"default/{uid}", node, cards, GpuRequest(gpus=len(cards)), check=True)
+
+
+def take_shared(model: ClusterModel, node: str, card: int, mem_mib: int, uid: str, core_milli: int = 0) -> None:
+    model.assign(uid, f"default/{uid}", node, [card], GpuRequest(mem_mib=mem_mib, core_milli=core_milli), check=True)
+
+
+class Server:
+    """The real Flask app on a werkzeug server in a thread, on a free loopback port."""
+
+    def __init__(self, service: ExtenderService, **app_kwargs: Any) -> None:
+        self.service = service
+        self.app = create_app(service, **app_kwargs)
+        self.httpd = make_server("127.0.0.1", 0, self.app, threaded=True)
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        self.http = requests.Session()
+
+    def post(self, path: str, body: Any = None, *, data: bytes | str | None = None, **kw: Any) -> requests.Response:
+        if data is None:
+            return self.http.post(self.url + path, json=body, timeout=30, **kw)
+        return self.http.post(self.url + path, data=data, timeout=30, **kw)
+
+    def get(self, path: str) -> requests.Response:
+        return self.http.get(self.url + path, timeout=30)
+
+    def close(self) -> None:
+        self.http.close()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=10)
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# The simple kube-scheduler-like placers, so tests that assert a ranking do not depend on which
+# policy module currently serves "pack" (see extender.scoring.POLICY_PLACER).
+SIMPLE_PLACERS = {"pack": "most-allocated", "spread": "least-allocated"}
+
+
+def simple_placers(policy_value: str):
+    from extender.scoring import get_placer
+    return get_placer(SIMPLE_PLACERS[policy_value])
