@@ -47,7 +47,7 @@ SHAPE_GRAMMAR = """\
   ...@MODEL    any of the above, only on GPU models matching MODEL (A100, or A100|H100)
 MEM is a Kubernetes quantity with a unit (Mi, Gi, Ti, M, G; 'GiB' is read as 'Gi')."""
 
-_WHOLE = re.compile(r"^(\d+)(?:\s*[x×*]\s*(.+))?$", re.IGNORECASE)
+_WHOLE = re.compile(r"^(\d+)(?:\s*[x×*]\s*(.*))?$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,8 @@ def parse_shape(text: str) -> Shape:
         gpus = int(m.group(1))
         if gpus <= 0:
             raise ShapeError(f"shape {raw!r}: the number of GPUs must be at least 1")
+        if m.group(2) is not None and not m.group(2).strip():
+            raise ShapeError(f"shape {raw!r}: give the card memory after 'x', e.g. {gpus}x80Gi")
         min_mem = _mem_mib(m.group(2), raw) if m.group(2) else 0
         return Shape(text=raw, req=GpuRequest(gpus=gpus, min_card_mem_mib=min_mem), policy=policy)
     mem_text, comma, core_text = body.partition(",")
@@ -174,9 +176,16 @@ def _placer(placer: str | Placer | None) -> Placer:
 
 
 def _prime(placer: Placer, model: ClusterModel) -> None:
-    """Let a learning placer see the pods already running, as the live extender has."""
-    for alloc in model.allocations.values():
-        placer.observe(shape_of_allocation(alloc))
+    """Give the placer what the live extender's placer has: the model's GPU model names (the
+    fragmentation-aware placers need them) and the pods already running (a learning placer
+    has seen them; one that is given its workload up front gets them as that workload)."""
+    if hasattr(placer, "bind_models"):
+        placer.bind_models(list(model.models))
+    reqs = [shape_of_allocation(al) for al in model.allocations.values()]
+    if reqs and getattr(placer, "knows_workload", False) and hasattr(placer, "prime"):
+        placer.prime([(r, ()) for r in reqs])
+    for r in reqs:
+        placer.observe(r)
 
 
 @dataclass
@@ -441,6 +450,7 @@ def fill_random(model: ClusterModel, n: int, seed: int = 0, placer: str | Placer
     simulated cluster shows something. Returns how many were placed (the rest found no room)."""
     rng = random.Random(seed)
     pl = _placer(placer)
+    _prime(pl, model)
     weights = [w for w, _ in FILL_MIX]
     placed = 0
     for p in range(n):

@@ -39,6 +39,7 @@ def test_parse_shape_grammar(text, req, models):
     ("10Gi,0%", "1-100"),
     ("10Gi,150%", "1-100"),
     ("1x80", "unit"),
+    ("1x", "after 'x'"),
     ("x80Gi", "count before"),
     ("ten", "not a memory quantity"),
     ("1@", "after '@'"),

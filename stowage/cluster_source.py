@@ -1,0 +1,114 @@
+"""Where `stowage inspect` and `stowage plan` get their cluster from: one set of click options
+and one loader, shared by both commands.
+
+- live: ``--kubeconfig`` / ``--context`` / ``--in-cluster`` — one list of nodes and pods through
+  the extender's own feeder (:class:`extender.kube.KubeFeeder`), so the picture is exactly what
+  the extender would rebuild from the pods' allocation annotations;
+- simulated: ``--simulated [FILE]`` — the embedded cluster (or a YAML file of the same format,
+  see ``extender/data/default-cluster.yaml``), optionally with ``--fill N`` seeded random pods
+  placed by the pack policy so there is something to look at.
+
+Errors (unreadable kubeconfig, unreachable API server, bad cluster file) become one
+:class:`click.ClickException` line, never a traceback.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import click
+
+from extender.model import ClusterModel
+from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
+
+SOURCE_OPTIONS = ("kubeconfig", "context", "in_cluster", "simulated", "fill", "seed", "memory_unit_mib")
+
+
+@dataclass(frozen=True)
+class Source:
+    """What the user asked for, as parsed from the options."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    in_cluster: bool = False
+    simulated: str | None = None   # None: live cluster; "builtin" or a file path
+    fill: int = 0
+    seed: int = 0
+    memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB
+
+    @property
+    def live(self) -> bool:
+        return self.simulated is None
+
+
+def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the cluster-source options to a click command; it receives ``source: Source``."""
+    opts = [
+        click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None,
+                     help="Kubeconfig of a live cluster (default: $KUBECONFIG or ~/.kube/config)."),
+        click.option("--context", default=None, help="Kubeconfig context to use."),
+        click.option("--in-cluster", is_flag=True, help="Use the pod's service account (when run inside the cluster)."),
+        click.option("--simulated", is_flag=False, flag_value="builtin", default=None, metavar="[FILE]",
+                     help="Use the embedded simulated cluster, or the cluster described in FILE (YAML), "
+                          "instead of a live one."),
+        click.option("--fill", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="With --simulated: first place N pods of a seeded random mix (whole GPUs and slices)."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Seed for --fill."),
+        click.option("--memory-unit-mib", type=click.IntRange(min=1), default=DEFAULT_MEMORY_UNIT_MIB,
+                     show_default=True, help="MiB per nvidia.com/gpu-memory unit (as configured for the extender)."),
+    ]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        src = Source(**{k: kwargs.pop(k) for k in SOURCE_OPTIONS})
+        if src.fill and src.live:
+            raise click.UsageError("--fill only applies to --simulated clusters (a live cluster has its own pods)")
+        if src.simulated is not None and (src.kubeconfig or src.context or src.in_cluster):
+            raise click.UsageError("--simulated cannot be combined with --kubeconfig/--context/--in-cluster")
+        return fn(*args, source=src, **kwargs)
+
+    for opt in reversed(opts):
+        wrapper = opt(wrapper)
+    return wrapper
+
+
+def load(src: Source) -> tuple[ClusterModel, str]:
+    """The cluster as a model, and one line saying where it came from."""
+    return _simulated(src) if not src.live else _live(src)
+
+
+def _simulated(src: Source) -> tuple[ClusterModel, str]:
+    from extender.simcluster import SimClusterError, describe, load_cluster
+    from stowage.planning import fill_random
+
+    try:
+        cluster = load_cluster(src.simulated)
+    except SimClusterError as exc:
+        raise click.ClickException(str(exc)) from None
+    model = ClusterModel()
+    cluster.populate(model)
+    what = f"simulated cluster {cluster.source}: {describe(cluster)}"
+    if src.fill:
+        placed = fill_random(model, src.fill, seed=src.seed)
+        what += f"; filled with {placed} of {src.fill} random pods (seed {src.seed})"
+    return model, what
+
+
+def _live(src: Source) -> tuple[ClusterModel, str]:
+    try:
+        from extender.kube import KubeFeeder, load_api_client
+    except ImportError as exc:
+        raise click.ClickException(f"live clusters need the extender's Kubernetes feeder: {exc}") from None
+    try:
+        api = load_api_client(src.kubeconfig, src.in_cluster, src.context)
+    except Exception as exc:  # kubernetes.config raises several unrelated types
+        raise click.ClickException(f"cannot load Kubernetes credentials: {exc} "
+                                   "(or use --simulated to look at the embedded cluster)") from None
+    model = ClusterModel()
+    try:
+        KubeFeeder(model, api, src.memory_unit_mib).sync_once()
+    except Exception as exc:  # urllib3/ApiException/timeouts: one line for the operator
+        raise click.ClickException(f"cannot read nodes and pods from the API server: {exc}") from None
+    host = getattr(getattr(api, "configuration", None), "host", "") or "the cluster"
+    return model, f"live cluster {host}: {len(model.node_names())} nodes, {len(model.allocations)} GPU pods"

@@ -1,0 +1,151 @@
+"""`stowage inspect`: per node and per card, what is allocated to which pod, what is free, card
+health and fragmentation — from a live cluster or the embedded simulated one.
+
+The report is built as plain data first (:func:`report`), then rendered as a table or JSON, so
+the JSON is exactly what the table shows and tests can check either.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+import click
+
+from extender.model import ClusterModel
+from stowage.cluster_source import Source, cluster_options, load
+from stowage.planning import ShapeError, fragmentation, iter_nodes, parse_shape
+from stowage.resources import CORE_MILLI_PER_CARD, fmt_mib
+from stowage.textable import render
+
+
+def report(model: ClusterModel, typical: Sequence[str] = (), nodes: Sequence[str] = ()) -> dict[str, Any]:
+    """The whole picture as JSON-ready data. ``typical``: shapes for fragmentation (default:
+    the shapes running now); ``nodes``: only these nodes (default all)."""
+    shapes = [parse_shape(s) for s in typical] if typical else None
+    frag = fragmentation(model, shapes)
+    with model.lock:
+        a = model.a
+        out_nodes = []
+        want = set(nodes)
+        for i, name in iter_nodes(model):
+            if want and name not in want:
+                continue
+            meta = model.meta.get(name)
+            on_card: dict[int, list[dict[str, Any]]] = {}
+            for uid in sorted(meta.pods if meta else ()):
+                al = model.allocations.get(uid)
+                if al is None:
+                    continue
+                for k, mem, core in zip(al.cards, al.mem_mib, al.core_milli):
+                    on_card.setdefault(k, []).append({"pod": al.name, "uid": uid, "whole": al.whole,
+                                                      "memoryMiB": int(mem), "corePct": core / 10})
+            cards = []
+            for k in range(a.shape[1]):
+                if not a.exists[i, k]:
+                    continue
+                cards.append({
+                    "index": k, "uuid": model.card_uuid(name, k),
+                    "model": meta.models.get(k, "UNKNOWN") if meta else "UNKNOWN",
+                    "memoryMiB": int(a.mem_total[i, k]), "memoryFreeMiB": max(int(a.mem_free[i, k]), 0),
+                    "coreFreePct": max(int(a.core_free[i, k]), 0) / 10, "healthy": bool(a.healthy[i, k]),
+                    "freeMilli": int(frag.free[i, k]), "strandedMilli": int(frag.stranded[i, k]),
+                    "pods": on_card.get(k, []),
+                })
+            free, stranded = frag.node_totals(i)
+            out_nodes.append({
+                "name": name, "source": meta.source if meta else "", "schedulable": bool(a.node_ok[i]),
+                "wholeOnly": bool(meta.whole_only) if meta else False,
+                "gpus": len(cards), "healthyGpus": sum(c["healthy"] for c in cards),
+                "freeGpus": sum(1 for c in cards if c["healthy"] and not c["pods"]),
+                "memoryMiB": sum(c["memoryMiB"] for c in cards),
+                "memoryFreeMiB": sum(c["memoryFreeMiB"] for c in cards if c["healthy"]),
+                "pods": len({p["uid"] for c in cards for p in c["pods"]}),
+                "freeMilli": free, "strandedMilli": stranded, "cards": cards,
+            })
+    gpus = sum(n["gpus"] for n in out_nodes)
+    return {
+        "summary": {"nodes": len(out_nodes), "gpus": gpus,
+                    "healthyGpus": sum(n["healthyGpus"] for n in out_nodes),
+                    "freeGpus": sum(n["freeGpus"] for n in out_nodes),
+                    "pods": sum(n["pods"] for n in out_nodes),
+                    "allocatedPct": _pct(sum(n["healthyGpus"] * CORE_MILLI_PER_CARD - n["freeMilli"] for n in out_nodes),
+                                         sum(n["healthyGpus"] for n in out_nodes) * CORE_MILLI_PER_CARD),
+                    "strandedPct": _pct(sum(n["strandedMilli"] for n in out_nodes), sum(n["freeMilli"] for n in out_nodes)),
+                    "typicalShapes": [s.describe() for s in frag.shapes]},
+        "nodes": out_nodes,
+    }
+
+
+def _pct(num: float, den: float) -> float:
+    return round(100.0 * num / den, 1) if den else 0.0
+
+
+def _gpus(x: float) -> str:
+    return f"{x / CORE_MILLI_PER_CARD:.2f}"
+
+
+def render_table(rep: dict[str, Any], cards: bool = True) -> str:
+    s = rep["summary"]
+    lines = [f"{s['nodes']} nodes, {s['gpus']} GPUs ({s['healthyGpus']} healthy, {s['freeGpus']} free), "
+             f"{s['pods']} GPU pods; {s['allocatedPct']}% of healthy GPU capacity allocated; "
+             f"{s['strandedPct']}% of the free capacity is stranded (no typical shape fits: "
+             f"{', '.join(s['typicalShapes'])})", ""]
+    rows = []
+    for n in rep["nodes"]:
+        state = "ok" if n["schedulable"] else "unschedulable"
+        if n["healthyGpus"] < n["gpus"]:
+            state += f", {n['gpus'] - n['healthyGpus']} unhealthy"
+        if n["wholeOnly"]:
+            state += ", whole GPUs only"
+        models = sorted({c["model"] for c in n["cards"]})
+        rows.append([n["name"], "/".join(models) or "-", n["gpus"], n["freeGpus"], n["pods"],
+                     f"{fmt_mib(n['memoryFreeMiB'])} / {fmt_mib(n['memoryMiB'])}" if n["memoryMiB"] else "-",
+                     _gpus(n["freeMilli"]), _gpus(n["strandedMilli"]), state])
+    lines.append(render(["NODE", "MODEL", "GPUS", "FREE", "PODS", "GPU MEM FREE", "FREE GPU", "STRANDED", "STATE"], rows))
+    if cards:
+        crow = []
+        for n in rep["nodes"]:
+            for c in n["cards"]:
+                pods = ", ".join(p["pod"] + ("" if p["whole"] else f" ({fmt_mib(p['memoryMiB'])}"
+                                             + (f", {p['corePct']:g}%" if p["corePct"] else "") + ")")
+                                 for p in c["pods"])
+                crow.append([n["name"], c["index"], c["model"],
+                             f"{fmt_mib(c['memoryFreeMiB'])} / {fmt_mib(c['memoryMiB'])}" if c["memoryMiB"] else "-",
+                             f"{c['coreFreePct']:g}%", "ok" if c["healthy"] else "UNHEALTHY",
+                             _gpus(c["strandedMilli"]) if c["strandedMilli"] else "", pods or "-"])
+        lines += ["", render(["NODE", "CARD", "MODEL", "MEM FREE", "CORE FREE", "HEALTH", "STRANDED", "PODS"], crow)]
+    return "\n".join(lines)
+
+
+@click.command("inspect")
+@cluster_options
+@click.option("--node", "nodes", multiple=True, metavar="NAME", help="Only this node (repeatable).")
+@click.option("--typical", multiple=True, metavar="SHAPE",
+              help="Pod shape that counts for fragmentation (repeatable; grammar as in `stowage plan --shape`). "
+                   "Default: the shapes running now, plus one whole GPU.")
+@click.option("--cards/--no-cards", default=True, show_default=True, help="Also print the per-card table.")
+@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def inspect(source: Source, nodes: tuple[str, ...], typical: tuple[str, ...], cards: bool, output: str) -> None:
+    """Show, per node and per card, which pods hold what, what is free, card health, and
+    STRANDED capacity: free GPU share that no typical pod shape could use right now.
+
+    \b
+    Examples:
+      stowage inspect --simulated --fill 60          # the embedded cluster with a random mix
+      stowage inspect --kubeconfig ~/.kube/config --no-cards
+      stowage inspect --simulated --typical 1 --typical 20Gi,50% -o json
+    """
+    model, what = load(source)
+    try:
+        rep = report(model, typical, nodes)
+    except ShapeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--typical") from None
+    missing = sorted(set(nodes) - {n["name"] for n in rep["nodes"]})
+    if missing:
+        raise click.ClickException(f"no such node(s): {', '.join(missing)}")
+    if output == "json":
+        rep["source"] = what
+        click.echo(json.dumps(rep, indent=2))
+    else:
+        click.echo(what)
+        click.echo(render_table(rep, cards))

@@ -1,0 +1,107 @@
+"""`stowage plan`: what-if answers before scaling — how many more pods of a shape fit now and
+where, and which nodes could be emptied for the cluster autoscaler by moving the fewest pods.
+
+All answers come from :mod:`stowage.planning`, which simulates the extender's own placement
+code on a copy of the cluster; nothing is changed on the cluster.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from stowage.cluster_source import Source, cluster_options, load
+from stowage.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, ShapeError, capacity,
+                              drain_plan, parse_shape)
+from stowage.textable import render
+
+
+def _capacity_text(res: CapacityResult, top: int) -> str:
+    more = "at least " if res.limited else ""
+    lines = [f"{more}{res.count} more pod(s) of {res.shape.describe()} [{res.shape.text}] fit now"]
+    if res.per_node:
+        items = list(res.per_node.items())
+        rows = [[n, c] for n, c in items[:top]]
+        if len(items) > top:
+            rows.append([f"... {len(items) - top} more node(s)", sum(c for _, c in items[top:])])
+        lines.append(render(["NODE", "PODS"], rows, indent="  "))
+    if res.why_not:
+        lines.append("  then nothing more fits:")
+        lines += [f"    {count} node(s): {why}" for why, count in res.why_not.items()]
+    return "\n".join(lines)
+
+
+def _drain_text(plan: DrainPlan, nodes_total: int) -> str:
+    lines = [f"{len(plan.drained)} of {nodes_total} GPU node(s) can be emptied ({plan.gpus_freed} GPUs) "
+             f"by moving {len(plan.moves)} pod(s):"]
+    rows: list[list[Any]] = []
+    for d in plan.drained:
+        if not d.moves:
+            rows.append([d.node, d.gpus, "(already empty)", "", ""])
+        for m in d.moves:
+            rows.append([d.node, d.gpus, m.pod, m.shape, f"{m.target} cards {','.join(map(str, m.target_cards))}"])
+    if rows:
+        lines.append(render(["NODE", "GPUS", "MOVE POD", "SHAPE", "TO"], rows, indent="  "))
+    if plan.kept:
+        lines.append(f"  {len(plan.kept)} node(s) stay: " +
+                     "; ".join(f"{n}: {why}" for n, why in list(plan.kept.items())[:10]) +
+                     (" ..." if len(plan.kept) > 10 else ""))
+    lines.append("  Only GPU pods are modelled: CPU-only pods and DaemonSets on these nodes must also be movable "
+                 "for the cluster autoscaler to remove them.")
+    return "\n".join(lines)
+
+
+@click.command("plan", epilog="Shape grammar (--shape):\n\n\b\n" + SHAPE_GRAMMAR)
+@cluster_options
+@click.option("--shape", "shapes", multiple=True, metavar="SHAPE",
+              help="How many more pods of this shape fit, and where (repeatable; grammar below).")
+@click.option("--drain", is_flag=True, help="Which nodes could be emptied by moving the fewest pods.")
+@click.option("--placer", default="pack", show_default=True,
+              help="Placement policy to simulate: pack, spread, or a placer name (e.g. most-allocated).")
+@click.option("--limit", type=click.IntRange(min=1), default=DEFAULT_LIMIT, show_default=True,
+              help="Stop counting a shape after this many pods.")
+@click.option("--any-model", is_flag=True,
+              help="With --drain: let pods move to other GPU models (whole-GPU pods still only to cards "
+                   "at least as large). Default: a pod only moves to its current model.")
+@click.option("--max-nodes", type=click.IntRange(min=1), default=None, help="With --drain: empty at most this many nodes.")
+@click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="Nodes listed per shape.")
+@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def plan(source: Source, shapes: tuple[str, ...], drain: bool, placer: str, limit: int, any_model: bool,
+         max_nodes: int | None, top: int, output: str) -> None:
+    """What-if: how many more pods of a SHAPE fit right now and on which nodes; and (--drain)
+    which nodes the cluster autoscaler could remove after moving the fewest GPU pods.
+
+    Pods are placed one by one with the extender's own fit, scoring and card-choice code on a
+    copy of the cluster, so fragmentation counts: free memory spread over many cards does not
+    make room for a big pod.
+
+    \b
+    Examples:
+      stowage plan --simulated --fill 80 --shape 1x80Gi --shape 4 --shape 10Gi,30%
+      stowage plan --kubeconfig ~/.kube/config --shape 1@H100 --drain
+    """
+    if not shapes and not drain:
+        raise click.UsageError("nothing to plan: give --shape SHAPE (repeatable) and/or --drain")
+    try:
+        parsed = [parse_shape(s) for s in shapes]
+    except ShapeError as exc:
+        raise click.BadParameter(f"{exc}\nShape grammar:\n{SHAPE_GRAMMAR}", param_hint="--shape") from None
+    model, what = load(source)
+    try:
+        results = [capacity(model, s, placer=placer, limit=limit) for s in parsed]
+        dplan = drain_plan(model, placer=placer, keep_model=not any_model, max_nodes=max_nodes) if drain else None
+    except KeyError as exc:
+        raise click.BadParameter(str(exc.args[0]), param_hint="--placer") from None
+    if output == "json":
+        doc: dict[str, Any] = {"source": what, "placer": placer, "capacity": [r.to_json() for r in results]}
+        if dplan is not None:
+            doc["drain"] = dplan.to_json()
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"{what}\nplacement policy: {placer}\n")
+    for r in results:
+        click.echo(_capacity_text(r, top) + "\n")
+    if dplan is not None:
+        gpu_nodes = sum(1 for n, i in model.index.items() if model.a.exists[i].any())
+        click.echo(_drain_text(dplan, gpu_nodes))

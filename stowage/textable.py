@@ -1,0 +1,26 @@
+"""Plain-text tables for the operator commands (`inspect`, `plan`): aligned columns, numbers
+right-aligned, no dependency — output that reads well in a terminal and diffs well in a ticket."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def render(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, indent: str = "") -> str:
+    """The table as one string; ``None`` cells print as '-'."""
+    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for j, c in enumerate(row):
+            widths[j] = max(widths[j], len(c))
+    numeric = [all(_is_num(r[j]) for r in rows if r[j] is not None) and any(r[j] is not None for r in rows)
+               for j in range(len(headers))]
+
+    def line(vals: Sequence[str]) -> str:
+        out = [v.rjust(widths[j]) if numeric[j] else v.ljust(widths[j]) for j, v in enumerate(vals)]
+        return (indent + "  ".join(out)).rstrip()
+
+    return "\n".join([line(list(headers))] + [line(r) for r in cells])
