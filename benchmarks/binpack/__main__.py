@@ -1,0 +1,6 @@
+"""Entry point: ``python -m benchmarks.binpack --help``."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,134 @@
+"""``python -m benchmarks.binpack``: replay the openb traces against every policy, side by side."""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import sys
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from .replay import SEEDS, binned, replay
+from .report import PolicyResult, calibration, format_table, load_published, write_outputs
+from .trace import (DEFAULT_TRACE, PUBLISHED_FILE, REPO_ROOT, Nodes, TraceError, available_traces,
+                    data_dir, load_nodes, load_pods, trace_name)
+
+DEFAULT_POLICIES = ("stowage", "fgd", "bestfit", "random", "most-allocated", "least-allocated",
+                    "gpushare-binpack", "hami-binpack")
+QUICK_NODE_STRIDE = 6     # --quick: every 6th node (a ~200-node cluster of the same mix)
+QUICK_SEEDS = (42,)
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """"10" = the first ten seeds from 42; "42,43" or "42-45" = those seeds."""
+    text = text.strip()
+    try:
+        if "-" in text:
+            lo, hi = (int(x) for x in text.split("-", 1))
+            return tuple(range(lo, hi + 1))
+        if "," in text:
+            return tuple(int(x) for x in text.split(",") if x.strip())
+        n = int(text)
+        return tuple(range(42, 42 + n))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad --seeds {text!r} (e.g. 10, 42,43 or 42-51)") from None
+
+
+def subset(nodes: Nodes, stride: int) -> Nodes:
+    keep = np.arange(0, len(nodes.names), stride)
+    return Nodes(names=tuple(nodes.names[i] for i in keep), cpu_milli=nodes.cpu_milli[keep],
+                 memory_mib=nodes.memory_mib[keep], gpus=nodes.gpus[keep],
+                 model=tuple(nodes.model[i] for i in keep))
+
+
+@lru_cache(maxsize=16)
+def _load(directory: str, trace: str, stride: int):
+    d = Path(directory)
+    nodes = load_nodes(d)
+    if stride > 1:
+        nodes = subset(nodes, stride)
+    return nodes, load_pods(trace, d)
+
+
+def _task(args: tuple) -> tuple:
+    directory, trace, policy, seed, stride = args
+    nodes, pods = _load(directory, trace, stride)
+    run = replay(nodes, pods, policy, seed)
+    return trace_name(trace), policy, seed, binned(run, nodes.total_gpu_milli), run.failed, run.seconds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.binpack", description=__doc__)
+    p.add_argument("--trace", nargs="+", default=None,
+                   help="trace names (default, gpushare40, ...) or CSV paths; default: every trace in the data dir")
+    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated placer names")
+    p.add_argument("--seeds", type=parse_seeds, default=SEEDS, help="10 (42..51), 42,43 or 42-51")
+    p.add_argument("--out", default="results/binpack", help="output directory (CSV, JSON, PNG)")
+    p.add_argument("--data-dir", default=None, help="folder with the openb CSVs (default ../shared/openb, or $STOWAGE_OPENB)")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 seed on a 1/6 node subset")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    directory = data_dir(args.data_dir)
+    try:
+        traces = args.trace or available_traces(directory) or [DEFAULT_TRACE]
+        stride = QUICK_NODE_STRIDE if args.quick else 1
+        seeds = QUICK_SEEDS if args.quick else args.seeds
+        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        from extender.scoring import get_placer
+        for pol in policies:
+            get_placer(pol)
+        for t in traces:
+            _load(str(directory), t, stride)  # fail fast, with a clear message, on a missing file
+    except TraceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyError as exc:
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 2
+    tasks = [(str(directory), t, pol, s, stride) for t in traces for pol in policies for s in seeds]
+    got: dict[tuple[str, str], list] = {}
+    t0 = time.perf_counter()
+    if args.jobs > 1 and len(tasks) > 1:
+        with mp.get_context("fork").Pool(args.jobs) as pool:
+            for r in tqdm(pool.imap_unordered(_task, tasks), total=len(tasks), desc="replays", unit="seed"):
+                got.setdefault((r[0], r[1]), []).append(r)
+    else:
+        for task in tqdm(tasks, desc="replays", unit="seed"):
+            r = _task(task)
+            got.setdefault((r[0], r[1]), []).append(r)
+    results = []
+    for t in traces:
+        for pol in policies:
+            runs = sorted(got[(trace_name(t), pol)], key=lambda r: r[2])
+            results.append(PolicyResult(trace=trace_name(t), policy=pol, curves=np.stack([r[3] for r in runs]),
+                                        seconds=sum(r[5] for r in runs), failed=[r[4] for r in runs]))
+    pub = load_published(directory / PUBLISHED_FILE)
+    print(format_table(results, pub))
+    print("\nruntime per policy (all traces, sum over seeds, single core):")
+    for pol in policies:
+        secs = sum(r.seconds for r in results if r.policy == pol)
+        print(f"  {pol:<18} {secs:7.1f}s")
+    cal = calibration(results, pub)
+    if cal and not args.quick:
+        bad = [c for c in cal if not c[5]]
+        print(f"\ncalibration vs published medians (tolerance 0.5 points): "
+              f"{len(cal) - len(bad)}/{len(cal)} figures within tolerance")
+        for t, p, pct, ours, pb, ok in bad:
+            print(f"  OFF: {t} {p} @{pct}%: ours {ours:.2f} vs published {pb:.2f} ({ours - pb:+.2f})")
+    meta = {"traces": [trace_name(t) for t in traces], "policies": policies, "seeds": list(seeds),
+            "quick": args.quick, "wall_seconds": round(time.perf_counter() - t0, 1), "jobs": args.jobs,
+            "cpu_count": os.cpu_count()}
+    out = Path(args.out)
+    if not out.is_absolute():
+        out = Path.cwd() / out
+    for path in write_outputs(results, pub, out, meta):
+        print(f"wrote {path}")
+    return 0
