@@ -1,0 +1,256 @@
+"""Which pod is the kubelet allocating for, and which devices does it get: pure logic.
+
+The kubelet's GetPreferredAllocation and Allocate carry only device IDs and a size, never the
+pod. The pod is identified from the pods bound to this node that carry a Stowage allocation
+record (``stowage.io/allocation``, written by the extender at bind time) and have containers
+still waiting for this resource (the :class:`Ledger` counts the Allocate calls already answered,
+one per container, init containers first as the kubelet does):
+
+- GetPreferredAllocation (a hint): candidates whose next container asks for exactly
+  ``allocation_size`` devices and whose recorded card(s) have enough of the offered devices.
+  One candidate, or only interchangeable ones (same cards, same size): propose devices on its
+  card(s). Several that disagree: propose for the one bound earliest, the order in which the
+  kubelet admits pods, and let Allocate cross-check.
+- Allocate (authoritative): the device IDs' cards and count must match a candidate's record.
+  Two pods of the same size on different cards are told apart by the card; a request that
+  matches no record, or several records that disagree, is refused with a gRPC error naming the
+  devices and the candidates. A container never gets a card other than its pod's record.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from stowage.allocation import AllocationError, AllocationRecord, allocation_of_pod
+from stowage.resources import (RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, RequestError,
+                               quantity_to_int)
+
+from .devices import DeviceTable, UnknownDevice
+
+FAILED_PRECONDITION = "FAILED_PRECONDITION"
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+
+_TERMINAL = {"Succeeded", "Failed"}
+
+
+class AllocationRefused(Exception):
+    """The plugin refuses a kubelet request; ``code`` is the gRPC status code name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A pod bound to this node with an allocation record and containers still to allocate."""
+
+    uid: str
+    namespace: str
+    name: str
+    record: AllocationRecord
+    sizes: tuple[int, ...]      # devices of this resource per container (init first), only > 0
+    done: int                   # Allocate calls already answered for this pod and resource
+    order: tuple[str, ...]      # bind time, creation time, namespace, name: kubelet admission order
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def next_size(self) -> int:
+        return self.sizes[self.done]
+
+    @property
+    def cards(self) -> frozenset[str]:
+        return frozenset(self.record.uuids)
+
+    @property
+    def signature(self) -> tuple[frozenset[str], int, bool]:
+        return self.cards, self.next_size, self.record.whole
+
+    def describe(self) -> str:
+        return f"{self.ref} (next container needs {self.next_size}, recorded card(s) {', '.join(self.record.uuids)})"
+
+
+@dataclass
+class Ledger:
+    """Allocate calls answered so far, per (pod uid, resource): the device IDs of each container."""
+
+    given: dict[tuple[str, str], list[tuple[str, ...]]] = field(default_factory=dict)
+
+    def count(self, uid: str, resource: str) -> int:
+        return len(self.given.get((uid, resource), ()))
+
+    def add(self, uid: str, resource: str, ids: Iterable[str]) -> None:
+        self.given.setdefault((uid, resource), []).append(tuple(ids))
+
+    def forget_except(self, live_uids: set[str]) -> None:
+        """Drop pods that no longer exist, so the ledger does not grow forever."""
+        for key in [k for k in self.given if k[0] not in live_uids]:
+            del self.given[key]
+
+
+def _container_sizes(pod: Mapping[str, Any], resource: str) -> tuple[int, ...]:
+    spec = pod.get("spec") or {}
+    sizes = []
+    for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
+        if not isinstance(c, Mapping):
+            continue
+        res = c.get("resources") or {}
+        q = (res.get("limits") or {}).get(resource, (res.get("requests") or {}).get(resource, 0))
+        try:
+            n = quantity_to_int(q, f"{resource} of container {c.get('name', '?')}")
+        except RequestError:
+            n = 0
+        if n > 0:
+            sizes.append(n)
+    return tuple(sizes)
+
+
+def _order(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    meta = pod.get("metadata") or {}
+    bound = ""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if isinstance(cond, Mapping) and cond.get("type") == "PodScheduled":
+            bound = str(cond.get("lastTransitionTime") or "")
+    return (bound, str(meta.get("creationTimestamp") or ""), str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+@dataclass
+class PodSurvey:
+    candidates: list[Candidate]
+    notes: list[str]            # pods that need the resource but cannot be candidates, and why
+
+
+def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: Ledger) -> PodSurvey:
+    """The candidates among the pods bound to ``node``, plus notes explaining the others."""
+    cands: list[Candidate] = []
+    notes: list[str] = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        ref = f"{meta.get('namespace')}/{meta.get('name')}"
+        if (pod.get("status") or {}).get("phase") in _TERMINAL or meta.get("deletionTimestamp"):
+            continue
+        sizes = _container_sizes(pod, resource)
+        if not sizes:
+            continue
+        uid = str(meta.get("uid") or ref)
+        done = ledger.count(uid, resource)
+        if done >= len(sizes):
+            continue
+        try:
+            rec = allocation_of_pod(pod)
+        except AllocationError as exc:
+            notes.append(f"{ref}: {exc}")
+            continue
+        if rec is None:
+            notes.append(f"{ref}: no stowage.io/allocation record (not scheduled by the Stowage extender?)")
+            continue
+        if rec.node != node or not rec.cards:
+            notes.append(f"{ref}: its record names node {rec.node!r} with {len(rec.cards)} card(s), this is {node!r}")
+            continue
+        cands.append(Candidate(uid=uid, namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""),
+                               record=rec, sizes=sizes, done=done, order=_order(pod)))
+    cands.sort(key=lambda c: c.order)
+    return PodSurvey(cands, notes)
+
+
+def _explain(survey_: PodSurvey) -> str:
+    parts = [c.describe() for c in survey_.candidates] + survey_.notes
+    return "; ".join(parts) if parts else "no pod bound to this node is waiting for this resource"
+
+
+def _cards_of(table: DeviceTable, resource: str, ids: Iterable[str]) -> dict[str, str]:
+    """device ID -> card UUID; unknown IDs are refused as INVALID_ARGUMENT."""
+    out, unknown = {}, []
+    for i in ids:
+        try:
+            out[i] = table.card_of(resource, i).uuid
+        except UnknownDevice:
+            unknown.append(i)
+    if unknown:
+        raise AllocationRefused(INVALID_ARGUMENT, f"{resource}: unknown device ID(s) {', '.join(sorted(unknown))}; "
+                                "this plugin never advertised them")
+    return out
+
+
+def preferred(table: DeviceTable, resource: str, available: list[str], must_include: list[str], size: int,
+              found: PodSurvey) -> tuple[Candidate, list[str]]:
+    """The candidate being admitted and the devices to steer the kubelet to."""
+    if size <= 0:
+        raise AllocationRefused(INVALID_ARGUMENT, f"{resource}: allocation size must be positive, got {size}")
+    card_of = _cards_of(table, resource, list(available) + list(must_include))
+    fits = []
+    for c in found.candidates:
+        if c.next_size != size or any(card_of[i] not in c.cards for i in must_include):
+            continue
+        pick = list(dict.fromkeys(must_include))
+        rest = sorted((i for i in available if card_of[i] in c.cards and i not in pick),
+                      key=lambda i: (c.record.uuids.index(card_of[i]), table.unit_number(i), i))
+        pick += rest[: size - len(pick)]
+        if len(pick) == size:
+            fits.append((c, pick))
+    if not fits:
+        raise AllocationRefused(FAILED_PRECONDITION, f"{resource}: no pod waiting on this node matches a request for "
+                                f"{size} device(s) among the {len(available)} offered; candidates: {_explain(found)}")
+    return fits[0]  # sorted by bind order: the pod the kubelet admits first
+
+
+def allocate(table: DeviceTable, resource: str, ids: list[str], found: PodSurvey,
+             steered: str | None = None) -> Candidate:
+    """The one pod these device IDs can belong to; refuses mismatches and disagreements.
+
+    ``steered`` is the uid GetPreferredAllocation proposed exactly these IDs for, if any: it
+    wins among equally consistent candidates.
+    """
+    if not ids:
+        raise AllocationRefused(INVALID_ARGUMENT, f"{resource}: Allocate without device IDs")
+    if len(set(ids)) != len(ids):
+        raise AllocationRefused(INVALID_ARGUMENT, f"{resource}: duplicate device IDs in {ids}")
+    card_of = _cards_of(table, resource, ids)
+    cards = set(card_of.values())
+    fits = [c for c in found.candidates if c.next_size == len(ids) and cards <= c.cards]
+    if not fits:
+        raise AllocationRefused(FAILED_PRECONDITION, f"{resource}: devices {', '.join(ids)} (card(s) "
+                                f"{', '.join(sorted(cards))}) match no pod's allocation record on this node; "
+                                f"candidates: {_explain(found)}")
+    for c in fits:
+        if c.uid == steered:
+            return c
+    if len({c.signature for c in fits}) > 1:
+        raise AllocationRefused(FAILED_PRECONDITION, f"{resource}: devices {', '.join(ids)} fit several pods whose "
+                                f"records disagree, refusing to guess: {'; '.join(c.describe() for c in fits)}")
+    return fits[0]
+
+
+@dataclass(frozen=True)
+class ContainerAnswer:
+    envs: dict[str, str]
+    dev_names: tuple[str, ...]   # /dev entries (names under /dev) the container needs
+
+
+def container_answer(table: DeviceTable, resource: str, ids: list[str], cand: Candidate) -> ContainerAnswer:
+    """Envs and device nodes for one container, from the devices and the pod's record.
+
+    ``nvidia.com/gpu`` (and shared pods' memory/core) set NVIDIA_VISIBLE_DEVICES to the
+    recorded card(s); shared pods get the MPS limits a runtime can enforce. Memory/core devices
+    of a whole-GPU pod carry nothing: its ``nvidia.com/gpu`` devices already name the cards, and
+    two resources setting the same variable would race in the kubelet's merge.
+    """
+    uuids = [u for u in cand.record.uuids if u in {table.card_of(resource, i).uuid for i in ids}]
+    envs: dict[str, str] = {}
+    if resource == RESOURCE_GPU or not cand.record.whole:
+        envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
+        envs["STOWAGE_POD"] = cand.ref
+    if not cand.record.whole:
+        if resource == RESOURCE_GPU_MEMORY:
+            envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={len(ids) * table.memory_unit_mib}M"
+        elif resource == RESOURCE_GPU_CORE:
+            envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(len(ids))
+    if not envs:
+        return ContainerAnswer({}, ())
+    minors = [table.by_uuid[u].minor for u in uuids if table.by_uuid[u].minor >= 0]
+    names = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools") + tuple(f"nvidia{m}" for m in minors)
+    return ContainerAnswer(envs, names)

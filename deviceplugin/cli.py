@@ -1,0 +1,83 @@
+"""`stowage device-plugin`: run the kubelet device plugin on this node until SIGTERM."""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+import click
+
+from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES
+
+from .health import parse_ignored_xids
+
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+
+
+@click.command(name="device-plugin", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("--node-name", envvar="NODE_NAME", default="",
+              help="This node's name (env NODE_NAME, from the downward API): where the inventory is published "
+                   "and whose pods' allocation records steer Allocate.")
+@click.option("--plugin-dir", envvar="STOWAGE_PLUGIN_DIR", default=DEFAULT_PLUGIN_DIR,
+              help="The kubelet's device-plugin directory (kubelet.sock lives there).")
+@click.option("--memory-unit-mib", envvar="STOWAGE_MEMORY_UNIT_MIB", type=click.IntRange(min=1),
+              default=DEFAULT_MEMORY_UNIT_MIB,
+              help="MiB per nvidia.com/gpu-memory device. Must equal the extender's --memory-unit-mib.")
+@click.option("--resource", "resources", envvar="STOWAGE_RESOURCES", multiple=True,
+              type=click.Choice(GPU_RESOURCES), default=GPU_RESOURCES,
+              help="Resources to advertise (repeat the flag; env: space separated).")
+@click.option("--ignored-xids", envvar="STOWAGE_IGNORED_XIDS", default=None,
+              help="XIDs that do not mark a card unhealthy, comma separated; replaces the default "
+                   "13,31,43,45,68,109 (application faults). 'all' disables health checks.")
+@click.option("--recovery-quiet-seconds", envvar="STOWAGE_RECOVERY_QUIET_SECONDS", type=click.FloatRange(min=0),
+              default=120.0, help="An unhealthy card quiet this long is probed and, if fine, marked Healthy again.")
+@click.option("--probe-interval-seconds", envvar="STOWAGE_PROBE_INTERVAL_SECONDS", type=click.FloatRange(min=0.05),
+              default=10.0, help="How often every card is probed (vanished cards, recovery).")
+@click.option("--dev-root", envvar="STOWAGE_DEV_ROOT", default="/dev",
+              help="Where this container sees the host's /dev (device specs are only sent for nodes that exist).")
+@click.option("--kube-api", envvar="STOWAGE_KUBE_API", default=None,
+              help="API server URL (e.g. kubectl proxy); default: in-cluster config, else kubeconfig.")
+@click.option("--no-kube", is_flag=True, help="Run without the API server: no inventory, Allocate refuses.")
+@click.option("--log-level", envvar="STOWAGE_LOG_LEVEL", default="INFO",
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple[str, ...], ignored_xids: str | None,
+         recovery_quiet_seconds: float, probe_interval_seconds: float, dev_root: str, kube_api: str | None,
+         no_kube: bool, log_level: str) -> None:
+    """Advertise this node's GPUs to the kubelet as nvidia.com/gpu (whole cards),
+    nvidia.com/gpu-memory (one device per memory unit) and nvidia.com/gpu-core (100 per card),
+    keep their health current (XID events, probes, recovery), publish the card inventory the
+    Stowage extender reads, and give each container exactly the card(s) the extender recorded on
+    its pod. Runs until SIGTERM/SIGINT, then removes its sockets.
+    """
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("stowage.deviceplugin")
+    try:
+        ignored, disabled = parse_ignored_xids(ignored_xids)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--ignored-xids") from exc
+    from .server import DevicePlugin, PluginConfig  # grpc + stubs: only when actually running
+
+    core_api = None
+    if not no_kube:
+        if not node_name:
+            log.warning("no --node-name / NODE_NAME: running without the Kubernetes API")
+        else:
+            try:
+                from .kube import make_core_api
+                core_api = make_core_api(kube_api)
+            except Exception as exc:
+                log.error("no Kubernetes API configuration (%s): inventory not published, Allocate will refuse", exc)
+    cfg = PluginConfig(node=node_name, plugin_dir=plugin_dir, memory_unit_mib=memory_unit_mib,
+                       resources=tuple(dict.fromkeys(resources)), ignored_xids=ignored, health_disabled=disabled,
+                       recovery_quiet_s=recovery_quiet_seconds, probe_interval_s=probe_interval_seconds,
+                       dev_root=dev_root, core_api=core_api)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    plugin = DevicePlugin(cfg)
+    plugin.start()
+    log.info("device plugin running for %s in %s", ", ".join(cfg.resources), plugin_dir)
+    while not done.wait(1.0):
+        pass
+    log.info("shutting down")
+    plugin.stop()

@@ -1,0 +1,98 @@
+"""Card health as a pure state machine: XID events and probe results in, healthy/unhealthy out.
+
+Kept free of NVML and threads so every transition is testable with an explicit clock. The rule
+that every existing plugin lacks is recovery: a card marked unhealthy is probed again once it
+has been quiet for ``quiet_s`` seconds, and goes back to Healthy when the probe finds nothing
+wrong (NVML reaches it, memory info reads, no pending retired pages / remapped rows / volatile
+uncorrectable ECC errors).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .nvml import XidEvent
+
+# Application faults (the card itself is fine): NVIDIA's device plugin skips the same set.
+# 13 graphics engine exception, 31 MMU fault, 43 channel stopped, 45 preemptive cleanup,
+# 68 video processor exception, 109 context switch timeout.
+DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+
+def parse_ignored_xids(text: str | None) -> tuple[frozenset[int], bool]:
+    """``(ignored XIDs, health checks disabled)`` from a flag/env value.
+
+    None -> the default set. "all" -> health checks disabled. Otherwise a comma/space separated
+    list of XIDs that REPLACES the default set ("" ignores none). Bad entries raise ValueError.
+    """
+    if text is None:
+        return DEFAULT_IGNORED_XIDS, False
+    t = text.strip().lower()
+    if t == "all":
+        return frozenset(), True
+    out = set()
+    for part in t.replace(",", " ").split():
+        if not part.isdigit():
+            raise ValueError(f"ignored XIDs must be numbers or 'all', got {part!r}")
+        out.add(int(part))
+    return frozenset(out), False
+
+
+@dataclass
+class CardHealth:
+    healthy: bool = True
+    reason: str = ""
+    since: float = 0.0       # when the card last turned unhealthy or saw a critical event
+
+
+@dataclass
+class HealthTracker:
+    uuids: list[str]
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    disabled: bool = False
+    quiet_s: float = 120.0
+    cards: dict[str, CardHealth] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for u in self.uuids:
+            self.cards.setdefault(u, CardHealth())
+
+    def snapshot(self) -> dict[str, bool]:
+        return {u: c.healthy for u, c in self.cards.items()}
+
+    def _mark_bad(self, uuid: str, reason: str, now: float) -> bool:
+        c = self.cards[uuid]
+        changed = c.healthy
+        c.healthy, c.reason, c.since = False, reason, now
+        return changed
+
+    def on_event(self, ev: XidEvent, now: float) -> set[str]:
+        """Apply one NVML event; returns the cards whose health changed."""
+        if self.disabled:
+            return set()
+        if ev.xid is not None and ev.xid in self.ignored_xids:
+            return set()
+        reason = f"XID {ev.xid}" if ev.xid is not None else (ev.detail or "NVML event error")
+        targets = [ev.uuid] if ev.uuid in self.cards else list(self.cards)  # unknown card: all (as NVIDIA does)
+        return {u for u in targets if self._mark_bad(u, reason, now)}
+
+    def due_for_recovery(self, now: float) -> list[str]:
+        return [u for u, c in self.cards.items() if not c.healthy and now - c.since >= self.quiet_s]
+
+    def on_probe(self, uuid: str, problem: str | None, now: float) -> bool:
+        """Apply a probe result; returns whether the card's health changed.
+
+        A failing probe marks a healthy card bad (a card that vanished). A passing probe heals an
+        unhealthy card only once it has been quiet for ``quiet_s``.
+        """
+        if self.disabled or uuid not in self.cards:
+            return False
+        c = self.cards[uuid]
+        if problem is not None:
+            if c.healthy:
+                return self._mark_bad(uuid, problem, now)
+            c.reason = problem
+            return False
+        if not c.healthy and now - c.since >= self.quiet_s:
+            c.healthy, c.reason = True, ""
+            return True
+        return False

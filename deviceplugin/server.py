@@ -1,0 +1,397 @@
+"""The running plugin: one gRPC endpoint per resource, registration, kubelet-restart watch, health.
+
+Order matters and follows the real kubelet (../shared/kubelet/README.md): each endpoint is
+serving on its unix socket BEFORE ``Registration.Register`` is called, because the kubelet calls
+GetDevicePluginOptions and opens ListAndWatch inside Register; the first ListAndWatch send never
+waits on anything. A watcher polls every ``poll_s`` (100 ms) for our socket vanishing or
+``kubelet.sock`` being re-created (a kubelet restart wipes the directory) and then serves again
+and re-registers, well within the ~1.2 s after which a restarted kubelet fails pending pods.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import grpc
+
+from stowage import genprotos
+from stowage.inventory import Card, encode_inventory
+from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES
+
+from . import allocator
+from .devices import DeviceTable
+from .health import DEFAULT_IGNORED_XIDS, HealthTracker
+from .nvml import GpuInfo, Nvml, NvmlUnavailable, XidEvents
+
+genprotos.ensure("deviceplugin/v1beta1/api.proto")
+from deviceplugin.v1beta1 import api_pb2 as pb  # noqa: E402
+from deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc  # noqa: E402
+
+log = logging.getLogger("stowage.deviceplugin")
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+
+
+def socket_name(resource: str) -> str:
+    return "stowage-" + resource.split("/", 1)[-1] + ".sock"
+
+
+@dataclass
+class PluginConfig:
+    node: str = ""
+    plugin_dir: str = DEFAULT_PLUGIN_DIR
+    memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB
+    resources: tuple[str, ...] = GPU_RESOURCES
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    health_disabled: bool = False
+    recovery_quiet_s: float = 120.0
+    probe_interval_s: float = 10.0
+    event_wait_ms: int = 1000
+    dev_root: str = "/dev"
+    poll_s: float = 0.1
+    register_timeout_s: float = 5.0
+    core_api: Any = None          # kubernetes CoreV1Api, or None to run without the API server
+
+
+class DeviceState:
+    """Cards, their health, and a version counter ListAndWatch streams wait on."""
+
+    def __init__(self, table: DeviceTable) -> None:
+        self.table = table
+        self.health: dict[str, bool] = {c.uuid: True for c in table.cards}
+        self.version = 0
+        self.cond = threading.Condition()
+
+    def set_health(self, health: dict[str, bool]) -> None:
+        with self.cond:
+            if health != self.health:
+                self.health = dict(health)
+                self.version += 1
+                self.cond.notify_all()
+
+    def list_response(self, resource: str) -> Any:
+        with self.cond:
+            entries = self.table.devices(resource, self.health)
+        devs = []
+        for e in entries:
+            topo = pb.TopologyInfo(nodes=[pb.NUMANode(ID=e.numa)]) if e.numa >= 0 else None
+            devs.append(pb.Device(ID=e.id, health=e.health, topology=topo))
+        return pb.ListAndWatchResponse(devices=devs)
+
+    def cards(self) -> list[Card]:
+        with self.cond:
+            return [Card(index=c.index, uuid=c.uuid, model=c.name, memory_mib=c.memory_mib,
+                         healthy=self.health.get(c.uuid, True), numa=c.numa, nvlink=c.nvlink)
+                    for c in self.table.cards]
+
+
+class Allocations:
+    """Glue between the kubelet calls and the pure :mod:`allocator`: pod listing, ledger, steering."""
+
+    def __init__(self, state: DeviceState, node: str, pod_lister: Any, dev_root: str) -> None:
+        self.state, self.node, self.pod_lister, self.dev_root = state, node, pod_lister, dev_root
+        self.ledger = allocator.Ledger()
+        self._steered: dict[tuple[str, frozenset[str]], str] = {}
+        self._lock = threading.Lock()  # one decision at a time: two calls must not pick the same pod
+
+    def _survey(self, resource: str) -> allocator.PodSurvey:
+        if self.pod_lister is None:
+            raise allocator.AllocationRefused(allocator.FAILED_PRECONDITION, f"{resource}: the plugin runs without "
+                                              "Kubernetes API access, so it cannot read pod allocation records")
+        try:
+            pods = self.pod_lister.pods()
+        except Exception as exc:
+            raise allocator.AllocationRefused("UNAVAILABLE", f"{resource}: cannot list the pods of node "
+                                              f"{self.node} from the API server: {exc}") from exc
+        self.ledger.forget_except({str((p.get("metadata") or {}).get("uid")) for p in pods})
+        return allocator.survey(pods, self.node, resource, self.ledger)
+
+    def preferred(self, resource: str, req: Any) -> Any:
+        out = []
+        with self._lock:
+            for creq in req.container_requests:
+                found = self._survey(resource)
+                cand, ids = allocator.preferred(self.state.table, resource, list(creq.available_deviceIDs),
+                                                list(creq.must_include_deviceIDs), int(creq.allocation_size), found)
+                self._steered[(resource, frozenset(ids))] = cand.uid
+                log.info("%s: steering %s to %s", resource, cand.ref, ", ".join(ids))
+                out.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return pb.PreferredAllocationResponse(container_responses=out)
+
+    def allocate(self, resource: str, req: Any) -> Any:
+        out = []
+        with self._lock:
+            for creq in req.container_requests:
+                ids = list(creq.devices_ids)
+                found = self._survey(resource)
+                steered = self._steered.pop((resource, frozenset(ids)), None)
+                cand = allocator.allocate(self.state.table, resource, ids, found, steered)
+                ans = allocator.container_answer(self.state.table, resource, ids, cand)
+                self.ledger.add(cand.uid, resource, ids)
+                specs = [pb.DeviceSpec(container_path=f"/dev/{n}", host_path=f"/dev/{n}", permissions="rw")
+                         for n in ans.dev_names if os.path.exists(os.path.join(self.dev_root, n))]
+                log.info("%s: allocated %s to %s (container %d of %d)", resource, ", ".join(ids), cand.ref,
+                         cand.done + 1, len(cand.sizes))
+                out.append(pb.ContainerAllocateResponse(envs=ans.envs, devices=specs))
+        return pb.AllocateResponse(container_responses=out)
+
+
+class ResourceServicer(pb_grpc.DevicePluginServicer):
+    """The DevicePlugin service of one resource."""
+
+    def __init__(self, resource: str, state: DeviceState, allocs: Allocations, stop: threading.Event) -> None:
+        self.resource, self.state, self.allocs, self.stop = resource, state, allocs, stop
+
+    def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
+        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    def ListAndWatch(self, request: Any, context: Any) -> Any:
+        seen = -1
+        while not self.stop.is_set() and context.is_active():
+            with self.state.cond:
+                if self.state.version == seen:
+                    self.state.cond.wait(0.2)
+                    continue
+                seen = self.state.version
+            yield self.state.list_response(self.resource)
+
+    def _guard(self, fn: Callable[[], Any], context: Any) -> Any:
+        try:
+            return fn()
+        except allocator.AllocationRefused as exc:
+            log.error("refused: %s", exc.message)
+            context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+
+    def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
+        return self._guard(lambda: self.allocs.preferred(self.resource, request), context)
+
+    def Allocate(self, request: Any, context: Any) -> Any:
+        return self._guard(lambda: self.allocs.allocate(self.resource, request), context)
+
+    def PreStartContainer(self, request: Any, context: Any) -> Any:
+        return pb.PreStartContainerResponse()
+
+
+@dataclass
+class Endpoint:
+    """One resource's gRPC server on its unix socket, and its registration with the kubelet."""
+
+    resource: str
+    path: str
+    state: DeviceState
+    allocs: Allocations
+    server: Any = None
+    stop_streams: threading.Event = field(default_factory=threading.Event)
+    sock_ino: int | None = None
+    registered_with: int | None = None   # inode of the kubelet.sock we registered with
+    next_try: float = 0.0
+    registrations: int = 0
+
+    def serve(self) -> None:
+        self.close()
+        if os.path.lexists(self.path):
+            os.unlink(self.path)  # a stale socket of an earlier run
+        self.stop_streams = threading.Event()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"dp-{self.resource}"))
+        pb_grpc.add_DevicePluginServicer_to_server(
+            ResourceServicer(self.resource, self.state, self.allocs, self.stop_streams), server)
+        server.add_insecure_port("unix://" + os.path.abspath(self.path))
+        server.start()
+        self.server = server
+        self.sock_ino = os.stat(self.path).st_ino
+        self.registered_with = None
+
+    def close(self, remove: bool = False) -> None:
+        self.stop_streams.set()
+        if self.server is not None:
+            self.server.stop(grace=0.5).wait(2)
+            self.server = None
+        if remove and self.sock_ino is not None:
+            try:
+                if os.stat(self.path).st_ino == self.sock_ino:
+                    os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        self.sock_ino = None
+
+    def socket_intact(self) -> bool:
+        try:
+            return os.stat(self.path).st_ino == self.sock_ino
+        except FileNotFoundError:
+            return False
+
+    def register(self, kubelet_sock: str, timeout_s: float) -> None:
+        opts = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+        with grpc.insecure_channel("unix://" + os.path.abspath(kubelet_sock)) as ch:
+            pb_grpc.RegistrationStub(ch).Register(
+                pb.RegisterRequest(version=API_VERSION, endpoint=os.path.basename(self.path),
+                                   resource_name=self.resource, options=opts), timeout=timeout_s)
+        self.registrations += 1
+
+
+class HealthMonitor:
+    """Background thread: NVML XID events and periodic probes feed the tracker, then the state."""
+
+    def __init__(self, nvml: Nvml, state: DeviceState, cfg: PluginConfig, on_change: Callable[[], None]) -> None:
+        self.nvml, self.state, self.cfg, self.on_change = nvml, state, cfg, on_change
+        self.tracker = HealthTracker([c.uuid for c in state.table.cards], cfg.ignored_xids, cfg.health_disabled,
+                                     cfg.recovery_quiet_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="health", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        events = None
+        if not self.cfg.health_disabled:
+            try:
+                events = XidEvents(list(self.tracker.cards))
+            except Exception as exc:
+                log.warning("NVML event set unavailable (%s); health relies on periodic probes", exc)
+        next_probe = time.monotonic() + self.cfg.probe_interval_s
+        try:
+            while not self._stop.is_set():
+                ev = events.wait(self.cfg.event_wait_ms) if events else None
+                if events is None:
+                    self._stop.wait(self.cfg.event_wait_ms / 1000)
+                now = time.monotonic()
+                changed: set[str] = set()
+                if ev is not None:
+                    hit = self.tracker.on_event(ev, now)
+                    log.warning("NVML event: XID %s on %s%s", ev.xid, ev.uuid or "an unknown card",
+                                f" -> unhealthy: {', '.join(sorted(hit))}" if hit else " (ignored)")
+                    changed |= hit
+                if now >= next_probe and not self.cfg.health_disabled:
+                    next_probe = now + self.cfg.probe_interval_s
+                    for uuid in self.tracker.cards:
+                        was = self.tracker.cards[uuid].healthy
+                        if self.tracker.on_probe(uuid, self.nvml.probe(uuid), now):
+                            changed.add(uuid)
+                            log.warning("card %s is %s%s", uuid, "healthy again" if not was else "unhealthy",
+                                        "" if not was else f": {self.tracker.cards[uuid].reason}")
+                if changed:
+                    self.state.set_health(self.tracker.snapshot())
+                    self.on_change()
+        finally:
+            if events is not None:
+                events.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class DevicePlugin:
+    """The whole node agent. ``start()`` returns once every endpoint is serving."""
+
+    def __init__(self, cfg: PluginConfig, nvml: Nvml | None = None) -> None:
+        self.cfg = cfg
+        self.nvml = nvml or Nvml()
+        self.nvml_ok = False
+        self.endpoints: list[Endpoint] = []
+        self.publisher: Any = None
+        self.health: HealthMonitor | None = None
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self.kubelet_sock = os.path.join(cfg.plugin_dir, KUBELET_SOCKET)
+
+    def _discover(self) -> list[GpuInfo]:
+        try:
+            self.nvml.init()
+        except NvmlUnavailable as exc:
+            log.error("%s -- advertising no GPUs", exc)
+            return []
+        self.nvml_ok = True
+        try:
+            cards = self.nvml.discover()
+        except Exception as exc:
+            log.error("GPU discovery failed (%s) -- advertising no GPUs", exc)
+            return []
+        if not cards:
+            log.error("NVML reports no GPUs on this node -- advertising none")
+        for c in cards:
+            log.info("GPU %d: %s %s, %d MiB, NUMA %s, NVLink to %s", c.index, c.uuid, c.name, c.memory_mib,
+                     c.numa if c.numa >= 0 else "unknown", list(c.nvlink) or "none")
+        return cards
+
+    def start(self) -> None:
+        cfg = self.cfg
+        Path(cfg.plugin_dir).mkdir(parents=True, exist_ok=True)
+        self.state = DeviceState(DeviceTable(self._discover(), cfg.memory_unit_mib))
+        lister = None
+        if cfg.core_api is not None and cfg.node:
+            from .kube import InventoryPublisher, PodLister
+            lister = PodLister(cfg.core_api, cfg.node)
+            self.publisher = InventoryPublisher(cfg.core_api, cfg.node)
+            self._publish()
+        else:
+            log.warning("no Kubernetes API access or node name: inventory not published, Allocate will refuse")
+        self.allocs = Allocations(self.state, cfg.node, lister, cfg.dev_root)
+        for r in cfg.resources:
+            ep = Endpoint(r, os.path.join(cfg.plugin_dir, socket_name(r)), self.state, self.allocs)
+            ep.serve()
+            self.endpoints.append(ep)
+        if self.state.table.cards and self.nvml_ok:
+            self.health = HealthMonitor(self.nvml, self.state, cfg, self._publish)
+            self.health.start()
+        self._sync()
+        self._watcher = threading.Thread(target=self._watch, name="kubelet-watch", daemon=True)
+        self._watcher.start()
+
+    def _publish(self) -> None:
+        if self.publisher is not None:
+            self.publisher.publish(encode_inventory(self.state.cards(), self.cfg.memory_unit_mib))
+
+    def _kubelet_ino(self) -> int | None:
+        try:
+            return os.stat(self.kubelet_sock).st_ino
+        except FileNotFoundError:
+            return None
+
+    def _sync(self) -> None:
+        """Serve again where our socket vanished; register where kubelet.sock is new to us."""
+        for ep in self.endpoints:
+            if self._stop.is_set():
+                return
+            if not ep.socket_intact():
+                log.warning("%s: socket %s is gone (kubelet restart?); serving again", ep.resource, ep.path)
+                ep.serve()
+            kino = self._kubelet_ino()
+            if kino is None or ep.registered_with == kino or time.monotonic() < ep.next_try:
+                continue
+            try:
+                ep.register(self.kubelet_sock, self.cfg.register_timeout_s)
+                ep.registered_with = kino
+                log.info("%s: registered with the kubelet (endpoint %s)", ep.resource, os.path.basename(ep.path))
+            except grpc.RpcError as exc:
+                ep.next_try = time.monotonic() + 1.0
+                log.warning("%s: registration failed (%s); retrying", ep.resource, exc.details() if hasattr(exc, "details") else exc)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.cfg.poll_s):
+            try:
+                self._sync()
+            except Exception:  # keep watching whatever happens; the next poll retries
+                log.exception("kubelet watch failed")
+
+    def stop(self) -> None:
+        """Clean shutdown: stop watching and serving, remove our sockets, release NVML."""
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+        for ep in self.endpoints:
+            ep.close(remove=True)
+        if self.health is not None:
+            self.health.stop()
+        if self.publisher is not None:
+            self.publisher.stop()
+        self.nvml.shutdown()

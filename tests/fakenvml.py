@@ -1,0 +1,275 @@
+"""A fake NVML at the lowest layer: replaces the ``pynvml`` module functions themselves.
+
+Everything above (``deviceplugin.nvml``, the exporter's NVML reader) runs unchanged. Errors are
+raised as real ``pynvml.NVMLError`` values (which map to the ``NVMLError_GpuIsLost`` etc.
+subclasses), timeouts as ``NVML_ERROR_TIMEOUT``, just as the C library reports them.
+
+Usage::
+
+    fake = FakeNvml(default_cards())
+    fake.install(monkeypatch)           # or: undo = fake.install() in a subprocess
+    fake.xid(fake.cards[0].uuid, 79)    # a critical XID event
+    fake.lose(fake.cards[1].uuid)       # the card falls off the bus
+
+Extending (e.g. for the exporter): add fields to :class:`FakeCard` and a method named like the
+pynvml function to :class:`FakeNvml`; :meth:`FakeNvml.install` patches every public
+``nvml*`` method of the class onto ``pynvml``.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import pynvml
+
+MiB = 1024 * 1024
+
+
+def _err(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+@dataclass
+class FakeCard:
+    uuid: str
+    name: str
+    memory_mib: int
+    minor: int
+    pci_bus_id: str
+    numa: int | None = None                 # None: NVML says NOT_SUPPORTED
+    nvlinks: list[str] = field(default_factory=list)   # remote PCI bus id per active link
+    events_supported: bool = True
+    # health state
+    lost: bool = False
+    retired_pages_pending: bool = False
+    ecc_uncorrected_volatile: int = 0
+    # telemetry (for the exporter)
+    used_mib: int = 0
+    gpu_util: int = 0
+    mem_util: int = 0
+    power_mw: int = 50_000
+    temperature_c: int = 40
+    processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used MiB)
+
+
+@dataclass(frozen=True)
+class Handle:
+    """What the fake hands out as an ``nvmlDevice_t``."""
+
+    uuid: str
+
+
+def default_cards() -> list[FakeCard]:
+    """Four cards of three models: two NVLinked A100-80GB on NUMA 0, an A10 on NUMA 1, a T4 (no NUMA info)."""
+    return [
+        FakeCard("GPU-a0000000-1111-2222-3333-000000000000", "NVIDIA A100-SXM4-80GB", 81920, 0,
+                 "00000000:07:00.0", numa=0, nvlinks=["00000000:0F:00.0", "00000000:0F:00.0"]),
+        FakeCard("GPU-a0000000-1111-2222-3333-000000000001", "NVIDIA A100-SXM4-80GB", 81920, 1,
+                 "00000000:0F:00.0", numa=0, nvlinks=["00000000:07:00.0", "00000000:07:00.0"]),
+        FakeCard("GPU-a1000000-1111-2222-3333-000000000002", "NVIDIA A10", 23028, 2,
+                 "00000000:87:00.0", numa=1),
+        FakeCard("GPU-74000000-1111-2222-3333-000000000003", "Tesla T4", 15360, 3,
+                 "00000000:AF:00.0", numa=None, events_supported=False),
+    ]
+
+
+class FakeNvml:
+    def __init__(self, cards: list[FakeCard] | None = None, driver_loaded: bool = True) -> None:
+        self.cards = list(cards if cards is not None else default_cards())
+        self.driver_loaded = driver_loaded
+        self.initialised = 0
+        self.calls: dict[str, int] = {}
+        self._cond = threading.Condition()
+        self._sets: dict[int, dict[str, Any]] = {}
+        self._lock = threading.RLock()
+
+    # ---- test controls -------------------------------------------------------------------
+    def card(self, uuid: str) -> FakeCard:
+        for c in self.cards:
+            if c.uuid == uuid:
+                return c
+        raise KeyError(uuid)
+
+    def xid(self, uuid: str | None, xid: int) -> None:
+        """Deliver a critical XID event (uuid None: an event NVML cannot attribute to a card)."""
+        with self._cond:
+            for s in self._sets.values():
+                if uuid is None or uuid in s["uuids"]:
+                    s["queue"].append((uuid, xid))
+            self._cond.notify_all()
+
+    def lose(self, uuid: str) -> None:
+        self.card(uuid).lost = True
+
+    def restore(self, uuid: str) -> None:
+        self.card(uuid).lost = False
+
+    # ---- installation --------------------------------------------------------------------
+    def install(self, monkeypatch: Any = None) -> Callable[[], None]:
+        """Patch every ``nvml*`` method onto the pynvml module; returns an undo function."""
+        saved: dict[str, Any] = {}
+        for name in dir(type(self)):
+            if not name.startswith("nvml"):
+                continue
+            fn = getattr(self, name)
+            if monkeypatch is not None:
+                monkeypatch.setattr(pynvml, name, fn)
+            else:
+                saved[name] = getattr(pynvml, name, None)
+                setattr(pynvml, name, fn)
+
+        def undo() -> None:
+            for n, v in saved.items():
+                setattr(pynvml, n, v)
+        return undo
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self.calls[name] = self.calls.get(name, 0) + 1
+
+    def _live(self, handle: Any) -> FakeCard:
+        if not self.initialised:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        if not isinstance(handle, Handle):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        c = self.card(handle.uuid)
+        if c.lost:
+            raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return c
+
+    # ---- pynvml API --------------------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        self._count("nvmlInit")
+        if not self.driver_loaded:
+            raise _err(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+        self.initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        if not self.initialised:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        self.initialised -= 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        if not self.initialised:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        return len(self.cards)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:
+        if not self.initialised:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        if not 0 <= index < len(self.cards):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        c = self.cards[index]
+        if c.lost:
+            raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return Handle(c.uuid)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Handle:
+        if not self.initialised:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        try:
+            c = self.card(uuid.decode() if isinstance(uuid, bytes) else uuid)
+        except KeyError:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND) from None
+        if c.lost:
+            raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return Handle(c.uuid)
+
+    def nvmlDeviceGetUUID(self, h: Any) -> str:
+        return self._live(h).uuid
+
+    def nvmlDeviceGetName(self, h: Any) -> str:
+        return self._live(h).name
+
+    def nvmlDeviceGetMinorNumber(self, h: Any) -> int:
+        return self._live(h).minor
+
+    def nvmlDeviceGetIndex(self, h: Any) -> int:
+        return self.cards.index(self._live(h))
+
+    def nvmlDeviceGetMemoryInfo(self, h: Any, version: Any = None) -> Any:
+        c = self._live(h)
+        return SimpleNamespace(total=c.memory_mib * MiB, used=c.used_mib * MiB, free=(c.memory_mib - c.used_mib) * MiB)
+
+    def nvmlDeviceGetPciInfo(self, h: Any) -> Any:
+        return SimpleNamespace(busId=self._live(h).pci_bus_id.encode())
+
+    def nvmlDeviceGetNumaNodeId(self, h: Any) -> int:
+        c = self._live(h)
+        if c.numa is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return c.numa
+
+    def nvmlDeviceGetNvLinkState(self, h: Any, link: int) -> int:
+        c = self._live(h)
+        if not c.nvlinks:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if link >= len(c.nvlinks):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return pynvml.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h: Any, link: int) -> Any:
+        c = self._live(h)
+        if link >= len(c.nvlinks):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return SimpleNamespace(busId=c.nvlinks[link].encode())
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: Any) -> int:
+        return int(self._live(h).retired_pages_pending)
+
+    def nvmlDeviceGetRemappedRows(self, h: Any) -> tuple[int, int, int, int]:
+        self._live(h)
+        raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetTotalEccErrors(self, h: Any, error_type: int, counter_type: int) -> int:
+        c = self._live(h)
+        if error_type == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED and counter_type == pynvml.NVML_VOLATILE_ECC:
+            return c.ecc_uncorrected_volatile
+        return 0
+
+    def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
+        c = self._live(h)
+        return SimpleNamespace(gpu=c.gpu_util, memory=c.mem_util)
+
+    def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
+        return self._live(h).power_mw
+
+    def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
+        return self._live(h).temperature_c
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
+        return [SimpleNamespace(pid=p, usedGpuMemory=m * MiB) for p, m in self._live(h).processes]
+
+    # events
+    def nvmlEventSetCreate(self) -> int:
+        with self._cond:
+            sid = len(self._sets) + 1
+            self._sets[sid] = {"uuids": set(), "queue": []}
+            return sid
+
+    def nvmlDeviceRegisterEvents(self, h: Any, event_types: int, event_set: int) -> None:
+        c = self._live(h)
+        if not c.events_supported:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        with self._cond:
+            self._sets[event_set]["uuids"].add(c.uuid)
+
+    def nvmlEventSetWait(self, event_set: int, timeout_ms: int) -> Any:
+        self._count("nvmlEventSetWait")
+        with self._cond:
+            s = self._sets.get(event_set)
+            if s is None:
+                raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            self._cond.wait_for(lambda: bool(s["queue"]), timeout=timeout_ms / 1000)
+            if not s["queue"]:
+                raise _err(pynvml.NVML_ERROR_TIMEOUT)
+            uuid, xid = s["queue"].pop(0)
+        return SimpleNamespace(device=Handle(uuid) if uuid else None, eventType=pynvml.nvmlEventTypeXidCriticalError,
+                               eventData=xid, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+
+    def nvmlEventSetFree(self, event_set: int) -> None:
+        with self._cond:
+            self._sets.pop(event_set, None)

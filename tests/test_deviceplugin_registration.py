@@ -1,0 +1,142 @@
+"""Registration, device lists and IDs, inventory, kubelet restart, no GPU, SIGTERM: over real gRPC."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from dp_harness import NODE, rig, short_tmpdir
+from fakekubelet import FakeKubelet
+from fakenvml import FakeCard, default_cards
+
+from deviceplugin.devices import MAX_ID_LEN, DeviceTable, card_key
+from deviceplugin.nvml import GpuInfo
+from deviceplugin.server import socket_name
+from stowage.inventory import INVENTORY_ANNOTATION, decode_inventory
+from stowage.resources import RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_registers_all_resources_with_device_lists(monkeypatch):
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        k = r.kubelet
+        uuids = [c.uuid for c in r.nvml.cards]
+        # one device per card, ID = card UUID
+        assert sorted(k.devices(RESOURCE_GPU)) == sorted(uuids)
+        # memory: floor(card MiB / 1024) units per card: 80 + 80 + 22 (23028 MiB) + 15
+        mem = k.devices(RESOURCE_GPU_MEMORY)
+        assert len(mem) == 80 + 80 + 22 + 15
+        assert {f"{uuids[2]}::{n}" for n in range(22)} <= set(mem) and f"{uuids[2]}::22" not in mem
+        core = k.devices(RESOURCE_GPU_CORE)
+        assert len(core) == 400 and f"{uuids[3]}::99" in core
+        assert all(len(i) <= MAX_ID_LEN for res in (mem, core) for i in res)
+        assert all(h == "Healthy" for res in (mem, core) for h in res.values())
+        # NUMA topology where NVML reports it; none for the T4
+        assert k.plugins[RESOURCE_GPU].topology[uuids[2]] == [1]
+        assert k.plugins[RESOURCE_GPU].topology[uuids[3]] == []
+        # endpoint names, preferred allocation advertised
+        assert {e for _, _, e in k.registrations} == {socket_name(x) for x in (RESOURCE_GPU, RESOURCE_GPU_MEMORY, RESOURCE_GPU_CORE)}
+        assert all(c.options.get_preferred_allocation_available for c in k.plugins.values())
+
+
+def test_publishes_inventory_annotation(monkeypatch):
+    with rig(monkeypatch) as r:
+        ann = r.kube.wait_for(lambda: (r.kube.get_node(NODE)["metadata"].get("annotations") or {}).get(INVENTORY_ANNOTATION))
+        inv = decode_inventory(ann)
+        assert [c.model for c in inv.cards] == ["NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A10", "Tesla T4"]
+        assert [c.memory_mib for c in inv.cards] == [81920, 81920, 23028, 15360]
+        assert inv.cards[0].nvlink == (1,) and inv.cards[1].nvlink == (0,) and inv.cards[2].nvlink == ()
+        assert [c.numa for c in inv.cards] == [0, 0, 1, -1]
+        assert inv.memory_unit_mib == 1024
+        patches = [q for m, p, q in r.kube.requests if m == "PATCH" and p.endswith(f"/nodes/{NODE}")]
+        assert patches, "inventory must be written with PATCH on the node"
+
+
+def test_memory_unit_is_configurable(monkeypatch):
+    with rig(monkeypatch, memory_unit_mib=4096) as r:
+        assert r.registered()
+        assert len(r.kubelet.devices(RESOURCE_GPU_MEMORY)) == 20 + 20 + 5 + 3
+        inv = decode_inventory(r.kube.wait_for(lambda: r.kube.get_node(NODE)["metadata"]["annotations"].get(INVENTORY_ANNOTATION)))
+        assert inv.memory_unit_mib == 4096
+
+
+def test_long_uuid_gets_short_recoverable_key():
+    long_uuid = "MIG-GPU-" + "f" * 36 + "/1/0-and-some-more-characters"
+    cards = [GpuInfo(0, long_uuid, "X", 2048), GpuInfo(1, "GPU-short", "Y", 1024)]
+    t = DeviceTable(cards, 1024)
+    ids = [d.id for d in t.devices(RESOURCE_GPU_MEMORY, {})]
+    assert all(len(i) <= MAX_ID_LEN for i in ids)
+    key = card_key(long_uuid)
+    assert key != long_uuid and key == card_key(long_uuid)  # deterministic
+    assert t.card_of(RESOURCE_GPU_MEMORY, f"{key}::1").uuid == long_uuid
+    assert t.card_of(RESOURCE_GPU, key).uuid == long_uuid
+    assert t.card_of(RESOURCE_GPU, "GPU-short").index == 1
+
+
+def test_no_driver_advertises_nothing_and_keeps_running(monkeypatch, caplog):
+    with rig(monkeypatch, driver_loaded=False) as r:
+        assert r.registered()
+        assert r.kubelet.devices(RESOURCE_GPU) == {} and r.kubelet.devices(RESOURCE_GPU_MEMORY) == {}
+        assert any("NVML is not available" in m for m in caplog.messages)
+        inv = decode_inventory(r.kube.wait_for(lambda: r.kube.get_node(NODE)["metadata"]["annotations"].get(INVENTORY_ANNOTATION)))
+        assert inv.cards == ()
+
+
+def test_plugin_started_before_kubelet_registers_when_it_appears(monkeypatch):
+    with rig(monkeypatch, start_kubelet=False) as r:
+        assert r.kubelet.registrations == []
+        r.kubelet.start()
+        assert r.registered()
+
+
+def test_kubelet_restart_reregisters_fast(monkeypatch):
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        before = len(r.kubelet.registrations)
+        t0 = r.kubelet.restart()
+        assert r.kubelet.wait_for(lambda: len(r.kubelet.plugins) == 3, timeout=10)
+        took = max(t for t, _, _ in r.kubelet.registrations[before:]) - t0
+        print(f"re-registered all 3 resources {took * 1000:.0f} ms after the kubelet restarted")
+        assert took < 5.0  # target 0.5 s; generous bound for a loaded 2-core machine
+        assert len(r.kubelet.devices(RESOURCE_GPU)) == 4
+        # twice in a row works too
+        r.kubelet.restart()
+        assert r.kubelet.wait_for(lambda: len(r.kubelet.plugins) == 3, timeout=10)
+
+
+def test_sigterm_removes_sockets(tmp_path):
+    base = short_tmpdir()
+    plugin_dir = os.path.join(base, "dp")
+    kubelet = FakeKubelet(plugin_dir)
+    kubelet.start()
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{ROOT!r}, {os.path.join(ROOT, 'tests')!r}]
+        from fakenvml import FakeNvml
+        FakeNvml().install()
+        from deviceplugin.cli import main
+        main(["--plugin-dir", {plugin_dir!r}, "--no-kube", "--dev-root", {base!r}])
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert kubelet.wait_for(lambda: len(kubelet.plugins) == 3, timeout=30), "plugin did not register"
+        socks = [os.path.join(plugin_dir, socket_name(x)) for x in (RESOURCE_GPU, RESOURCE_GPU_MEMORY, RESOURCE_GPU_CORE)]
+        assert all(os.path.exists(s) for s in socks)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out.decode()
+        assert not any(os.path.exists(s) for s in socks)
+        assert os.path.exists(os.path.join(plugin_dir, "kubelet.sock"))  # never touches the kubelet's
+        assert b"shutting down" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        kubelet.stop()
