@@ -256,7 +256,10 @@ class ClusterModel:
                 self.release(uid)
             i = self.index.get(node)
             a = self.a
-            if req.is_whole:
+            if req.is_whole and mem_mib is not None:  # replaying a record: it holds each card's total
+                mems = tuple(int(m) for m in mem_mib)
+                cores = tuple(CORE_MILLI_PER_CARD for _ in cards)
+            elif req.is_whole:
                 mems = tuple(int(a.mem_total[i, k]) if i is not None and k < a.shape[1] else 0 for k in cards)
                 cores = tuple(CORE_MILLI_PER_CARD for _ in cards)
             else:

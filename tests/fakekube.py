@@ -6,7 +6,7 @@ code run for real; only the API server itself is fake.
 
 Usage::
 
-    from tests.fakekube import FakeKube, make_node, make_pod
+    from fakekube import FakeKube, make_node, make_pod   # pytest puts tests/ on sys.path
 
     with FakeKube() as kube:                     # threaded server on 127.0.0.1:<free port>
         kube.create_node(make_node("n1", gpus=4))
@@ -19,6 +19,8 @@ Usage::
         kube.expire_watches()        # compaction: watches from older resourceVersions get 410 Gone
         kube.fail_next(2, status=500)  # the next 2 requests (optionally matching a path) fail
         kube.drop_watches()          # cut every open watch stream
+        kube.clear_faults()          # forget pending injected failures
+        kube.delete_pod("default", "p1", emit=False)  # a change no watch will see (then expire_watches())
         kube.requests                # [(method, path, query dict)] for assertions
         kube.wait_for(lambda: ...)   # poll helper for tests (no timed assertions)
 
@@ -263,14 +265,15 @@ class FakeKube:
     def key(namespace: str | None, name: str) -> str:
         return f"{namespace}/{name}" if namespace else name
 
-    def _emit(self, kind: str, type_: str, obj: Obj) -> None:
+    def _emit(self, kind: str, type_: str, obj: Obj, emit: bool = True) -> None:
         rv = next(self._rv)
         self._last_rv = rv
         obj["metadata"]["resourceVersion"] = str(rv)
-        self._events.append(_Event(rv, kind, type_, copy.deepcopy(obj)))
+        if emit:
+            self._events.append(_Event(rv, kind, type_, copy.deepcopy(obj)))
         self._cond.notify_all()
 
-    def create(self, kind: str, obj: Obj) -> Obj:
+    def create(self, kind: str, obj: Obj, emit: bool = True) -> Obj:
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name"):
@@ -290,14 +293,14 @@ class FakeKube:
             if key in self._store[kind]:
                 raise ApiError(409, "AlreadyExists", f'{kind} "{meta["name"]}" already exists')
             self._store[kind][key] = obj
-            self._emit(kind, "ADDED", obj)
+            self._emit(kind, "ADDED", obj, emit)
             return copy.deepcopy(obj)
 
-    def create_node(self, node: Obj) -> Obj:
-        return self.create("nodes", node)
+    def create_node(self, node: Obj, emit: bool = True) -> Obj:
+        return self.create("nodes", node, emit)
 
-    def create_pod(self, pod: Obj) -> Obj:
-        return self.create("pods", pod)
+    def create_pod(self, pod: Obj, emit: bool = True) -> Obj:
+        return self.create("pods", pod, emit)
 
     def get(self, kind: str, namespace: str | None, name: str) -> Obj | None:
         with self._cond:
@@ -310,8 +313,9 @@ class FakeKube:
     def get_node(self, name: str) -> Obj | None:
         return self.get("nodes", None, name)
 
-    def update(self, kind: str, namespace: str | None, name: str, fn: Callable[[Obj], Obj | None]) -> Obj:
-        """Change an object in place (``fn`` edits it or returns a replacement); emits MODIFIED."""
+    def update(self, kind: str, namespace: str | None, name: str, fn: Callable[[Obj], Obj | None],
+               emit: bool = True) -> Obj:
+        """Change an object (``fn`` edits it or returns a replacement); emits MODIFIED unless ``emit`` is False."""
         with self._cond:
             cur = self._store[kind].get(self.key(namespace, name))
             if cur is None:
@@ -324,28 +328,29 @@ class FakeKube:
                 if keep in cur["metadata"]:
                     new["metadata"][keep] = cur["metadata"][keep]
             self._store[kind][self.key(namespace, name)] = new
-            self._emit(kind, "MODIFIED", new)
+            self._emit(kind, "MODIFIED", new, emit)
             return copy.deepcopy(new)
 
-    def patch_pod(self, namespace: str, name: str, patch: Obj) -> Obj:
-        return self.update("pods", namespace, name, lambda o: merge_patch(o, patch))
+    def patch_pod(self, namespace: str, name: str, patch: Obj, emit: bool = True) -> Obj:
+        """Merge-patch a pod (``None`` values delete keys)."""
+        return self.update("pods", namespace, name, lambda o: merge_patch(o, patch), emit)
 
-    def patch_node(self, name: str, patch: Obj) -> Obj:
-        return self.update("nodes", None, name, lambda o: merge_patch(o, patch))
+    def patch_node(self, name: str, patch: Obj, emit: bool = True) -> Obj:
+        return self.update("nodes", None, name, lambda o: merge_patch(o, patch), emit)
 
-    def delete(self, kind: str, namespace: str | None, name: str) -> Obj:
+    def delete(self, kind: str, namespace: str | None, name: str, emit: bool = True) -> Obj:
         with self._cond:
             cur = self._store[kind].pop(self.key(namespace, name), None)
             if cur is None:
                 raise ApiError(404, "NotFound", f'{kind[:-1]} "{name}" not found')
-            self._emit(kind, "DELETED", cur)
+            self._emit(kind, "DELETED", cur, emit)
             return copy.deepcopy(cur)
 
-    def delete_pod(self, namespace: str, name: str) -> Obj:
-        return self.delete("pods", namespace, name)
+    def delete_pod(self, namespace: str, name: str, emit: bool = True) -> Obj:
+        return self.delete("pods", namespace, name, emit)
 
-    def delete_node(self, name: str) -> Obj:
-        return self.delete("nodes", None, name)
+    def delete_node(self, name: str, emit: bool = True) -> Obj:
+        return self.delete("nodes", None, name, emit)
 
     def objects(self, kind: str) -> list[Obj]:
         with self._cond:
@@ -386,6 +391,10 @@ class FakeKube:
         """The next ``n`` requests whose path matches the regex ``path`` (and ``method``) fail with ``status``."""
         with self._cond:
             self._faults.append(_Fault(n, status, re.compile(path) if path else None, method))
+
+    def clear_faults(self) -> None:
+        with self._cond:
+            self._faults.clear()
 
     def watch_count(self, kind: str | None = None) -> int:
         """How many watch requests were made (optionally for one kind)."""
@@ -480,6 +489,19 @@ class FakeKube:
             self._emit("pods", "MODIFIED", new)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
+    def _check_watch_start(self, kind: str, q: dict[str, str]) -> None:
+        """Errors a watch request gets instead of a stream."""
+        rv_s = q.get("resourceVersion", "")
+        if rv_s in ("", "0"):
+            return
+        try:
+            rv = int(rv_s)
+        except ValueError:
+            raise ApiError(400, "BadRequest", f"invalid resourceVersion {rv_s!r}") from None
+        with self._cond:
+            if rv < self._compacted_rv and self.gone_mode == "status":
+                raise ApiError(410, "Expired", f"too old resource version: {rv} ({self._compacted_rv})")
+
     def _watch_events(self, kind: str, namespace: str | None, q: dict[str, str], write: Callable[[Obj], None]) -> None:
         """Stream events until timeout, drop, close or a write failure."""
         rv_s = q.get("resourceVersion", "")
@@ -493,6 +515,7 @@ class FakeKube:
 
         with self._cond:
             drop_gen = self._drop_gen
+            self._check_watch_start(kind, q)
             bm_gen = getattr(self, "_bookmark_gen", 0)
             if rv_s in ("", "0"):
                 initial = [{"type": "ADDED", "object": copy.deepcopy(o)} for o in self._store[kind].values() if visible(o)]
@@ -502,9 +525,7 @@ class FakeKube:
                     cursor = int(rv_s)
                 except ValueError:
                     raise ApiError(400, "BadRequest", f"invalid resourceVersion {rv_s!r}")
-                if cursor < self._compacted_rv:
-                    if self.gone_mode == "status":
-                        raise ApiError(410, "Expired", f"too old resource version: {cursor} ({self._compacted_rv})")
+                if cursor < self._compacted_rv:  # (status mode answered 410 before the stream began)
                     initial = [{"type": "ERROR", "object": status_obj(
                         410, "Expired", f"too old resource version: {cursor} ({self._compacted_rv})")}]
                     cursor = -1  # end after the error
@@ -637,17 +658,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _stream(self, kind: str, ns: str | None, q: dict[str, str]) -> None:
         kube = self.kube
-        started = False
         sock = self.connection
 
         def write(ev: Obj) -> None:
-            nonlocal started
-            if not started:
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
-                started = True
             data = json.dumps(ev).encode() + b"\n"
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.flush()
@@ -655,17 +668,14 @@ class _Handler(BaseHTTPRequestHandler):
         with kube._cond:
             kube._watch_socks.add(sock)
         try:
-            try:
-                kube._watch_events(kind, ns, q, write)
-            except ApiError:
-                if started:
-                    raise ApiError(500, "InternalError", "watch failed mid-stream")
-                raise
-            if not started:  # nothing to say: open and close an empty stream
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
+            kube._check_watch_start(kind, q)  # errors (410 in "status" mode, bad rv) before any header
+            # Headers go out at once, as a real API server does: the client's watch is open now.
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.flush()
+            kube._watch_events(kind, ns, q, write)
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except OSError:

@@ -1,0 +1,18 @@
+"""Errors shared by the extender's HTTP layer and its Kubernetes I/O.
+
+Kept in a module of its own so that :mod:`extender.kube_binder` (API I/O) and
+:mod:`extender.service` (the verbs) can both use them without importing each other.
+"""
+from __future__ import annotations
+
+
+class BindError(RuntimeError):
+    """The binding could not be completed; the message goes back to kube-scheduler as ``Error``.
+
+    Raised only after the pod was left with no half-recorded allocation (or, when the API
+    server's state could not be determined, with the message saying so).
+    """
+
+
+class KubeConfigError(RuntimeError):
+    """No usable Kubernetes client configuration (kubeconfig / in-cluster service account)."""

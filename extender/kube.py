@@ -1,0 +1,502 @@
+"""Feed the :class:`~extender.model.ClusterModel` from the Kubernetes API: list+watch of nodes and pods.
+
+Why this shape:
+- The model must follow the cluster closely (filter answers are only as good as the model), so
+  nodes and pods are each listed once, then watched from the list's resourceVersion, resuming
+  from the last resourceVersion seen when a stream ends or breaks (no event is applied twice, none
+  is missed), and relisting only when the API server says the history is gone (410, as an HTTP
+  status or as an ``ERROR`` watch event).
+- Errors back off exponentially with jitter, so a struggling API server is not hammered by
+  every replica at once.
+- ``ready()`` is what ``/readyz`` reports: False until both first lists are applied, and False
+  with a reason when a watch has been failing for longer than ``stale_after_s``: the extender
+  never serves from a model that stopped updating without saying so.
+- Everything the model holds is rebuilt from the API server (node inventory annotations/labels,
+  pod allocation annotations): a restarted extender gets the very same model.
+
+Objects are handled as camelCase JSON dicts (exactly what the API server sends): lists are read
+with ``_preload_content=False`` and parsed once; watches use ``watch.Watch`` with the ``object``
+return type, so no generated model classes are built on the hot path. Each event takes the model
+lock only for its own small update.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import kubernetes.client
+from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
+
+from stowage.allocation import AllocationRecord
+from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, RequestError, pod_gpu_request
+
+from .errors import KubeConfigError
+from .kube_objects import assign_args, meta, node_view, pod_view, resource_version
+from .model import ClusterModel
+
+try:  # orjson is a declared dependency; fall back to json only so the module never fails to import
+    import orjson as _json
+
+    def _loads(data: bytes) -> Any:
+        return _json.loads(data)
+except ImportError:  # pragma: no cover
+    import json as _stdjson
+
+    def _loads(data: bytes) -> Any:
+        return _stdjson.loads(data)
+
+log = logging.getLogger("stowage.kube")
+
+NODES = "nodes"
+PODS = "pods"
+
+
+class Gone(Exception):
+    """The resourceVersion we wanted to resume from is too old: relist."""
+
+
+def api_message(exc: BaseException) -> str:
+    """The API server's own message from an ApiException (its Status body), else a short repr."""
+    if isinstance(exc, ApiException):
+        body = exc.body
+        if body:
+            try:
+                doc = _loads(body if isinstance(body, (bytes, bytearray)) else str(body).encode())
+                if isinstance(doc, dict) and doc.get("message"):
+                    return f"{doc['message']} (HTTP {exc.status})"
+            except ValueError:
+                pass
+        return f"HTTP {exc.status} {exc.reason or ''}".strip()
+    return f"{type(exc).__name__}: {exc}"
+
+
+def load_api_client(kubeconfig: str | None = None, in_cluster: bool = False,
+                    context: str | None = None) -> kubernetes.client.ApiClient:
+    """A configured ApiClient: in-cluster service account, or a kubeconfig file/context.
+
+    With neither ``in_cluster`` nor ``kubeconfig``: the in-cluster account when running in a
+    pod (``KUBERNETES_SERVICE_HOST`` set), else ``$KUBECONFIG`` / ``~/.kube/config``.
+    Raises :class:`~extender.errors.KubeConfigError` with what was tried.
+    """
+    import os
+
+    from kubernetes import config as kconfig
+
+    cfg = kubernetes.client.Configuration()
+    tried: list[str] = []
+    if in_cluster or (not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST")):
+        try:
+            kconfig.load_incluster_config(client_configuration=cfg)
+            return kubernetes.client.ApiClient(cfg)
+        except kconfig.ConfigException as exc:
+            tried.append(f"in-cluster service account: {exc}")
+            if in_cluster:
+                raise KubeConfigError("cannot use the in-cluster Kubernetes configuration: " + "; ".join(tried)) from exc
+    path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    try:
+        kconfig.load_kube_config(config_file=path, context=context, client_configuration=cfg, persist_config=False)
+    except (kconfig.ConfigException, OSError, TypeError, ValueError) as exc:
+        tried.append(f"kubeconfig {path}: {exc}")
+        raise KubeConfigError("no usable Kubernetes configuration (" + "; ".join(tried) + "). Pass --kubeconfig "
+                              "or run in a pod with a service account, or use the embedded simulated cluster.") from exc
+    return kubernetes.client.ApiClient(cfg)
+
+
+@dataclass
+class Backoff:
+    """Exponential back-off with jitter: base * 2^(n-1), capped, times a random factor in [0.5, 1)."""
+
+    base_s: float = 0.5
+    max_s: float = 30.0
+    rng: random.Random = field(default_factory=random.Random)
+
+    def delay(self, failures: int) -> float:
+        d = min(self.max_s, self.base_s * (2 ** max(0, failures - 1)))
+        return d * (0.5 + 0.5 * self.rng.random())
+
+
+@dataclass
+class StreamState:
+    """Bookkeeping of one list+watch loop (nodes or pods); read by ``ready()`` and ``status()``."""
+
+    kind: str
+    rv: str = ""
+    synced: bool = False
+    failures: int = 0
+    failing_since: float | None = None
+    last_error: str = ""
+    last_contact: float = 0.0
+    last_list: float = 0.0
+    gone_streak: int = 0
+    lists: int = 0
+    watches: int = 0
+    events: int = 0
+    errors: int = 0
+
+
+class KubeFeeder:
+    """Keeps ``model`` equal to what the API server says, from background threads.
+
+    ``resync_s``: a full relist this often even when watches are healthy (a safety net; 0 = never).
+    ``watch_timeout_s``: server-side timeout of each watch request (randomised up to 2x, as
+    client-go does), after which the watch is resumed from the last resourceVersion.
+    ``stale_after_s``: how long a stream may fail before ``ready()`` turns False.
+    """
+
+    def __init__(self, model: ClusterModel, api_client: kubernetes.client.ApiClient,
+                 memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB, resync_s: float = 600.0,
+                 watch_timeout_s: int = 300, stale_after_s: float = 60.0, backoff_base_s: float = 0.5,
+                 backoff_max_s: float = 30.0, request_timeout_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
+        self.model = model
+        self.api_client = api_client
+        self.core = kubernetes.client.CoreV1Api(api_client)
+        self.memory_unit_mib = memory_unit_mib
+        self.resync_s = resync_s
+        self.watch_timeout_s = max(1, int(watch_timeout_s))
+        self.stale_after_s = stale_after_s
+        self.request_timeout_s = request_timeout_s
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.backoff = Backoff(backoff_base_s, backoff_max_s, self.rng)
+        self.streams = {NODES: StreamState(NODES), PODS: StreamState(PODS)}
+        self._lock = threading.Lock()            # feeder bookkeeping below (never held across I/O)
+        self._stop = threading.Event()
+        self._threads: dict[str, threading.Thread] = {}
+        self._watches: dict[str, watch.Watch] = {}
+        self._node_fp: dict[str, tuple] = {}     # node -> fingerprint last applied
+        self.node_errors: dict[str, str] = {}    # node -> why its inventory could not be read
+        self._records: dict[str, AllocationRecord] = {}  # uid -> record applied from its annotation
+        self._pod_errors: dict[str, str] = {}    # uid -> malformed-annotation message (logged once)
+        self._unrecorded: dict[str, str] = {}    # uid -> node: GPU pods bound without our record
+        self._pending: dict[str, dict] = {}      # ns/name -> pending pod (for get_pod at bind)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "KubeFeeder":
+        """Start one list+watch thread per kind. Returns at once; see ``ready()``."""
+        self._stop.clear()
+        for kind in (NODES, PODS):
+            t = self._threads.get(kind)
+            if t is None or not t.is_alive():
+                t = threading.Thread(target=self._run, args=(self.streams[kind],), name=f"stowage-watch-{kind}",
+                                     daemon=True)
+                self._threads[kind] = t
+                t.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the threads (interrupting open watch streams) and wait for them."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        for t in list(self._threads.values()):
+            # Repeat: a watch request still waiting for its response headers cannot be interrupted yet.
+            while t.is_alive() and time.monotonic() < deadline:
+                for w in list(self._watches.values()):
+                    w.stop()
+                t.join(0.05)
+
+    def sync_once(self) -> None:
+        """List nodes and pods once, synchronously, and apply them (``stowage inspect``). Raises on API errors."""
+        self._relist(self.streams[NODES])
+        self._relist(self.streams[PODS])
+
+    # ------------------------------------------------------------------ readiness
+    def ready(self) -> tuple[bool, str]:
+        """(ready, why). Ready once both first lists are applied and while no stream is failing for long."""
+        now = self.clock()
+        with self._lock:
+            for st in self.streams.values():
+                if not st.synced:
+                    why = f"waiting for the first list of {st.kind} from the API server"
+                    return False, why + (f" (last error: {st.last_error})" if st.last_error else "")
+                if st.failing_since is not None and now - st.failing_since > self.stale_after_s:
+                    return False, (f"{st.kind} watch failing for {now - st.failing_since:.0f}s "
+                                   f"({st.failures} attempts): {st.last_error}; the model may be stale")
+                # A healthy stream ends (or sends a bookmark) at least every 2x watch timeout.
+                silent = now - st.last_contact
+                if st.failing_since is None and silent > 2 * self.watch_timeout_s + 60 + self.stale_after_s:
+                    return False, f"no word from the API server on {st.kind} for {silent:.0f}s; the model may be stale"
+            t_dead = [k for k, t in self._threads.items() if not t.is_alive()]
+        if self._stop.is_set() and self._threads:
+            return False, "the Kubernetes feed is stopped"
+        if t_dead:
+            return False, f"{', '.join(t_dead)} watch thread stopped"
+        return True, (f"in sync with the API server: {len(self.model.node_names())} nodes, "
+                      f"{len(self.model.allocations)} GPU pods")
+
+    def status(self) -> dict[str, Any]:
+        """Counters for /metrics and ``stowage inspect``."""
+        with self._lock:
+            out: dict[str, Any] = {k: dict(vars(st)) for k, st in self.streams.items()}
+            out["node_errors"] = dict(self.node_errors)
+            out["pod_errors"] = dict(self._pod_errors)
+            out["unrecorded_gpu_pods"] = dict(self._unrecorded)
+        return out
+
+    # ------------------------------------------------------------------ pods for bind
+    def get_pod(self, namespace: str, name: str) -> dict | None:
+        """A pod as camelCase JSON: from the cache of pending pods, else a GET. None when it does not exist."""
+        with self._lock:
+            pod = self._pending.get(f"{namespace}/{name}")
+        if pod is not None:
+            return pod
+        try:
+            resp = self.core.read_namespaced_pod(name, namespace, _preload_content=False,
+                                                 _request_timeout=self.request_timeout_s)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise RuntimeError(api_message(exc)) from exc
+        return _loads(resp.data)
+
+    # ------------------------------------------------------------------ the loops
+    def _run(self, st: StreamState) -> None:
+        need_list = True
+        while not self._stop.is_set():
+            try:
+                if need_list or (self.resync_s > 0 and self.clock() - st.last_list >= self.resync_s):
+                    self._relist(st)
+                    need_list = False
+                self._watch(st)
+            except Gone as exc:
+                need_list = True
+                with self._lock:
+                    st.gone_streak += 1
+                    streak = st.gone_streak
+                log.info("%s watch: %s; relisting", st.kind, exc)
+                if streak > 1 and self._stop.wait(self.backoff.delay(streak - 1)):
+                    break
+            except Exception as exc:  # any API/transport failure: back off, then resume
+                if self._stop.is_set():
+                    break
+                delay = self._failed(st, exc)
+                if self._stop.wait(delay):
+                    break
+
+    def _failed(self, st: StreamState, exc: BaseException) -> float:
+        msg = api_message(exc)
+        now = self.clock()
+        with self._lock:
+            st.failures += 1
+            st.errors += 1
+            if st.failing_since is None:
+                st.failing_since = now
+            st.last_error = msg
+            n = st.failures
+        delay = self.backoff.delay(n)
+        log.warning("%s %s failed (attempt %d): %s; retrying in %.1fs", st.kind,
+                    "list" if not st.synced else "watch", n, msg, delay)
+        return delay
+
+    def _healthy(self, st: StreamState) -> None:
+        with self._lock:
+            if st.failing_since is not None:
+                log.info("%s stream recovered after %d failed attempts", st.kind, st.failures)
+            st.failures = 0
+            st.failing_since = None
+            st.last_error = ""
+            st.last_contact = self.clock()
+
+    def _list_call(self, kind: str) -> Any:
+        fn = self.core.list_node if kind == NODES else self.core.list_pod_for_all_namespaces
+        return fn(_preload_content=False, _request_timeout=self.request_timeout_s)
+
+    def _relist(self, st: StreamState) -> None:
+        """List every object of the kind and make the model match it exactly."""
+        if st.kind == PODS:
+            with self.model.lock:
+                before = set(self.model.allocations)  # allocations older than this list
+        else:
+            before = set(self.model.node_names())
+        doc = _loads(self._list_call(st.kind).data)
+        items = doc.get("items") or []
+        rv = str((doc.get("metadata") or {}).get("resourceVersion") or "")
+        seen: set[str] = set()
+        if st.kind == NODES:
+            for node in items:
+                name = str(meta(node).get("name") or "")
+                seen.add(name)
+                self._apply_node(node)
+            for name in before - seen:
+                self._remove_node(name)
+        else:
+            with self._lock:
+                self._pending = {}
+            for pod in items:
+                seen.add(str(meta(pod).get("uid") or ""))
+                self._apply_pod(pod)
+            with self._lock:
+                gone_known = [u for u in self._records if u not in seen]
+            # Pods deleted while we were not watching. Allocations made after the list began are kept.
+            for uid in (before - seen) | set(gone_known):
+                self._forget_pod(uid)
+        now = self.clock()
+        with self._lock:
+            st.rv = rv
+            st.synced = True
+            st.lists += 1
+            st.last_list = now
+        self._healthy(st)
+        log.info("listed %d %s at resourceVersion %s", len(items), st.kind, rv)
+
+    def _watch(self, st: StreamState) -> None:
+        """One watch request from ``st.rv`` until the server ends it; events applied as they come."""
+        w = watch.Watch(return_type="object")  # raw dicts: no generated-model deserialisation
+        timeout = int(self.watch_timeout_s * (1 + self.rng.random()))
+        list_fn = self.core.list_node if st.kind == NODES else self.core.list_pod_for_all_namespaces
+
+        def fn(*args: Any, **kwargs: Any) -> Any:
+            resp = list_fn(*args, **kwargs)  # non-2xx raised here; returning means the stream is open
+            self._healthy(st)
+            return resp
+
+        if self._stop.is_set():
+            return
+        self._watches[st.kind] = w
+        with self._lock:
+            st.watches += 1
+        try:
+            for ev in w.stream(fn, resource_version=st.rv, timeout_seconds=timeout, allow_watch_bookmarks=True,
+                               _request_timeout=(self.request_timeout_s, timeout + 30)):
+                if self._stop.is_set():
+                    break
+                self._event(st, ev.get("type"), ev.get("raw_object"))
+        except ApiException as exc:
+            if exc.status == 410:
+                raise Gone(api_message(exc)) from exc
+            raise
+        finally:
+            self._watches.pop(st.kind, None)
+        if not self._stop.is_set():
+            self._healthy(st)
+            with self._lock:
+                st.gone_streak = 0
+
+    def _event(self, st: StreamState, type_: str | None, obj: Any) -> None:
+        if not isinstance(obj, Mapping):
+            log.error("%s watch: event %r without an object; ignored", st.kind, type_)
+            return
+        rv = resource_version(obj)
+        if type_ in ("ADDED", "MODIFIED", "DELETED"):
+            deleted = type_ == "DELETED"
+            if st.kind == NODES:
+                if deleted:
+                    self._remove_node(str(meta(obj).get("name") or ""))
+                else:
+                    self._apply_node(obj)
+            else:
+                self._apply_pod(obj, deleted=deleted)
+        elif type_ != "BOOKMARK":
+            log.warning("%s watch: unexpected event type %r ignored", st.kind, type_)
+        with self._lock:
+            if rv:
+                st.rv = rv
+            st.events += 1
+            st.gone_streak = 0
+        self._healthy(st)
+
+    # ------------------------------------------------------------------ applying objects
+    def _apply_node(self, node: Mapping[str, Any]) -> None:
+        try:
+            v = node_view(node)
+            if not v.name:
+                log.error("node without metadata.name ignored")
+                return
+            with self._lock:
+                if v.error and self.node_errors.get(v.name) != v.error:
+                    log.error("node %s: cannot read its GPU inventory (%s); it gets no schedulable cards until fixed",
+                              v.name, v.error)
+                if v.error:
+                    self.node_errors[v.name] = v.error
+                else:
+                    self.node_errors.pop(v.name, None)
+                unchanged = self._node_fp.get(v.name) == v.fingerprint() and v.name in self.model.index
+                self._node_fp[v.name] = v.fingerprint()
+            if not unchanged:
+                self.model.upsert_node(v.name, v.inventory, schedulable=v.schedulable)
+        except Exception:  # never let one odd object stop the feed
+            log.exception("node %s could not be applied", meta(node).get("name"))
+
+    def _remove_node(self, name: str) -> None:
+        with self._lock:
+            self._node_fp.pop(name, None)
+            self.node_errors.pop(name, None)
+        self.model.remove_node(name)
+
+    def _forget_pod(self, uid: str) -> None:
+        with self._lock:
+            self._records.pop(uid, None)
+            self._pod_errors.pop(uid, None)
+            self._unrecorded.pop(uid, None)
+        self.model.release(uid)
+
+    def _apply_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
+        try:
+            self._apply_pod_unsafe(pod, deleted)
+        except Exception:  # never let one odd object stop the feed
+            log.exception("pod %s could not be applied", meta(pod).get("name"))
+
+    def _apply_pod_unsafe(self, pod: Mapping[str, Any], deleted: bool) -> None:
+        v = pod_view(pod)
+        with self._lock:
+            if deleted or v.terminal or v.node:
+                self._pending.pop(v.key, None)
+            else:
+                self._pending[v.key] = dict(pod)
+        if not v.uid:
+            log.error("pod %s without metadata.uid ignored", v.key)
+            return
+        if deleted or v.terminal:
+            self._forget_pod(v.uid)
+            return
+        if v.error:
+            with self._lock:
+                first = self._pod_errors.get(v.uid) != v.error
+                self._pod_errors[v.uid] = v.error
+            if first:
+                log.error("pod %s (uid %s): %s. Stowage cannot tell which cards it uses; they are NOT counted "
+                          "(any earlier valid record is kept)", v.key, v.uid, v.error)
+            return
+        with self._lock:
+            self._pod_errors.pop(v.uid, None)
+            known = self._records.get(v.uid)
+        if v.record is not None:
+            if known == v.record:
+                return  # nothing new for the model (status updates, our own bind echo)
+            if v.node and v.node != v.record.node:
+                log.warning("pod %s is bound to %s but its allocation record says %s; following the record",
+                            v.key, v.node, v.record.node)
+            self.model.assign(v.uid, v.key, **assign_args(v.record))
+            with self._lock:
+                self._records[v.uid] = v.record
+                self._unrecorded.pop(v.uid, None)
+            return
+        if known is not None:
+            # The record we applied was removed (a failed bind rolled it back): the cards are free.
+            self._forget_pod(v.uid)
+            return
+        if v.node:
+            self._note_unrecorded(pod, v.uid, v.key, v.node)
+
+    def _note_unrecorded(self, pod: Mapping[str, Any], uid: str, key: str, node: str) -> None:
+        """A bound GPU pod without our record (bound by another scheduler): say so once."""
+        with self._lock:
+            if uid in self._unrecorded:
+                return
+        try:
+            req = pod_gpu_request(pod, self.memory_unit_mib)
+        except RequestError:
+            return
+        if not req.is_gpu:
+            return
+        with self._lock:
+            self._unrecorded[uid] = node
+        log.warning("pod %s uses %s on node %s but has no stowage.io/allocation record (bound without the "
+                    "Stowage extender?): Stowage does not know its cards and does not count them",
+                    key, req.describe(), node)
+

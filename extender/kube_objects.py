@@ -1,0 +1,131 @@
+"""Pure interpretation of Kubernetes Node and Pod objects (camelCase JSON dicts) for the model.
+
+No I/O here: :mod:`extender.kube` fetches the objects and applies what these functions say,
+so the rules ("which node is schedulable", "which pod holds cards") are testable on plain dicts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from stowage.allocation import ALLOCATION_ANNOTATION, AllocationError, AllocationRecord, allocation_of_pod
+from stowage.inventory import Inventory, InventoryError, inventory_from_node
+from stowage.resources import GpuRequest
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    m = obj.get("metadata")
+    return m if isinstance(m, Mapping) else {}
+
+
+def resource_version(obj: Mapping[str, Any]) -> str:
+    return str(meta(obj).get("resourceVersion") or "")
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    m = meta(pod)
+    return f"{m.get('namespace') or 'default'}/{m.get('name') or '?'}"
+
+
+def node_schedulable(node: Mapping[str, Any]) -> bool:
+    """Ready condition True and not cordoned (``spec.unschedulable``)."""
+    spec = node.get("spec") or {}
+    if isinstance(spec, Mapping) and spec.get("unschedulable"):
+        return False
+    conditions = (node.get("status") or {}).get("conditions") or []
+    for c in conditions:
+        if isinstance(c, Mapping) and c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What the model needs from one Node object."""
+
+    name: str
+    inventory: Inventory
+    schedulable: bool
+    error: str = ""  # set when the inventory could not be read (the node then has no cards)
+
+    def fingerprint(self) -> tuple:
+        """Equal fingerprints mean an update would not change the model (heartbeats are skipped)."""
+        return (self.inventory, self.schedulable, self.error)
+
+
+def node_view(node: Mapping[str, Any]) -> NodeView:
+    """Node -> inventory + schedulability. A malformed inventory yields a node with no cards."""
+    name = str(meta(node).get("name") or "")
+    try:
+        inv = inventory_from_node(node)
+        err = ""
+    except (InventoryError, TypeError, ValueError, AttributeError) as exc:
+        inv = Inventory(cards=(), source="invalid")
+        err = str(exc) or repr(exc)
+    return NodeView(name=name, inventory=inv, schedulable=node_schedulable(node), error=err)
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the model needs from one Pod object."""
+
+    uid: str
+    key: str                       # namespace/name
+    node: str                      # spec.nodeName ("" while pending)
+    terminal: bool                 # phase Succeeded/Failed: its cards are free again
+    record: AllocationRecord | None
+    error: str = ""                # malformed allocation annotation
+    has_annotation: bool = False
+
+    @property
+    def holds_cards(self) -> bool:
+        return self.record is not None and not self.terminal
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView:
+    m = meta(pod)
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    status = pod.get("status") if isinstance(pod.get("status"), Mapping) else {}
+    ann = m.get("annotations") if isinstance(m.get("annotations"), Mapping) else {}
+    record, err = None, ""
+    try:
+        record = allocation_of_pod(pod)
+    except AllocationError as exc:
+        err = str(exc)
+    except (TypeError, ValueError, AttributeError) as exc:
+        err = f"{ALLOCATION_ANNOTATION} is unreadable: {exc!r}"
+    if record is not None:
+        err = record_problem(record)
+        if err:
+            record = None
+    return PodView(uid=str(m.get("uid") or ""), key=pod_key(pod), node=str(spec.get("nodeName") or ""),
+                   terminal=status.get("phase") in TERMINAL_PHASES, record=record, error=err,
+                   has_annotation=ALLOCATION_ANNOTATION in ann)
+
+
+def record_problem(record: AllocationRecord) -> str:
+    """Why a well-formed JSON record still cannot be replayed into the model ('' when it can)."""
+    idx = [c.index for c in record.cards]
+    if not record.node:
+        return f"{ALLOCATION_ANNOTATION} names no node"
+    if not idx:
+        return f"{ALLOCATION_ANNOTATION} lists no cards"
+    if any(k < 0 for k in idx) or len(set(idx)) != len(idx):
+        return f"{ALLOCATION_ANNOTATION} has negative or duplicate card indices {idx}"
+    if any(c.memory_mib < 0 or c.core_milli < 0 for c in record.cards):
+        return f"{ALLOCATION_ANNOTATION} has a negative memory or core share"
+    return ""
+
+
+def assign_args(record: AllocationRecord) -> dict[str, Any]:
+    """Keyword arguments for ``ClusterModel.assign(..., check=False)`` that replay ``record`` exactly."""
+    cards = [c.index for c in record.cards]
+    if record.whole:
+        req = GpuRequest(gpus=max(1, len(cards)))
+    else:
+        req = GpuRequest(mem_mib=max((c.memory_mib for c in record.cards), default=0),
+                         core_milli=max((c.core_milli for c in record.cards), default=0))
+    return {"node": record.node, "cards": cards, "req": req, "check": False,
+            "mem_mib": [c.memory_mib for c in record.cards], "core_milli": [c.core_milli for c in record.cards]}

@@ -1,0 +1,300 @@
+"""KubeFeeder against the fake API server over real HTTP, with the real `kubernetes` client."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+from extender_kube_helpers import FakeClock, FakeKube, gfd_node, inv_node, make_node, make_pod, new_feeder, row
+
+from extender.kube import NODES, PODS, Backoff
+from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, encode_allocation
+from stowage.inventory import INVENTORY_ANNOTATION
+
+GiB = 1024
+
+
+def rec(node: str, shares: list[tuple[int, int, int]], whole: bool = False) -> str:
+    return encode_allocation(AllocationRecord(node=node, whole=whole, cards=tuple(
+        CardShare(index=k, uuid=f"GPU-{node}-{k}", memory_mib=m, core_milli=c) for k, m, c in shares)))
+
+
+@pytest.fixture
+def kube():
+    with FakeKube(bookmark_interval=3600) as k:
+        yield k
+
+
+@pytest.fixture
+def feeders():
+    made = []
+    yield made
+    for f in made:
+        f.stop()
+    for f in made:
+        for t in f._threads.values():
+            assert not t.is_alive(), "feeder thread still running after stop()"
+
+
+def started(kube, feeders, **kw):
+    f = new_feeder(kube, **kw)
+    feeders.append(f)
+    f.start()
+    kube.wait_for(lambda: f.ready()[0])
+    return f
+
+
+def test_initial_list_builds_model_from_annotation_gfd_and_allocatable(kube, feeders, caplog):
+    kube.create_node(inv_node("a100", [80, 80, 40]))
+    kube.create_node(gfd_node("a10", 2))
+    kube.create_node(make_node("plain", gpus=3))
+    kube.create_node(make_node("notready", gpus=1, ready=False))
+    kube.create_node(make_node("cordoned", gpus=1, unschedulable=True))
+    kube.create_node(make_node("broken", gpus=2, annotations={INVENTORY_ANNOTATION: "{not json"}))
+    shared = kube.create_pod(make_pod("shared", gpu_memory=20, node="a100", phase="Running",
+                                      annotations={ALLOCATION_ANNOTATION: rec("a100", [(2, 20 * GiB, 300)])}))
+    whole = kube.create_pod(make_pod("whole", gpus=2, node="a100", phase="Running",
+                                     annotations={ALLOCATION_ANNOTATION: rec("a100", [(0, 80 * GiB, 1000), (1, 80 * GiB, 1000)], whole=True)}))
+    kube.create_pod(make_pod("done", gpus=1, node="a10", phase="Succeeded",
+                             annotations={ALLOCATION_ANNOTATION: rec("a10", [(0, 24576, 1000)], whole=True)}))
+    kube.create_pod(make_pod("garbage", gpus=1, node="a10", phase="Running",
+                             annotations={ALLOCATION_ANNOTATION: '{"version": 1, "node": "a10"'}))
+    kube.create_pod(make_pod("negative", gpus=1, node="a10", phase="Running",
+                             annotations={ALLOCATION_ANNOTATION: rec("a10", [(-1, 0, 1000)], whole=True)}))
+    with caplog.at_level(logging.ERROR, logger="stowage.kube"):
+        f = new_feeder(kube)
+        feeders.append(f)
+        assert f.ready() == (False, "waiting for the first list of nodes from the API server")
+        f.start()
+        kube.wait_for(lambda: f.ready()[0])
+    m = f.model
+    assert sorted(m.node_names()) == ["a10", "a100", "broken", "cordoned", "notready", "plain"]
+    assert row(m, "a100") == {"cards": [0, 1, 2], "healthy": [True] * 3, "mem_total": [80 * GiB, 80 * GiB, 40 * GiB],
+                              "mem_free": [0, 0, 20 * GiB], "core_free": [0, 0, 700], "pods": [1, 1, 1], "node_ok": True}
+    assert m.meta["a100"].uuids[2] == "GPU-a100-2"
+    assert row(m, "a10")["mem_total"] == [24576, 24576] and m.meta["a10"].source == "gfd-labels"
+    assert row(m, "a10")["pods"] == [0, 0]  # the finished pod and the two unreadable records hold nothing
+    assert row(m, "plain")["cards"] == [0, 1, 2] and m.meta["plain"].whole_only
+    assert not row(m, "notready")["node_ok"] and not row(m, "cordoned")["node_ok"]
+    assert row(m, "broken")["cards"] == [] and "not JSON" in f.node_errors["broken"]
+    assert set(m.allocations) == {shared["metadata"]["uid"], whole["metadata"]["uid"]}
+    a = m.allocations[shared["metadata"]["uid"]]
+    assert (a.node, a.cards, a.mem_mib, a.core_milli, a.whole) == ("a100", (2,), (20 * GiB,), (300,), False)
+    logged = caplog.text
+    assert "broken" in logged and "default/garbage" in logged and "default/negative" in logged
+    assert set(f.status()["pod_errors"]) == {p["metadata"]["uid"] for p in kube.objects("pods")
+                                             if p["metadata"]["name"] in ("garbage", "negative")}
+
+
+def test_watch_applies_node_and_pod_changes(kube, feeders):
+    kube.create_node(inv_node("n1", [24, 24]))
+    f = started(kube, feeders)
+    m = f.model
+    kube.create_node(gfd_node("n2", 4))
+    kube.wait_for(lambda: "n2" in m.index)
+    assert row(m, "n2")["cards"] == [0, 1, 2, 3]
+    # The device plugin publishes a new inventory: card 1 turned unhealthy.
+    from stowage.inventory import Card, encode_inventory
+    cards = [Card(0, "GPU-n1-0", "A10", 24 * GiB), Card(1, "GPU-n1-1", "A10", 24 * GiB, healthy=False)]
+    kube.patch_node("n1", {"metadata": {"annotations": {INVENTORY_ANNOTATION: encode_inventory(cards)}}})
+    kube.wait_for(lambda: row(m, "n1")["healthy"] == [True, False])
+    kube.patch_node("n1", {"spec": {"unschedulable": True}})
+    kube.wait_for(lambda: not row(m, "n1")["node_ok"])
+    # A pending pod, then its allocation record, then it finishes.
+    p = kube.create_pod(make_pod("p", gpu_memory=10))
+    uid = p["metadata"]["uid"]
+    kube.wait_for(lambda: f.get_pod("default", "p") is not None)
+    kube.patch_pod("default", "p", {"metadata": {"annotations": {ALLOCATION_ANNOTATION: rec("n2", [(3, 10 * GiB, 0)])}},
+                                    "spec": {"nodeName": "n2"}})
+    kube.wait_for(lambda: uid in m.allocations)
+    assert row(m, "n2")["mem_free"] == [24576, 24576, 24576, 24576 - 10 * GiB]
+    kube.patch_pod("default", "p", {"status": {"phase": "Succeeded"}})
+    kube.wait_for(lambda: uid not in m.allocations)
+    assert row(m, "n2")["mem_free"] == [24576] * 4
+    # A running pod deleted.
+    q = kube.create_pod(make_pod("q", gpus=1, node="n2", phase="Running",
+                                 annotations={ALLOCATION_ANNOTATION: rec("n2", [(1, 24576, 1000)], whole=True)}))
+    kube.wait_for(lambda: q["metadata"]["uid"] in m.allocations)
+    assert row(m, "n2")["pods"] == [0, 1, 0, 0]
+    kube.delete_pod("default", "q")
+    kube.wait_for(lambda: q["metadata"]["uid"] not in m.allocations)
+    assert row(m, "n2")["pods"] == [0, 0, 0, 0]
+    kube.delete_node("n2")
+    kube.wait_for(lambda: "n2" not in m.index)
+    assert f.streams[PODS].lists == 1 and f.streams[NODES].lists == 1
+
+
+def test_record_removed_by_a_rolled_back_bind_frees_the_cards(kube, feeders):
+    kube.create_node(inv_node("n1", [40]))
+    p = kube.create_pod(make_pod("p", gpu_memory=10))
+    f = started(kube, feeders)
+    kube.patch_pod("default", "p", {"metadata": {"annotations": {ALLOCATION_ANNOTATION: rec("n1", [(0, 10 * GiB, 0)])}}})
+    kube.wait_for(lambda: p["metadata"]["uid"] in f.model.allocations)
+    kube.patch_pod("default", "p", {"metadata": {"annotations": {ALLOCATION_ANNOTATION: None}}})
+    kube.wait_for(lambda: p["metadata"]["uid"] not in f.model.allocations)
+    assert row(f.model, "n1")["mem_free"] == [40 * GiB]
+
+
+def test_unannotated_allocation_made_by_bind_is_not_dropped_by_the_feed(kube, feeders):
+    """A reservation bind made in the model (record not yet visible) survives unrelated pod events."""
+    kube.create_node(inv_node("n1", [40]))
+    p = kube.create_pod(make_pod("p", gpu_memory=10))
+    f = started(kube, feeders)
+    from stowage.resources import GpuRequest
+    f.model.assign(p["metadata"]["uid"], "default/p", "n1", [0], GpuRequest(mem_mib=10 * GiB), check=True)
+    kube.patch_pod("default", "p", {"metadata": {"labels": {"x": "y"}}})
+    kube.create_pod(make_pod("marker"))
+    kube.wait_for(lambda: f.get_pod("default", "marker") is not None)
+    assert p["metadata"]["uid"] in f.model.allocations
+
+
+def test_resume_from_last_resource_version_without_relist_or_duplicates(kube, feeders):
+    kube.create_node(inv_node("n1", [80, 80]))
+    f = started(kube, feeders)
+    st = f.streams[PODS]
+    events_before = st.events
+    for i in range(3):
+        kube.create_pod(make_pod(f"p{i}"))
+    kube.wait_for(lambda: st.events == events_before + 3)
+    last_rv = kube.get_pod("default", "p2")["metadata"]["resourceVersion"]
+    watches = kube.watch_count("pods")
+    kube.drop_watches()
+    kube.create_pod(make_pod("during", gpus=1, node="n1", phase="Running",
+                             annotations={ALLOCATION_ANNOTATION: rec("n1", [(1, 80 * GiB, 1000)], whole=True)}))
+    kube.wait_for(lambda: kube.watch_count("pods") > watches and st.events == events_before + 4)
+    resumed = [q for m_, p_, q in kube.requests if p_ == "/api/v1/pods" and q.get("watch") == "true"][watches]
+    assert resumed["resourceVersion"] == last_rv
+    assert st.lists == 1  # resumed, not relisted
+    assert row(f.model, "n1")["pods"] == [0, 1]
+    # No event was applied twice: exactly one per change since the list.
+    kube.create_pod(make_pod("after"))
+    kube.wait_for(lambda: f.get_pod("default", "after") is not None)
+    assert st.events == events_before + 5
+
+
+@pytest.mark.parametrize("gone_mode", ["event", "status"])
+def test_relist_on_410_gone_catches_up_with_missed_changes(gone_mode, feeders):
+    with FakeKube(bookmark_interval=3600, gone_mode=gone_mode) as kube:
+        kube.create_node(inv_node("n1", [80, 80]))
+        kube.create_node(inv_node("old", [16]))
+        p = kube.create_pod(make_pod("p", gpus=1, node="n1", phase="Running",
+                                     annotations={ALLOCATION_ANNOTATION: rec("n1", [(0, 80 * GiB, 1000)], whole=True)}))
+        f = started(kube, feeders)
+        assert p["metadata"]["uid"] in f.model.allocations
+        if gone_mode == "status":
+            kube.drop_watches()  # the resumed watch request itself is answered 410
+        # Changes the feeder never hears about (history compacted away), then the 410.
+        kube.delete_pod("default", "p", emit=False)
+        kube.delete_node("old", emit=False)
+        kube.create_node(inv_node("new", [24]), emit=False)
+        q = kube.create_pod(make_pod("q", gpu_memory=4, node="n1", phase="Running",
+                                     annotations={ALLOCATION_ANNOTATION: rec("n1", [(1, 4 * GiB, 0)])}), emit=False)
+        kube.expire_watches()
+        kube.wait_for(lambda: f.streams[PODS].lists == 2 and f.streams[NODES].lists == 2)
+        m = f.model
+        assert sorted(m.node_names()) == ["n1", "new"]
+        assert set(m.allocations) == {q["metadata"]["uid"]}
+        assert row(m, "n1")["pods"] == [0, 1] and row(m, "n1")["mem_free"] == [80 * GiB, 76 * GiB]
+        kube.wait_for(lambda: f.ready()[0])
+        f.stop()
+
+
+def test_backoff_on_500s_then_recovery(kube, feeders):
+    kube.create_node(inv_node("n1", [80]))
+    kube.fail_next(3, status=500, path="^/api/v1/pods$", method="GET")
+    f = new_feeder(kube)
+    feeders.append(f)
+    f.start()
+    kube.wait_for(lambda: f.ready()[0])
+    pod_lists = [q for m_, p_, q in kube.requests if p_ == "/api/v1/pods" and "watch" not in q]
+    assert len(pod_lists) == 4  # three failures, one success
+    st = f.streams[PODS]
+    assert st.errors == 3 and st.failures == 0 and st.failing_since is None
+
+
+def test_backoff_delays_grow_exponentially_with_jitter_and_cap():
+    import random
+    b = Backoff(base_s=0.5, max_s=8.0, rng=random.Random(1))
+    for n, nominal in [(1, 0.5), (2, 1.0), (3, 2.0), (4, 4.0), (5, 8.0), (9, 8.0)]:
+        d = [b.delay(n) for _ in range(50)]
+        assert all(nominal * 0.5 <= x < nominal for x in d)
+        assert len(set(d)) > 1  # jittered
+
+
+def test_readiness_turns_false_while_watch_fails_and_back_when_it_recovers(kube, feeders):
+    clock = FakeClock()
+    kube.create_node(inv_node("n1", [80]))
+    f = started(kube, feeders, clock=clock, stale_after_s=30.0)
+    assert f.ready()[0]
+    kube.fail_next(10**6, status=500, path="^/api/v1/nodes$")
+    kube.drop_watches()
+    st = f.streams[NODES]
+    kube.wait_for(lambda: st.failures >= 2)
+    assert f.ready()[0]  # failing, but not for long yet
+    clock.t += 31
+    ok, why = f.ready()
+    assert not ok and "nodes watch failing" in why and "injected failure (500)" in why
+    kube.clear_faults()
+    kube.wait_for(lambda: f.ready()[0])
+    # The model kept following the cluster after recovery.
+    kube.create_node(inv_node("n2", [24]))
+    kube.wait_for(lambda: "n2" in f.model.index)
+
+
+def test_not_ready_until_first_list_succeeds(kube, feeders):
+    kube.fail_next(10**6, status=503, path="^/api/v1/nodes$")
+    f = new_feeder(kube)
+    feeders.append(f)
+    f.start()
+    kube.wait_for(lambda: f.streams[NODES].errors >= 2)
+    ok, why = f.ready()
+    assert not ok and "first list of nodes" in why and "503" in why
+    kube.clear_faults()
+    kube.wait_for(lambda: f.ready()[0])
+
+
+def test_stopped_feeder_is_not_ready(kube, feeders):
+    f = started(kube, feeders)
+    f.stop()
+    assert f.ready() == (False, "the Kubernetes feed is stopped")
+
+
+def test_malformed_objects_in_the_watch_do_not_stop_the_feed(kube, feeders, caplog):
+    kube.create_node(inv_node("n1", [80]))
+    f = started(kube, feeders)
+    p = kube.create_pod(make_pod("p", gpus=1, node="n1", phase="Running",
+                                 annotations={ALLOCATION_ANNOTATION: rec("n1", [(0, 80 * GiB, 1000)], whole=True)}))
+    kube.wait_for(lambda: p["metadata"]["uid"] in f.model.allocations)
+    with caplog.at_level(logging.ERROR, logger="stowage.kube"):
+        kube.patch_pod("default", "p", {"metadata": {"annotations": {ALLOCATION_ANNOTATION: "[]"}}})
+        kube.patch_node("n1", {"metadata": {"annotations": {INVENTORY_ANNOTATION: '{"cards": [{"index": "x"}]}'}}})
+        kube.create_node(make_node("n2", gpus=2, labels={"nvidia.com/gpu.count": "two"}))
+        kube.create_node(inv_node("n3", [24]))
+        kube.wait_for(lambda: "n3" in f.model.index)
+    assert "default/p" in caplog.text and "n1" in caplog.text and "n2" in caplog.text
+    assert p["metadata"]["uid"] in f.model.allocations  # a broken record never loses the earlier valid one
+    assert row(f.model, "n1")["cards"] == [] and row(f.model, "n2")["cards"] == []
+    assert f.ready()[0]
+
+
+def test_get_pod_from_cache_or_api(kube, feeders):
+    kube.create_pod(make_pod("pending", gpus=1))
+    kube.create_pod(make_pod("bound", gpus=1, node="n1", phase="Running"))
+    f = started(kube, feeders)
+    gets = lambda: [r for r in kube.requests if r[0] == "GET" and r[1].startswith("/api/v1/namespaces/")]  # noqa: E731
+    pod = f.get_pod("default", "pending")
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert gets() == []  # served from the watch cache
+    assert f.get_pod("default", "bound")["spec"]["nodeName"] == "n1"
+    assert len(gets()) == 1
+    assert f.get_pod("default", "missing") is None
+
+
+def test_sync_once_lists_without_threads(kube):
+    kube.create_node(inv_node("n1", [80, 80]))
+    p = kube.create_pod(make_pod("p", gpus=1, node="n1", phase="Running",
+                                 annotations={ALLOCATION_ANNOTATION: rec("n1", [(1, 80 * GiB, 1000)], whole=True)}))
+    f = new_feeder(kube)
+    f.sync_once()
+    assert f.model.allocations[p["metadata"]["uid"]].cards == (1,)
+    assert f.ready()[0] and not f._threads
+    assert kube.watch_count() == 0
