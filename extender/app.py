@@ -77,7 +77,9 @@ def create_app(service: ExtenderService, *, url_prefix: str = "", ready: ReadyFn
     so); ``/readyz`` answers 503 with its message otherwise.
     """
     app = Flask("stowage.extender")
-    app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
+    # One byte more than allowed: a chunked body (no Content-Length) is cut at this limit by
+    # werkzeug without an error, so reading limit+1 bytes is how we see that it was too long.
+    app.config["MAX_CONTENT_LENGTH"] = max_body_bytes + 1
     metrics = Metrics(service)
     app.extensions["stowage"] = {"service": service, "metrics": metrics}
     ready_fn: ReadyFn = ready or (lambda: (True, "ready"))
@@ -85,7 +87,10 @@ def create_app(service: ExtenderService, *, url_prefix: str = "", ready: ReadyFn
     bp = Blueprint("extender", __name__, url_prefix=prefix or None)
 
     def body() -> bytes:
-        return request.get_data(cache=False)
+        data = request.get_data(cache=False)
+        if len(data) > max_body_bytes:
+            raise RequestEntityTooLarge()
+        return data
 
     def too_large() -> Response:
         return _json({"Error": f"request body larger than {max_body_bytes} bytes "

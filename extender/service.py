@@ -337,7 +337,8 @@ class ExtenderService:
                 with self.model.lock:
                     if self.model.allocations.get(uid) is reserved:
                         self.model.release(uid)
-            msg = str(exc) if isinstance(exc, BindError) else f"binding failed: {exc!r}"
+            # The binder's message is meant for the user (BindError); anything else is shown as is.
+            msg = str(exc) or repr(exc)
             log.warning("bind %s -> %s failed%s: %s", key, node,
                         ", reservation released" if reserved is not None else "", msg)
             return f"cannot bind {key} to {node}: {msg}"
