@@ -52,6 +52,16 @@ except ImportError:  # pragma: no cover
 
 log = logging.getLogger("stowage.kube")
 
+
+def read_json(resp: Any) -> Any:
+    """Body of a ``_preload_content=False`` response, parsed; the connection goes back to the pool
+    only once fully read (an unread body would be taken for the next response's status line)."""
+    try:
+        data = resp.data
+    finally:
+        resp.release_conn()
+    return _loads(data)
+
 NODES = "nodes"
 PODS = "pods"
 
@@ -252,7 +262,7 @@ class KubeFeeder:
             if exc.status == 404:
                 return None
             raise RuntimeError(api_message(exc)) from exc
-        return _loads(resp.data)
+        return read_json(resp)
 
     # ------------------------------------------------------------------ the loops
     def _run(self, st: StreamState) -> None:
@@ -313,7 +323,7 @@ class KubeFeeder:
                 before = set(self.model.allocations)  # allocations older than this list
         else:
             before = set(self.model.node_names())
-        doc = _loads(self._list_call(st.kind).data)
+        doc = read_json(self._list_call(st.kind))
         items = doc.get("items") or []
         rv = str((doc.get("metadata") or {}).get("resourceVersion") or "")
         seen: set[str] = set()

@@ -29,13 +29,21 @@ from kubernetes.client.exceptions import ApiException
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, encode_allocation
 
 from .errors import BindError
-from .kube import _loads, api_message
+from .kube import api_message, read_json
 
 log = logging.getLogger("stowage.kube")
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 _ANNOTATION_PTR = "/metadata/annotations/" + ALLOCATION_ANNOTATION.replace("~", "~0").replace("/", "~1")
+
+
+def _drain(resp: Any) -> None:
+    """Read the whole answer (we do not need it) so the connection can be reused safely."""
+    try:
+        resp.read()
+    finally:
+        resp.release_conn()
 
 
 class KubeBinder:
@@ -84,8 +92,8 @@ class KubeBinder:
     def _record(self, namespace: str, name: str, uid: str, value: str) -> None:
         body = {"metadata": {"uid": uid, "annotations": {ALLOCATION_ANNOTATION: value}}}
         try:
-            self.core.patch_namespaced_pod(name, namespace, body, _content_type=MERGE_PATCH,
-                                           _preload_content=False, _request_timeout=self.timeout)
+            _drain(self.core.patch_namespaced_pod(name, namespace, body, _content_type=MERGE_PATCH,
+                                                  _preload_content=False, _request_timeout=self.timeout))
         except ApiException as exc:
             if exc.status == 409:
                 raise BindError(f"pod {namespace}/{name} is not the pod with uid {uid} any more (re-created?): "
@@ -100,9 +108,8 @@ class KubeBinder:
         body = kubernetes.client.V1Binding(
             metadata=kubernetes.client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
             target=kubernetes.client.V1ObjectReference(api_version="v1", kind="Node", name=node))
-        resp = self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False,
-                                                       _request_timeout=self.timeout)
-        resp.release_conn()
+        _drain(self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False,
+                                                       _request_timeout=self.timeout))
 
     def _rollback(self, namespace: str, name: str, uid: str, value: str | None, why: str) -> None:
         """Remove our record if (and only if) the pod is still ours and still carries exactly it."""
@@ -114,8 +121,8 @@ class KubeBinder:
         last: BaseException | None = None
         for attempt in range(self.readback_attempts):
             try:
-                self.core.patch_namespaced_pod(name, namespace, ops, _content_type=JSON_PATCH,
-                                               _preload_content=False, _request_timeout=self.timeout)
+                _drain(self.core.patch_namespaced_pod(name, namespace, ops, _content_type=JSON_PATCH,
+                                                      _preload_content=False, _request_timeout=self.timeout))
                 log.info("removed the allocation record of %s/%s after: %s", namespace, name, why)
                 return
             except ApiException as exc:
@@ -137,7 +144,7 @@ class KubeBinder:
             if exc.status == 404:
                 return None
             raise
-        return _loads(resp.data)
+        return read_json(resp)
 
     def _bound_to(self, namespace: str, name: str, uid: str, node: str) -> bool | None:
         """Is this very pod bound to ``node``? None when it cannot be read back."""

@@ -1,0 +1,202 @@
+"""KubeBinder against the fake API server, and the restart-rebuild claim (same model from the API server)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from extender_kube_helpers import FakeKube, gfd_node, inv_node, make_pod, new_feeder, row
+
+from extender.errors import BindError
+from extender.kube_binder import KubeBinder
+from extender.model import ClusterModel, PodAllocation
+from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, decode_allocation, encode_allocation
+from stowage.resources import GpuRequest
+
+GiB = 1024
+
+
+@pytest.fixture
+def kube():
+    with FakeKube(bookmark_interval=3600) as k:
+        yield k
+
+
+def record(node: str, cards: list[int], mem: int = 80 * GiB, core: int = 1000, whole: bool = True) -> AllocationRecord:
+    return AllocationRecord(node=node, whole=whole, cards=tuple(CardShare(k, f"GPU-{node}-{k}", mem, core) for k in cards))
+
+
+def annotation(kube: FakeKube, name: str) -> str | None:
+    return ((kube.get_pod("default", name)["metadata"].get("annotations") or {}).get(ALLOCATION_ANNOTATION))
+
+
+def test_bind_records_then_binds(kube):
+    p = kube.create_pod(make_pod("p", gpus=2))
+    rec = record("n1", [0, 3])
+    KubeBinder(kube.api_client()).bind("default", "p", p["metadata"]["uid"], "n1", rec)
+    pod = kube.get_pod("default", "p")
+    assert pod["spec"]["nodeName"] == "n1"
+    assert decode_allocation(pod["metadata"]["annotations"][ALLOCATION_ANNOTATION]) == rec
+    calls = [(m, path) for m, path, q in kube.requests]
+    assert calls == [("PATCH", "/api/v1/namespaces/default/pods/p"),
+                     ("POST", "/api/v1/namespaces/default/pods/p/binding")]
+
+
+def test_bind_without_gpu_record_only_binds(kube):
+    p = kube.create_pod(make_pod("cpu-only"))
+    KubeBinder(kube.api_client()).bind("default", "cpu-only", p["metadata"]["uid"], "n2", None)
+    assert kube.get_pod("default", "cpu-only")["spec"]["nodeName"] == "n2"
+    assert annotation(kube, "cpu-only") is None
+
+
+def test_binding_conflict_removes_the_record_and_raises(kube):
+    p = kube.create_pod(make_pod("p", gpus=1, node="elsewhere"))
+    with pytest.raises(BindError) as err:
+        KubeBinder(kube.api_client()).bind("default", "p", p["metadata"]["uid"], "n1", record("n1", [1]))
+    assert 'already assigned to node "elsewhere"' in str(err.value)
+    assert annotation(kube, "p") is None
+    assert kube.get_pod("default", "p")["spec"]["nodeName"] == "elsewhere"
+
+
+def test_binding_server_error_removes_the_record_with_the_api_message(kube):
+    p = kube.create_pod(make_pod("p", gpu_memory=8))
+    kube.fail_next(1, status=500, path="/binding$")
+    with pytest.raises(BindError, match=r"injected failure \(500\)"):
+        KubeBinder(kube.api_client()).bind("default", "p", p["metadata"]["uid"], "n1",
+                                           record("n1", [0], mem=8 * GiB, core=0, whole=False))
+    pod = kube.get_pod("default", "p")
+    assert annotation(kube, "p") is None and not pod["spec"].get("nodeName")
+
+
+def test_uid_precondition_protects_a_recreated_pod(kube):
+    old = kube.create_pod(make_pod("p", gpus=1))
+    kube.delete_pod("default", "p")
+    kube.create_pod(make_pod("p", gpus=1))  # same name, new uid
+    with pytest.raises(BindError, match="re-created"):
+        KubeBinder(kube.api_client()).bind("default", "p", old["metadata"]["uid"], "n1", record("n1", [0]))
+    pod = kube.get_pod("default", "p")
+    assert annotation(kube, "p") is None and not pod["spec"].get("nodeName")
+    assert [m for m, _, _ in kube.requests] == ["PATCH"]  # never got as far as the Binding
+
+
+def test_missing_pod_is_a_bind_error(kube):
+    with pytest.raises(BindError, match="not found"):
+        KubeBinder(kube.api_client()).bind("default", "ghost", "", "n1", record("n1", [0]))
+
+
+def test_a_retried_bind_of_an_already_bound_pod_succeeds(kube):
+    """The first Binding went through but its answer was lost: the retry sees 409, reads back, succeeds."""
+    p = kube.create_pod(make_pod("p", gpus=1))
+    b = KubeBinder(kube.api_client())
+    rec = record("n1", [2])
+    b.bind("default", "p", p["metadata"]["uid"], "n1", rec)
+    b.bind("default", "p", p["metadata"]["uid"], "n1", rec)
+    assert decode_allocation(annotation(kube, "p")) == rec
+
+
+def test_rollback_never_removes_a_record_that_is_not_ours(kube):
+    """Between our PATCH and the failed Binding someone wrote a different record: it is left alone."""
+    p = kube.create_pod(make_pod("p", gpus=1))
+    other = encode_allocation(record("n9", [5]))
+    binder = KubeBinder(kube.api_client())
+    real_binding = binder._binding
+
+    def binding_after_overwrite(namespace, name, uid, node):
+        kube.patch_pod("default", "p", {"metadata": {"annotations": {ALLOCATION_ANNOTATION: other}}})
+        kube.fail_next(1, status=500, path="/binding$")
+        return real_binding(namespace, name, uid, node)
+
+    binder._binding = binding_after_overwrite
+    with pytest.raises(BindError):
+        binder.bind("default", "p", p["metadata"]["uid"], "n1", record("n1", [0]))
+    assert annotation(kube, "p") == other
+
+
+def _snapshot(model: ClusterModel) -> tuple[dict, dict]:
+    allocs = {uid: (a.name, a.node, a.cards, a.mem_mib, a.core_milli, a.whole, a.applied)
+              for uid, a in model.allocations.items()}
+    rows = {n: row(model, n) for n in model.node_names()}
+    return allocs, rows
+
+
+def _record_of(model: ClusterModel, alloc: PodAllocation) -> AllocationRecord:
+    return AllocationRecord(node=alloc.node, whole=alloc.whole, cards=tuple(
+        CardShare(k, model.card_uuid(alloc.node, k), m, c) for k, m, c in zip(alloc.cards, alloc.mem_mib, alloc.core_milli)))
+
+
+def _first_fit(model: ClusterModel, req: GpuRequest) -> tuple[str, list[int]]:
+    """A plain first-fit card choice for the test (the real placers live in extender.scoring)."""
+    a = model.a
+    for node in sorted(model.node_names()):
+        i = model.index[node]
+        if req.is_whole:
+            free = [k for k in range(a.shape[1]) if a.exists[i, k] and a.healthy[i, k] and a.pods[i, k] == 0
+                    and a.mem_total[i, k] >= req.min_card_mem_mib]
+            if len(free) >= req.gpus:
+                return node, free[:req.gpus]
+        else:
+            for k in range(a.shape[1]):
+                if a.exists[i, k] and a.mem_total[i, k] > 0 and a.mem_free[i, k] >= req.mem_mib \
+                        and a.core_free[i, k] >= req.core_milli:
+                    return node, [k]
+    raise AssertionError(f"no room for {req}")
+
+
+def test_restart_rebuilds_exactly_the_same_model(kube):
+    kube.create_node(inv_node("a100", [80, 80, 80, 80]))
+    kube.create_node(inv_node("mixed", [40, 24, 24]))
+    kube.create_node(gfd_node("a10", 2))
+    first = new_feeder(kube).start()
+    try:
+        kube.wait_for(lambda: first.ready()[0])
+        model = first.model
+        binder = KubeBinder(kube.api_client())
+        asks = [("train", GpuRequest(gpus=2)), ("infer-1", GpuRequest(mem_mib=10 * GiB, core_milli=300)),
+                ("infer-2", GpuRequest(mem_mib=20 * GiB, core_milli=500)), ("one", GpuRequest(gpus=1)),
+                ("infer-3", GpuRequest(mem_mib=30 * GiB)), ("big", GpuRequest(gpus=2)),
+                ("infer-4", GpuRequest(mem_mib=4 * GiB, core_milli=100)), ("gone", GpuRequest(gpus=1)),
+                ("finished", GpuRequest(mem_mib=8 * GiB))]
+        uids = {}
+        for name, req in asks:
+            limits = {"gpus": req.gpus} if req.is_whole else {"gpu_memory": req.mem_mib // GiB,
+                                                              "gpu_core": req.core_milli // 10}
+            pod = kube.create_pod(make_pod(name, **limits))
+            uid = uids[name] = pod["metadata"]["uid"]
+            with model.lock:  # what the service's bind does: choose + reserve atomically
+                node, cards = _first_fit(model, req)
+                alloc = model.assign(uid, f"default/{name}", node, cards, req, check=True)
+                rec = _record_of(model, alloc)
+            binder.bind("default", name, uid, node, rec)
+        kube.update("pods", "default", "finished", lambda o: o["status"].update(phase="Succeeded"))
+        kube.delete_pod("default", "gone")
+        # A bind that fails leaves nothing behind in either model.
+        loser = kube.create_pod(make_pod("loser", gpus=1, node="someone-else"))  # bound meanwhile
+        with model.lock:
+            node, cards = _first_fit(model, GpuRequest(gpus=1))
+            alloc = model.assign(loser["metadata"]["uid"], "default/loser", node, cards, GpuRequest(gpus=1))
+            rec = _record_of(model, alloc)
+        with pytest.raises(BindError):
+            binder.bind("default", "loser", loser["metadata"]["uid"], node, rec)
+        model.release(loser["metadata"]["uid"])  # the service releases its reservation on BindError
+        kube.wait_for(lambda: uids["gone"] not in model.allocations and uids["finished"] not in model.allocations)
+        kube.create_pod(make_pod("marker"))
+        kube.wait_for(lambda: first.get_pod("default", "marker") is not None)  # feed caught up
+        before = _snapshot(model)
+    finally:
+        first.stop()
+    assert set(before[0]) == {uids[n] for n in ("train", "infer-1", "infer-2", "one", "infer-3", "big", "infer-4")}
+    assert any(r["pods"] != [0] * len(r["pods"]) for r in before[1].values())
+
+    second = new_feeder(kube, model=ClusterModel())
+    try:
+        second.start()
+        kube.wait_for(lambda: second.ready()[0])
+        after = _snapshot(second.model)
+    finally:
+        second.stop()
+    assert after == before
+    # And the records on the pods are what both models say.
+    for uid, (name, node, cards, mems, cores, whole, _) in after[0].items():
+        rec = decode_allocation(annotation(kube, name.split("/")[1]))
+        assert (rec.node, tuple(c.index for c in rec.cards), tuple(c.memory_mib for c in rec.cards),
+                tuple(c.core_milli for c in rec.cards), rec.whole) == (node, cards, mems, cores, whole)
+    assert json.loads(annotation(kube, "train"))["whole"] is True
