@@ -1,0 +1,242 @@
+"""Placement semantics through ExtenderService: reasons, exact model matching, card size,
+NVLink/NUMA locality, pack vs spread, configurable memory unit and default policy."""
+from __future__ import annotations
+
+import pytest
+
+from extender.policy import PodPolicy
+from extender.service import ExtenderService
+from extender.wire import BindingArgs, parse_extender_args
+from extender_harness import gpus, model_from, simple_placers, take_shared, take_whole
+
+GIB = 1024
+
+
+def pod(uid, limits, annotations=None):
+    return {"metadata": {"name": uid, "namespace": "default", "uid": uid, "annotations": annotations or {}},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
+
+
+def run_filter(svc, p, names=None):
+    names = names if names is not None else sorted(svc.model.index)
+    return svc.filter(parse_extender_args({"Pod": p, "NodeNames": names}))
+
+
+def scores(svc, p, names=None):
+    names = names if names is not None else sorted(svc.model.index)
+    return {h["Host"]: h["Score"] for h in svc.prioritize(parse_extender_args({"Pod": p, "NodeNames": names}))}
+
+
+def bind(svc, p, node):
+    """filter (as kube-scheduler always does first), then bind to ``node``."""
+    run_filter(svc, p)
+    m = p["metadata"]
+    return svc.bind(BindingArgs(m["name"], m["namespace"], m["uid"], node))
+
+
+def service(nodes, **kw):
+    kw.setdefault("placer_factory", simple_placers)
+    return ExtenderService(model_from({"nodes": nodes}), **kw)
+
+
+# ------------------------------------------------------------------------------------- reasons
+def test_reason_too_few_free_cards():
+    svc = service([{"name": "n", "gpus": gpus("NVIDIA A100-SXM4-80GB", 4, "80Gi")}])
+    take_whole(svc.model, "n", [0, 1], "x")
+    res = run_filter(svc, pod("p", {"nvidia.com/gpu": "4"}))
+    assert res.failed == {"n": "2 free cards, pod needs 4"} and res.unresolvable == {}
+
+
+def test_reason_too_many_gpus_for_node_is_unresolvable():
+    svc = service([{"name": "n", "gpus": gpus("Tesla T4", 2, "16Gi", unhealthy=[1])}])
+    res = run_filter(svc, pod("p", {"nvidia.com/gpu": "2"}))
+    assert res.unresolvable == {"n": "1 free card, pod needs 2 (1 unhealthy)"}
+
+
+def test_reason_best_card_memory():
+    svc = service([{"name": "n", "gpus": gpus("NVIDIA A10", 4, "24Gi")}])
+    for k, used in enumerate([20, 16, 24, 12]):
+        take_shared(svc.model, "n", k, used * GIB, f"s{k}")
+    res = run_filter(svc, pod("p", {"nvidia.com/gpu-memory": "20"}))
+    # Resolvable: the cards are big enough, only occupied (preemption could help).
+    assert res.failed == {"n": "no card with 20 GiB GPU memory free: best is 12 GiB on card 3"}
+
+
+def test_reason_compute():
+    svc = service([{"name": "n", "gpus": gpus("NVIDIA L4", 2, "24Gi")}])
+    take_shared(svc.model, "n", 0, 4 * GIB, "a", core_milli=700)
+    take_shared(svc.model, "n", 1, 4 * GIB, "b", core_milli=900)
+    res = run_filter(svc, pod("p", {"nvidia.com/gpu-memory": "4", "nvidia.com/gpu-core": "50"}))
+    assert res.failed == {"n": "no card with 50% compute free and 4 GiB memory: best is 30% on card 0"}
+
+
+def test_reason_node_without_gpus():
+    svc = service([{"name": "cpu"}, {"name": "g", "gpus": gpus("NVIDIA L4", 1, "24Gi")}])
+    res = run_filter(svc, pod("p", {"nvidia.com/gpu": "1"}))
+    assert res.node_names == ["g"] and res.unresolvable == {"cpu": "node has no GPUs"}
+
+
+# ------------------------------------------------------------------------------ model matching
+MIXED = [
+    {"name": "a10", "gpus": gpus("NVIDIA A10", 4, "24Gi")},
+    {"name": "a100", "gpus": gpus("NVIDIA A100-SXM4-80GB", 4, "80Gi")},
+    {"name": "a100-40", "gpus": gpus("NVIDIA A100-PCIE-40GB", 4, "40Gi")},
+    {"name": "t4", "gpus": gpus("Tesla T4", 4, "16Gi")},
+]
+
+
+@pytest.mark.parametrize("annotations,expect", [
+    ({"stowage.io/gpu-model": "A10"}, ["a10"]),
+    ({"stowage.io/gpu-model": "a100"}, ["a100", "a100-40"]),
+    ({"stowage.io/gpu-model": "A100-SXM4"}, ["a100"]),
+    ({"stowage.io/gpu-model": "T4, A10"}, ["a10", "t4"]),
+    ({"stowage.io/gpu-model-exclude": "A100"}, ["a10", "t4"]),
+    ({"stowage.io/gpu-model": "A1"}, []),
+    ({"stowage.io/min-card-memory": "40Gi"}, ["a100", "a100-40"]),
+    ({"stowage.io/min-card-memory": "80"}, ["a100"]),
+    ({"stowage.io/gpu-model": "A100", "stowage.io/min-card-memory": "64Gi"}, ["a100"]),
+])
+def test_model_and_size_selection(annotations, expect):
+    svc = service(MIXED)
+    res = run_filter(svc, pod("p", {"nvidia.com/gpu": "1"}, annotations))
+    assert sorted(res.node_names) == expect
+    # Nodes whose cards are all excluded can never take the pod: unresolvable, with the count.
+    assert set(res.unresolvable) == {n["name"] for n in MIXED} - set(expect)
+    for node, why in res.unresolvable.items():
+        assert why == "0 free cards, pod needs 1 (4 excluded by model/size policy)"
+
+
+def test_a10_pod_never_lands_on_a100_even_when_only_a100_is_free():
+    svc = service(MIXED)
+    take_whole(svc.model, "a10", [0, 1, 2, 3], "full")
+    p = pod("p", {"nvidia.com/gpu": "1"}, {"stowage.io/gpu-model": "A10"})
+    res = run_filter(svc, p)
+    assert res.node_names == [] and res.failed == {"a10": "0 free cards, pod needs 1"}
+    err = bind(svc, p, "a100")
+    assert err.startswith("cannot bind default/p to a100 now: 0 free cards, pod needs 1 (4 excluded")
+    assert "p" not in svc.model.allocations
+
+
+def test_gpu_memory_with_gpu_is_a_card_size_floor():
+    svc = service(MIXED)
+    p = pod("p", {"nvidia.com/gpu": "2", "nvidia.com/gpu-memory": "30"})
+    assert sorted(run_filter(svc, p).node_names) == ["a100", "a100-40"]
+    assert bind(svc, p, "a100-40") == ""
+    al = svc.model.allocations["p"]
+    assert al.whole and al.mem_mib == (40 * GIB, 40 * GIB)  # whole cards hold all their memory
+
+
+def test_memory_unit_is_configurable():
+    svc = service(MIXED, memory_unit_mib=512)
+    p = pod("p", {"nvidia.com/gpu-memory": "40"})  # 40 x 512 MiB = 20 GiB
+    assert "t4" in run_filter(svc, p).unresolvable
+    assert bind(svc, p, "a10") == ""
+    assert svc.model.allocations["p"].mem_mib == (20 * GIB,)
+
+
+# ------------------------------------------------------------------------------ topology
+TOPO = [{"name": "n", "gpus": gpus("NVIDIA A100-SXM4-80GB", 8, "80Gi", numa=[0, 0, 0, 0, 1, 1, 1, 1],
+                                    nvlink=[[0, 1, 2, 3], [4, 5, 6, 7]])}]
+
+
+def test_multi_gpu_pod_stays_in_one_nvlink_group():
+    svc = service(TOPO)
+    take_whole(svc.model, "n", [1], "x")
+    p4 = pod("p4", {"nvidia.com/gpu": "4"})
+    assert bind(svc, p4, "n") == ""
+    assert svc.model.allocations["p4"].cards == (4, 5, 6, 7)  # the intact group, not 0,2,3,4
+    p2 = pod("p2", {"nvidia.com/gpu": "2"})
+    assert bind(svc, p2, "n") == ""
+    cards = set(svc.model.allocations["p2"].cards)
+    assert cards <= {0, 2, 3} and len(cards) == 2
+
+
+def test_topology_any_takes_cards_in_index_order():
+    svc = service(TOPO)
+    take_whole(svc.model, "n", [1], "x")
+    p4 = pod("p4", {"nvidia.com/gpu": "4"}, {"stowage.io/gpu-topology": "any"})
+    assert bind(svc, p4, "n") == ""
+    assert svc.model.allocations["p4"].cards == (0, 2, 3, 4)
+
+
+def test_numa_preference_without_nvlink():
+    svc = service([{"name": "n", "gpus": gpus("NVIDIA A10", 4, "24Gi", numa=[0, 0, 1, 1])}])
+    take_whole(svc.model, "n", [0], "x")
+    p = pod("p", {"nvidia.com/gpu": "2"})
+    assert bind(svc, p, "n") == ""
+    assert svc.model.allocations["p"].cards == (2, 3)  # same NUMA node, not 1 + 2
+
+
+def test_single_gpu_pack_keeps_big_domains_whole():
+    svc = service(TOPO)
+    take_whole(svc.model, "n", [0, 1, 2], "x")
+    p = pod("p", {"nvidia.com/gpu": "1"})
+    assert bind(svc, p, "n") == ""
+    assert svc.model.allocations["p"].cards == (3,)  # the last card of the broken domain
+
+
+def test_shared_pods_pack_onto_shared_cards_or_spread():
+    svc = service([{"name": "n", "gpus": gpus("NVIDIA L4", 4, "24Gi")}])
+    take_shared(svc.model, "n", 2, 8 * GIB, "x")
+    assert bind(svc, pod("a", {"nvidia.com/gpu-memory": "4"}), "n") == ""
+    assert svc.model.allocations["a"].cards == (2,)
+    b = pod("b", {"nvidia.com/gpu-memory": "4"}, {"stowage.io/card-policy": "spread"})
+    assert bind(svc, b, "n") == ""
+    assert svc.model.allocations["b"].cards[0] != 2
+
+
+# ------------------------------------------------------------------------------- prioritize
+def test_pack_and_spread_rank_opposite():
+    nodes = [{"name": "busy", "gpus": gpus("NVIDIA L4", 4, "24Gi")},
+             {"name": "idle", "gpus": gpus("NVIDIA L4", 4, "24Gi")},
+             {"name": "full", "gpus": gpus("NVIDIA L4", 4, "24Gi")}]
+    svc = service(nodes)
+    take_whole(svc.model, "busy", [0, 1], "x")
+    take_whole(svc.model, "full", [0, 1, 2, 3], "y")
+    p = pod("p", {"nvidia.com/gpu": "1"})
+    s = scores(svc, p)
+    assert s == {"busy": 10, "idle": 0, "full": 0}
+    s = scores(svc, pod("q", {"nvidia.com/gpu": "1"}, {"stowage.io/node-policy": "spread"}))
+    assert s == {"busy": 0, "idle": 10, "full": 0}
+    spread_default = service(nodes, default_policy=PodPolicy(node="spread"))
+    take_whole(spread_default.model, "busy", [0, 1], "x")
+    assert scores(spread_default, pod("r", {"nvidia.com/gpu": "1"}))["idle"] == 10
+
+
+def test_prioritize_with_default_placer_scores_only_feasible_nodes():
+    """Whatever placer serves 'pack' today, infeasible nodes score 0 and the best gets 10."""
+    svc = ExtenderService(model_from({"nodes": MIXED}))
+    take_whole(svc.model, "a100", [0, 1, 2], "x")
+    s = scores(svc, pod("p", {"nvidia.com/gpu": "2"}), ["a10", "a100", "t4", "ghost"])
+    assert s["a100"] == 0 and s["ghost"] == 0
+    assert max(s.values()) == 10 and all(0 <= v <= 10 for v in s.values())
+
+
+def test_placers_observe_each_new_pod_once():
+    seen = []
+
+    class Watching:
+        name = "watching"
+
+        def __init__(self, value):
+            self.value = value
+            self.inner = simple_placers(value)
+
+        def score(self, *a):
+            return self.inner.score(*a)
+
+        def choose_cards(self, *a):
+            return self.inner.choose_cards(*a)
+
+        def observe(self, req):
+            seen.append((self.value, req.gpus, req.mem_mib))
+
+    svc = service(MIXED, placer_factory=Watching)
+    p = pod("p", {"nvidia.com/gpu": "2"})
+    run_filter(svc, p)
+    run_filter(svc, p)
+    scores(svc, p)
+    assert bind(svc, p, "a100") == ""
+    run_filter(svc, pod("q", {"nvidia.com/gpu-memory": "3"}))
+    run_filter(svc, pod("r", {"cpu": "1"}))  # no GPU: nothing to learn
+    assert sorted(seen) == sorted([("pack", 2, 0), ("spread", 2, 0), ("pack", 0, 3 * GIB), ("spread", 0, 3 * GIB)])
