@@ -197,8 +197,7 @@ def test_extender_role_is_exactly_what_the_extender_does():
         ("", "nodes"): {"get", "list", "watch"},              # inventory annotation, GFD labels, allocatable
         ("", "pods"): {"get", "list", "watch", "patch"},      # allocations; record the card choice at bind
         ("", "pods/binding"): {"create"},                     # the Binding itself
-        ("", "events"): {"create"},                           # why a pod waits
-        ("events.k8s.io", "events"): {"create"},
+        ("", "events"): {"create"},                           # why a pod waits (docs/kube.md)
     }
     # ...and the scheduler pod's service account (the extender runs there) holds it.
     assert _grants("stowage-scheduler")[("", "pods")] >= {"patch"}
