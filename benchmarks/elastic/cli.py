@@ -1,0 +1,151 @@
+"""``python -m benchmarks.elastic``: HPA-scaled GPU deployments on the openb trace's real
+creation/deletion times, under every placement policy side by side.
+
+Reports per policy: scale-outs that found room at once vs stayed Pending, time-to-place of
+new replicas (Pending ones are retried every HPA sync), and the GPU-node-hours a cluster
+autoscaler could have released because nodes stood empty.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import sys
+import time
+from functools import lru_cache
+from pathlib import Path
+
+from tqdm import tqdm
+
+from benchmarks.binpack.cli import subset
+from benchmarks.binpack.trace import DEFAULT_TRACE, REPO_ROOT, TraceError, data_dir, load_nodes, load_pods, trace_name
+from extender import scoring
+
+from .report import format_table, write_outputs
+from .sim import HpaSettings, run
+from .workload import build, load_times
+
+QUICK = {"days": 1.0, "node_stride": 20}
+
+
+def default_policies() -> list[str]:
+    """The two kube-scheduler strategies and every registered placer, Stowage's pack default first."""
+    scoring.get_placer("most-allocated")  # loads extender.policies, which register themselves
+    pack = scoring.POLICY_PLACER["pack"]
+    return [pack] + sorted(n for n in scoring.PLACERS if n != pack)
+
+
+def _shape(req) -> str:
+    """Trace cards are 1000 units, so a share is a percentage of one GPU (memory and compute)."""
+    return req.describe() if req.is_whole else f"{req.core_milli / 10:g}% of one GPU"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.elastic", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", default=DEFAULT_TRACE, help="trace name (default, gpushare40, gpuspec10, cpu100) or CSV path")
+    p.add_argument("--data-dir", default=None, help="folder with the openb CSVs (default ../shared/openb, or $STOWAGE_OPENB)")
+    p.add_argument("--policies", default=None, help="comma-separated placer names (default: all registered)")
+    p.add_argument("--seeds", default="42", help="comma-separated seeds (tie-break order, fractional copies)")
+    p.add_argument("--days", type=float, default=14.0, help="length of the window, ending at the trace's end")
+    p.add_argument("--step", type=int, default=60, help="seconds between HPA syncs / scheduling rounds")
+    p.add_argument("--deployments", type=int, default=8, help="single-GPU shapes turned into HPA deployments")
+    p.add_argument("--peak", type=float, default=1.0, help="peak GPU demand as a fraction of the cluster's GPUs")
+    p.add_argument("--node-stride", type=int, default=10, help="use every N-th trace node (the trace ran at ~1%% load)")
+    p.add_argument("--target", type=float, default=60.0, help="HPA target: average GPU utilisation per replica, %%")
+    p.add_argument("--tolerance", type=float, default=0.1, help="HPA tolerance")
+    p.add_argument("--window", type=float, default=300.0, help="HPA scale-down stabilisation window, s")
+    p.add_argument("--unneeded", type=float, default=600.0, help="how long a node must stand empty before it counts as releasable, s")
+    p.add_argument("--out", default="results/elastic", help="output folder (CSV, JSON, PNG)")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 day on a 1/20 node subset")
+    return p
+
+
+@lru_cache(maxsize=4)
+def _scenario(directory: str, trace: str, stride: int, days: float, step: int, deployments: int, peak: float, seed: int):
+    d = Path(directory)
+    nodes = load_nodes(d)
+    if stride > 1:
+        nodes = subset(nodes, stride)
+    pods = load_pods(trace, d)
+    created, deleted = load_times(trace, d)
+    return nodes, build(nodes, pods, created, deleted, days=days, step_s=step, deployments=deployments,
+                        peak=peak, seed=seed)
+
+
+def _task(args: tuple):
+    (directory, trace, stride, days, step, deployments, peak, seed, policy, hpa, unneeded) = args
+    nodes, sc = _scenario(directory, trace, stride, days, step, deployments, peak, seed)
+    return run(sc, nodes, policy, seed, hpa, unneeded_s=unneeded)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.days, args.node_stride = min(args.days, QUICK["days"]), max(args.node_stride, QUICK["node_stride"])
+    for name in ("days", "step", "deployments", "peak", "node_stride", "target", "jobs"):
+        if getattr(args, name) <= 0:
+            print(f"error: --{name.replace('_', '-')} must be positive", file=sys.stderr)
+            return 2
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        print(f"error: bad --seeds {args.seeds!r} (e.g. 42 or 42,43)", file=sys.stderr)
+        return 2
+    known = default_policies()
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else known
+    unknown = [p for p in policies if p not in scoring.PLACERS]
+    if unknown:
+        print(f"error: unknown policy {', '.join(unknown)} (known: {', '.join(sorted(scoring.PLACERS))})", file=sys.stderr)
+        return 2
+    directory = str(data_dir(args.data_dir))
+    hpa = HpaSettings(target=args.target, tolerance=args.tolerance, scale_down_window_s=args.window)
+    try:
+        nodes, sc = _scenario(directory, args.trace, args.node_stride, args.days, args.step, args.deployments,
+                              args.peak, seeds[0])
+    except TraceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"{trace_name(args.trace)} trace, last {args.days:g} days ({sc.steps} HPA syncs of {args.step} s); "
+          f"{len(nodes.names)} nodes / {nodes.total_gpu_milli // 1000} GPUs (every {args.node_stride}th trace node); "
+          f"workload x{sc.scale:.2f} so its peak is {args.peak:.0%} of the GPUs")
+    for d in sc.deployments:
+        print(f"  {d.name:<22} {_shape(d.req):<18} {d.trace_pods:>5} trace pods, "
+              f"replicas needed {d.demand.min():.0f}..{d.peak:.0f}")
+    print(f"  + {len(sc.jobs)} trace jobs (other shapes, multi-GPU, CPU-only); {sc.dropped_short} pods shorter than a sync skipped")
+    tasks = [(directory, args.trace, args.node_stride, args.days, args.step, args.deployments, args.peak, seed,
+              policy, hpa, args.unneeded) for seed in seeds for policy in policies]
+    t0 = time.perf_counter()
+    results = []
+    bar = tqdm(total=len(tasks), desc="elastic", unit="run")
+    if args.jobs > 1 and len(tasks) > 1:
+        with mp.get_context("fork" if hasattr(os, "fork") else "spawn").Pool(min(args.jobs, len(tasks))) as pool:
+            for r in pool.imap_unordered(_task, tasks):
+                results.append(r)
+                bar.update()
+    else:
+        for t in tasks:
+            results.append(_task(t))
+            bar.update()
+    bar.close()
+    order = {p: i for i, p in enumerate(policies)}
+    results.sort(key=lambda r: (order[r.policy], r.seed))
+    print()
+    print(format_table([r.summary() for r in results]))
+    meta = {"trace": trace_name(args.trace), "days": args.days, "step_s": args.step, "syncs": sc.steps,
+            "nodes": len(nodes.names), "gpus": nodes.total_gpu_milli // 1000, "node_stride": args.node_stride,
+            "scale": round(sc.scale, 3), "peak": args.peak, "deployments": len(sc.deployments),
+            "deployment_shapes": [{"name": d.name, "request": _shape(d.req), "trace_pods": d.trace_pods,
+                                   "peak_replicas": round(d.peak, 1)} for d in sc.deployments],
+            "jobs": len(sc.jobs), "hpa": {"target_pct": hpa.target, "tolerance": hpa.tolerance,
+                                           "scale_down_window_s": hpa.scale_down_window_s,
+                                           "min_replicas": hpa.min_replicas, "max_factor": hpa.max_factor},
+            "unneeded_s": args.unneeded, "seeds": seeds, "wall_s": round(time.perf_counter() - t0, 1)}
+    out = Path(args.out)
+    if not out.is_absolute():
+        out = Path.cwd() / out
+    paths = write_outputs(results, meta, out)
+    print(f"\nwrote {', '.join(str(p.relative_to(REPO_ROOT) if p.is_relative_to(REPO_ROOT) else p) for p in paths)} "
+          f"in {meta['wall_s']} s")
+    return 0

@@ -1,0 +1,350 @@
+"""The elastic scenario for one placement policy: HPAs scale deployments on a simulated cluster.
+
+Every ``step_s`` seconds (an HPA sync) the simulation:
+
+1. removes the trace jobs whose deletion time passed (a job still waiting is dropped) and
+   queues the jobs whose creation time arrived;
+2. runs each deployment's HPA (:mod:`.hpa`) on its per-pod metric — the load the trace says
+   the service has, shared by its ready replicas, capped at 100 %; scale-outs create Pending
+   replicas, scale-ins delete replicas in the ReplicaSet controller's order (pending first,
+   then those on the nodes holding most replicas of the deployment, newest first);
+3. schedules the queue in creation order, like kube-scheduler's FIFO: each pod goes where the
+   extender's own ``card_mask``/``fit``/placer/card-choice code puts it (ties: the seed's fixed
+   node order, as in the binpack benchmark) or stays Pending and is retried next step;
+4. counts empty nodes: a node with no pod at all for ``unneeded_s`` (cluster-autoscaler's
+   scale-down-unneeded-time, 10 min) is one the autoscaler could have released.
+
+Only the cluster and the pod source are simulated; placement is the production code.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from benchmarks.binpack.replay import CARD_POLICY, build_cluster, node_rank, pick
+from benchmarks.binpack.trace import Nodes
+from extender.policy import PodPolicy
+from extender.scoring import card_mask, fit, get_placer
+from stowage.resources import CORE_MILLI_PER_CARD, GpuRequest
+
+from .hpa import Hpa, HpaSpec
+from .workload import Scenario
+
+
+@dataclass(frozen=True)
+class HpaSettings:
+    """How every deployment's HPA is configured (Kubernetes defaults where they exist)."""
+
+    target: float = 60.0            # target average GPU utilisation per replica, %
+    tolerance: float = 0.1
+    scale_down_window_s: float = 300.0
+    min_replicas: int = 1
+    max_factor: float = 1.5         # maxReplicas = ceil(max_factor * peak demand)
+
+
+@dataclass(eq=False)
+class Item:
+    """A pod waiting for or holding a place: a deployment replica or a trace job."""
+
+    seq: int
+    req: GpuRequest
+    key: tuple
+    created: int                    # step
+    dep: int = -1                   # deployment index, -1 for a job
+    event: int = -1                 # scale-out event id (-1: initial replica or job)
+    node: int = -1
+    placed: int = -1                # step placed, -1 while pending
+    dead: bool = False
+
+    @property
+    def uid(self) -> str:
+        return f"p{self.seq}"
+
+
+@dataclass
+class ElasticResult:
+    """One policy's figures (see :mod:`.report` for their meaning in the table)."""
+
+    policy: str
+    seed: int
+    scale_outs: int = 0
+    scale_outs_placed: int = 0      # every new replica found room in the step it was created
+    scale_ins: int = 0
+    replicas_created: int = 0
+    replicas_immediate: int = 0
+    replicas_delayed: int = 0
+    replicas_never: int = 0         # scaled away while still Pending
+    replicas_pending_at_end: int = 0
+    wait_s: list[float] = field(default_factory=list)   # time-to-place of delayed replicas
+    pending_replica_hours: float = 0.0
+    jobs: int = 0
+    jobs_placed: int = 0
+    jobs_never: int = 0
+    job_wait_s: list[float] = field(default_factory=list)
+    releasable_node_hours: float = 0.0
+    gpu_node_hours: float = 0.0
+    mean_alloc_pct: float = 0.0
+    seconds: float = 0.0
+    timeline: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def scale_outs_pending(self) -> int:
+        return self.scale_outs - self.scale_outs_placed
+
+    def time_to_place(self) -> dict[str, float]:
+        """Over every replica that got a node: immediate ones count 0 s."""
+        n = self.replicas_immediate + self.replicas_delayed
+        if not n:
+            return {"mean": 0.0, "p95": 0.0, "max": 0.0}
+        waits = np.concatenate([np.zeros(self.replicas_immediate), np.asarray(self.wait_s, float)])
+        return {"mean": float(waits.mean()), "p95": float(np.percentile(waits, 95)), "max": float(waits.max())}
+
+    def summary(self) -> dict:
+        ttp = self.time_to_place()
+        return {
+            "policy": self.policy, "seed": self.seed,
+            "scale_outs": self.scale_outs, "scale_outs_found_room": self.scale_outs_placed,
+            "scale_outs_stayed_pending": self.scale_outs_pending,
+            "scale_outs_found_room_pct": round(100.0 * self.scale_outs_placed / self.scale_outs, 2) if self.scale_outs else 100.0,
+            "scale_ins": self.scale_ins,
+            "replicas_created": self.replicas_created, "replicas_placed_at_once": self.replicas_immediate,
+            "replicas_placed_later": self.replicas_delayed, "replicas_never_placed": self.replicas_never,
+            "replicas_pending_at_end": self.replicas_pending_at_end,
+            "time_to_place_mean_s": round(ttp["mean"], 1), "time_to_place_p95_s": round(ttp["p95"], 1),
+            "time_to_place_max_s": round(ttp["max"], 1),
+            "pending_replica_hours": round(self.pending_replica_hours, 2),
+            "jobs": self.jobs, "jobs_placed": self.jobs_placed, "jobs_never_placed": self.jobs_never,
+            "job_wait_mean_s": round(float(np.mean(self.job_wait_s)) if self.job_wait_s else 0.0, 1),
+            "releasable_node_hours": round(self.releasable_node_hours, 1),
+            "releasable_pct_of_node_hours": round(100.0 * self.releasable_node_hours / self.gpu_node_hours, 2)
+            if self.gpu_node_hours else 0.0,
+            "mean_gpu_alloc_pct": round(self.mean_alloc_pct, 2),
+            "seconds": round(self.seconds, 2),
+        }
+
+
+def _milli(req: GpuRequest) -> int:
+    if req.is_whole:
+        return req.gpus * CORE_MILLI_PER_CARD
+    return req.core_milli if req.is_shared else 0
+
+
+def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = HpaSettings(), *,
+        unneeded_s: float = 600.0, timeline_every: int = 10,
+        progress: Callable[[int], None] | None = None) -> ElasticResult:
+    """Simulate the scenario under one placement policy."""
+    t_start = time.perf_counter()
+    res = ElasticResult(policy=policy, seed=seed)
+    model = build_cluster(nodes)
+    a = model.a
+    names = model.names
+    n_nodes = len(nodes.names)
+    rank = node_rank(len(names), seed)
+    placer = get_placer(policy)
+    if hasattr(placer, "reseed"):
+        placer.reseed(seed)
+    if hasattr(placer, "bind_models"):
+        placer.bind_models(model.models)
+    if getattr(placer, "knows_workload", False):
+        copies = max(1, round(sc.scale))
+        pairs = [(d.req, d.models) for d in sc.deployments for _ in range(d.trace_pods * copies)]
+        pairs += [(j.req, j.models) for j in sc.jobs]
+        placer.prime(pairs)
+    base = CARD_POLICY.get(policy, PodPolicy())
+    policies: dict[tuple[str, ...], PodPolicy] = {}
+    masks: dict[tuple, np.ndarray] = {}
+
+    def pol_for(models: tuple[str, ...]) -> PodPolicy:
+        p = policies.get(models)
+        if p is None:
+            p = policies[models] = PodPolicy(node=base.node, card=base.card, models_include=models,
+                                             topology=base.topology)
+        return p
+
+    seq = 0
+    queues: dict[tuple, deque[Item]] = {}
+    placed_milli = 0
+    # ---------------------------------------------------------------- deployments
+    hpas: list[Hpa] = []
+    reps: list[list[Item]] = []          # every live replica per deployment (pending or placed)
+    pend_n = [0] * len(sc.deployments)
+    for d in sc.deployments:
+        hpas.append(Hpa(HpaSpec(target=hpa.target, min_replicas=hpa.min_replicas,
+                                max_replicas=max(hpa.min_replicas, 1, math.ceil(hpa.max_factor * d.peak)),
+                                tolerance=hpa.tolerance, scale_down_window_s=hpa.scale_down_window_s)))
+        reps.append([])
+
+    def new_item(req: GpuRequest, models: tuple[str, ...], step: int, dep: int = -1, event: int = -1) -> Item:
+        nonlocal seq
+        seq += 1
+        it = Item(seq=seq, req=req, key=(req, models), created=step, dep=dep, event=event)
+        queues.setdefault(it.key, deque()).append(it)
+        return it
+
+    events: list[list[int]] = []         # scale-out event -> [created step, replicas, placed at once]
+
+    def scale_out(k: int, n: int, step: int, initial: bool) -> None:
+        d = sc.deployments[k]
+        ev = -1
+        if not initial:
+            ev = len(events)
+            events.append([step, n, 0])
+            res.scale_outs += 1
+            res.replicas_created += n
+        for _ in range(n):
+            reps[k].append(new_item(d.req, d.models, step, dep=k, event=ev))
+            pend_n[k] += 1
+
+    def release(it: Item) -> None:
+        nonlocal placed_milli
+        model.release(it.uid)
+        placed_milli -= _milli(it.req)
+
+    def scale_in(k: int, n: int, step: int) -> None:
+        """ReplicaSet controller order: unscheduled first (newest first), then replicas on the
+        nodes with most replicas of this deployment, most recently started first."""
+        res.scale_ins += 1
+        live = reps[k]
+        pending = sorted((r for r in live if r.placed < 0), key=lambda r: -r.seq)
+        victims = pending[:n]
+        if len(victims) < n:
+            per_node: dict[int, int] = {}
+            for r in live:
+                if r.placed >= 0:
+                    per_node[r.node] = per_node.get(r.node, 0) + 1
+            running = sorted((r for r in live if r.placed >= 0),
+                             key=lambda r: (-per_node[r.node], -r.placed, -r.seq))
+            victims += running[: n - len(victims)]
+        gone = set(id(v) for v in victims)
+        for v in victims:
+            if v.placed < 0:
+                v.dead = True
+                pend_n[k] -= 1
+                res.replicas_never += v.event >= 0
+            else:
+                release(v)
+        reps[k] = [r for r in live if id(r) not in gone]
+
+    # ---------------------------------------------------------------- jobs
+    jobs_by_start: dict[int, list] = {}
+    for jb in sc.jobs:
+        jobs_by_start.setdefault(jb.start, []).append(jb)
+    ends: dict[int, list[Item]] = {}
+    res.jobs = len(sc.jobs)
+
+    # ---------------------------------------------------------------- accounting
+    cpu_total = a.cpu_free[:n_nodes].copy()
+    empty_since = np.full(n_nodes, -1.0)
+    gpu_nodes = a.exists[:n_nodes].any(axis=1)
+    releasable_steps = 0
+    alloc_sum = 0.0
+    tl: dict[str, list[float]] = {"hour": [], "pending_replicas": [], "releasable_nodes": [], "alloc_pct": []}
+
+    for s in range(sc.steps):
+        now = float(s * sc.step_s)
+        # 1. jobs leave / arrive
+        for it in ends.pop(s, ()):
+            if it.placed >= 0:
+                release(it)
+            elif not it.dead:
+                it.dead = True
+                res.jobs_never += 1
+        for jb in jobs_by_start.get(s, ()):
+            it = new_item(jb.req, jb.models, s)
+            ends.setdefault(jb.end, []).append(it)
+        # 2. HPAs
+        for k, d in enumerate(sc.deployments):
+            cur = len(reps[k])
+            need = float(d.demand[s])
+            if s == 0:
+                want = min(max(math.ceil(need - 1e-9), hpas[k].spec.min_replicas), hpas[k].spec.max_replicas)
+                scale_out(k, want, s, initial=True)
+                continue
+            ready = cur - pend_n[k]
+            per_pod = min(100.0, hpa.target * need / ready) if ready > 0 else 0.0
+            new = hpas[k].step(now, cur, ready, per_pod * ready, pend_n[k])
+            if new > cur:
+                scale_out(k, new - cur, s, initial=False)
+            elif new < cur:
+                scale_in(k, cur - new, s)
+        # 3. schedule: oldest head first; a shape that does not fit is skipped for this step
+        heap = []
+        for key, q in queues.items():
+            while q and q[0].dead:
+                q.popleft()
+            if q:
+                heap.append((q[0].seq, key))
+        heapq.heapify(heap)
+        while heap:
+            _, key = heapq.heappop(heap)
+            q = queues[key]
+            it = q[0]
+            req, models = key
+            pol = pol_for(models)
+            mask = masks.get(key)
+            if mask is None:
+                mask = masks[key] = card_mask(a, model.models, pol, req)
+            placer.observe(req)
+            f = fit(a, req, mask)
+            idx = np.flatnonzero(f.ok)
+            if not len(idx):
+                continue
+            i = pick(placer.score(a, req, idx, f.usable), idx, rank)
+            cards = placer.choose_cards(a, i, req, f.usable[i], pol)
+            if req.is_gpu:
+                model.assign(it.uid, it.uid, names[i], cards, req)
+            else:
+                model.assign(it.uid, it.uid, names[i], (), req, check=False)
+            placed_milli += _milli(req)
+            it.node, it.placed = i, s
+            q.popleft()
+            wait = (s - it.created) * sc.step_s
+            if it.dep >= 0:
+                pend_n[it.dep] -= 1
+                if it.event >= 0:
+                    if wait == 0:
+                        res.replicas_immediate += 1
+                        events[it.event][2] += 1
+                    else:
+                        res.replicas_delayed += 1
+                        res.wait_s.append(wait)
+            else:
+                res.jobs_placed += 1
+                res.job_wait_s.append(wait)
+            while q and q[0].dead:
+                q.popleft()
+            if q:
+                heapq.heappush(heap, (q[0].seq, key))
+        # 4. accounting
+        pending_reps = sum(pend_n)
+        res.pending_replica_hours += pending_reps * sc.step_s / 3600.0
+        empty = gpu_nodes & (a.pods[:n_nodes].sum(axis=1) == 0) & (a.cpu_free[:n_nodes] >= cpu_total)
+        empty_since[~empty] = -1.0
+        empty_since[empty & (empty_since < 0)] = now
+        releasable = int((empty & (now - empty_since >= unneeded_s)).sum())
+        releasable_steps += releasable
+        alloc_pct = 100.0 * placed_milli / sc.capacity_milli
+        alloc_sum += alloc_pct
+        if s % timeline_every == 0:
+            tl["hour"].append(now / 3600.0)
+            tl["pending_replicas"].append(float(pending_reps))
+            tl["releasable_nodes"].append(float(releasable))
+            tl["alloc_pct"].append(alloc_pct)
+        if progress is not None:
+            progress(s)
+
+    res.scale_outs_placed = sum(1 for ev in events if ev[2] == ev[1])
+    res.replicas_pending_at_end = sum(1 for live in reps for r in live if r.placed < 0 and r.event >= 0)
+    res.releasable_node_hours = releasable_steps * sc.step_s / 3600.0
+    res.gpu_node_hours = int(gpu_nodes.sum()) * sc.steps * sc.step_s / 3600.0
+    res.mean_alloc_pct = alloc_sum / max(sc.steps, 1)
+    res.timeline = tl
+    res.seconds = time.perf_counter() - t_start
+    return res
+

@@ -1,0 +1,118 @@
+"""The elastic scenario: workload derivation from trace times, the simulation's counters on tiny
+clusters worked out by hand, and a --quick smoke run of the CLI."""
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks.binpack.trace import Nodes, Pods
+from benchmarks.elastic.cli import default_policies, main
+from benchmarks.elastic.sim import HpaSettings, run
+from benchmarks.elastic.workload import Deployment, Scenario, build
+from extender import scoring
+from stowage.resources import GpuRequest
+
+from conftest import SHARED
+
+
+def nodes(n: int, gpus: int = 4) -> Nodes:
+    return Nodes(names=tuple(f"n{i}" for i in range(n)), cpu_milli=np.full(n, 64000), memory_mib=np.full(n, 262144),
+                 gpus=np.full(n, gpus), model=("V100M16",) * n)
+
+
+def pods(rows: list[tuple[int, int, str]]) -> Pods:
+    """rows of (num_gpu, gpu_milli, gpu_spec)"""
+    return Pods(name="t", cpu_milli=np.full(len(rows), 1000), memory_mib=np.full(len(rows), 1024),
+                num_gpu=np.array([r[0] for r in rows]), gpu_milli=np.array([r[1] for r in rows]),
+                gpu_spec=tuple(r[2] for r in rows))
+
+
+def test_build_derives_demand_jobs_and_scale_from_times():
+    p = pods([(1, 1000, ""), (1, 1000, ""), (1, 500, ""), (2, 1000, ""), (1, 1000, "")])
+    created = np.array([0, 120, 0, 60, 130])
+    deleted = np.array([600, 300, 600, 180, 170])   # the last pod lives between two syncs
+    sc = build(nodes(2), p, created, deleted, days=600 / 86400, end_day=600 / 86400, step_s=60,
+               deployments=1, peak=0.9, seed=1)
+    assert sc.steps == 10 and sc.t0 == 0 and sc.dropped_short == 1
+    # peak demand 4500 milli at step 2 (1 + 1 whole, a half share, a 2-GPU pod): 0.9 * 8000 / 4500
+    assert sc.scale == pytest.approx(1.6)
+    (dep,) = sc.deployments
+    assert dep.req.gpus == 1 and dep.trace_pods == 2
+    assert np.allclose(dep.demand, 1.6 * np.array([1, 1, 2, 2, 2, 1, 1, 1, 1, 1]))
+    # the share pod and the 2-GPU pod are jobs, each copied 1 or 2 times (scale 1.6)
+    starts = sorted({(j.start, j.end, j.req.gpus) for j in sc.jobs})
+    assert starts == [(0, 10, 0), (1, 3, 2)]
+    assert 2 <= len(sc.jobs) <= 4
+
+
+def scenario(demand: list[float], req: GpuRequest = GpuRequest(gpus=1)) -> Scenario:
+    dep = Deployment(name="svc", req=req, models=(), demand=np.array(demand, float), trace_pods=1)
+    return Scenario(deployments=(dep,), jobs=(), t0=0, step_s=60, steps=len(demand), scale=1.0,
+                    capacity_milli=4000, dropped_short=0)
+
+
+def test_scale_out_without_room_stays_pending_and_is_scaled_away_first():
+    # 1 node x 4 GPUs. Demand 6 replicas: the HPA grows 1 -> 2 -> 4 -> 6 (per-pod metric capped
+    # at 100 % against a 60 % target); the last 2 find no card; demand drops and the scale-in
+    # removes those 2 Pending replicas before any running one.
+    sc = scenario([1, 6, 6, 6, 1, 1, 1, 1, 1, 1])
+    r = run(sc, nodes(1), "most-allocated", 42, HpaSettings(scale_down_window_s=0))
+    assert (r.scale_outs, r.scale_outs_placed, r.scale_outs_pending) == (3, 2, 1)
+    assert (r.replicas_created, r.replicas_immediate, r.replicas_delayed, r.replicas_never) == (5, 3, 0, 2)
+    assert r.pending_replica_hours == pytest.approx(2 * 60 / 3600)
+    assert r.scale_ins == 1
+
+
+def test_scale_down_waits_for_the_stabilisation_window():
+    sc = scenario([1, 6, 6, 6, 1, 1, 1, 1, 1, 1])
+    r = run(sc, nodes(1), "most-allocated", 42, HpaSettings(scale_down_window_s=300))
+    # the 2 Pending replicas live from step 3 until the recommendation of step 3 (t=180 s)
+    # leaves the 300 s window at step 8 (t=480 s): steps 3..7
+    assert r.pending_replica_hours == pytest.approx(5 * 2 * 60 / 3600)
+    assert r.replicas_never == 2
+
+
+def test_packing_leaves_whole_nodes_empty_for_the_autoscaler():
+    sc = scenario([2] * 30)
+    packed = run(sc, nodes(3), "most-allocated", 42, unneeded_s=600)
+    spread = run(sc, nodes(3), "least-allocated", 42, unneeded_s=600)
+    # empty from t=0, releasable from t=600 s: steps 10..29 = 20 steps of 60 s per empty node
+    assert packed.releasable_node_hours == pytest.approx(2 * 20 * 60 / 3600)
+    assert spread.releasable_node_hours == pytest.approx(1 * 20 * 60 / 3600)
+    assert packed.gpu_node_hours == pytest.approx(3 * 30 * 60 / 3600)
+    assert packed.scale_outs == spread.scale_outs == 0   # demand met by the initial replicas
+
+
+def test_default_policies_put_the_pack_default_first():
+    pols = default_policies()
+    assert pols[0] == scoring.POLICY_PLACER["pack"]
+    assert {"most-allocated", "least-allocated"} <= set(pols)
+
+
+@pytest.mark.skipif(not (SHARED / "openb" / "openb_pod_list_default.csv").exists(), reason="needs ../shared/openb")
+def test_quick_smoke_run_writes_table_csv_json_png(tmp_path, capsys):
+    out = tmp_path / "elastic"
+    rc = main(["--quick", "--policies", "most-allocated,least-allocated", "--jobs", "1", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "scale-outs found room" in text and "releasable node-h" in text
+    rows = list(csv.DictReader((out / "elastic.csv").open()))
+    assert [r["policy"] for r in rows] == ["most-allocated", "least-allocated"]
+    for r in rows:
+        assert int(r["scale_outs"]) == int(r["scale_outs_found_room"]) + int(r["scale_outs_stayed_pending"]) > 0
+        assert int(r["replicas_created"]) == (int(r["replicas_placed_at_once"]) + int(r["replicas_placed_later"])
+                                              + int(r["replicas_never_placed"]) + int(r["replicas_pending_at_end"]))
+    doc = json.loads((out / "elastic.json").read_text())
+    assert doc["meta"]["deployments"] == 8 and len(doc["results"]) == 2
+    assert (out / "elastic.png").stat().st_size > 10_000
+
+
+def test_missing_trace_and_bad_arguments_are_clear(tmp_path, capsys):
+    assert main(["--quick", "--data-dir", str(tmp_path), "--policies", "most-allocated"]) == 1
+    assert "trace file not found" in capsys.readouterr().err
+    assert main(["--quick", "--policies", "nope"]) == 2
+    assert "unknown policy nope" in capsys.readouterr().err
+    assert main(["--quick", "--days", "0"]) == 2
