@@ -110,7 +110,7 @@ def make_workload(n: int, seed: int) -> list[DemoPod]:
 class ExtenderProcess:
     """`stowage extender --simulated ...` in a child process on a socket bound here."""
 
-    def __init__(self, cluster_arg: str, threads: int = 4) -> None:
+    def __init__(self, cluster_arg: str, threads: int = 4, extra_args: tuple[str, ...] = ()) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # gunicorn sets TCP_NODELAY on sockets it creates, not on one handed over as fd://.
@@ -122,7 +122,7 @@ class ExtenderProcess:
         self.log = tempfile.NamedTemporaryFile(prefix="stowage-extender-", suffix=".log", delete=False)
         fd = self.sock.fileno()
         cmd = [sys.executable, "-m", "extender.cli", "--simulated", cluster_arg, "--bind", f"fd://{fd}",
-               "--threads", str(threads), "--log-level", "info"]
+               "--threads", str(threads), "--log-level", "info", *extra_args]
         self.proc = subprocess.Popen(cmd, pass_fds=(fd,), stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
 

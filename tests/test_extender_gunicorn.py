@@ -1,0 +1,91 @@
+"""End to end: `stowage extender --simulated FILE` under real gunicorn, as a separate process,
+driven with the captured kube-scheduler bodies; plus the CLI's own checks."""
+from __future__ import annotations
+
+
+import pytest
+import requests
+import yaml
+from click.testing import CliRunner
+
+from extender.cli import serve
+from extender.demo import ExtenderProcess
+
+CLUSTER = {"nodes": [
+    {"name": "node-a", "gpus": {"model": "Tesla T4", "count": 1, "memory": "16Gi"}},
+    {"name": "node-b", "gpus": {"model": "Tesla T4", "count": 4, "memory": "16Gi"}},
+    {"name": "node-c", "gpus": {"model": "NVIDIA H100-SXM5-80GB", "count": 8, "memory": "80Gi",
+                                "nvlink": [[0, 1, 2, 3], [4, 5, 6, 7]]}},
+]}
+
+
+@pytest.fixture
+def extender(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(CLUSTER))
+    proc = ExtenderProcess(str(path), threads=4, extra_args=("--url-prefix", "/stowage/v1"))
+    http = requests.Session()
+    try:
+        proc.wait_ready(http, timeout=60)
+        yield proc, http
+    finally:
+        http.close()
+        proc.stop()
+
+
+def test_gunicorn_end_to_end(extender, wire):
+    proc, http = extender
+    url = proc.url + "/stowage/v1"
+    ans = http.post(url + "/filter", json=wire("node-cache", "01-filter"), timeout=30).json()
+    assert ans["NodeNames"] == ["node-b", "node-c"] and ans["FailedAndUnresolvableNodes"] == {
+        "node-a": "1 free card, pod needs 2"}
+    scores = http.post(url + "/prioritize", json=wire("node-cache", "02-prioritize"), timeout=30).json()
+    assert [s["Host"] for s in scores] == ["node-a", "node-b", "node-c"]
+    assert scores[0]["Score"] == 0 and max(s["Score"] for s in scores) == 10
+    assert http.post(url + "/bind", json=wire("node-cache", "03-bind"), timeout=30).json() == {"Error": ""}
+    uid = wire("node-cache", "03-bind")["PodUID"]
+    al = http.get(f"{url}/allocations/{uid}", timeout=30).json()
+    assert al["node"] == "node-c" and len(al["cards"]) == 2 and al["whole"]
+    assert set(al["cards"]) <= {0, 1, 2, 3} or set(al["cards"]) <= {4, 5, 6, 7}  # one NVLink group
+
+    full = wire("full-nodes", "04-filter")  # gpumem-2: 20 GiB on one card
+    ans = http.post(url + "/filter", json=full, timeout=30).json()
+    assert ans["NodeNames"] is None and [n["metadata"]["name"] for n in ans["Nodes"]["items"]] == ["node-c"]
+    assert set(ans["FailedAndUnresolvableNodes"]) == {"node-a", "node-b"}
+    bind = dict(wire("full-nodes", "06-bind"), Node="node-c")
+    assert http.post(url + "/bind", json=bind, timeout=30).json() == {"Error": ""}
+
+    state = http.get(url + "/state", timeout=30).json()
+    assert set(state["allocations"]) == {uid, bind["PodUID"]}
+    # The verbs live under the prefix only; health and metrics at the root.
+    assert http.post(proc.url + "/filter", json=full, timeout=30).status_code == 404
+    metrics = http.get(proc.url + "/metrics", timeout=30).text
+    assert 'stowage_extender_requests_total{outcome="bound",verb="bind"} 2.0' in metrics
+    assert "stowage_extender_allocations 2.0" in metrics
+    assert http.post(url + "/filter", data=b"{", timeout=30).status_code == 400
+    assert proc.proc.poll() is None
+    assert proc.stop() == 0  # SIGTERM: graceful stop
+    log = open(proc.log.name).read()
+    assert "bound default/gpu-1 -> node-c cards" in log and "Traceback" not in log
+
+
+def test_worker_is_single_process_with_threads(extender):
+    proc, http = extender
+    log = open(proc.log.name).read()
+    assert "Using worker: gthread" in log and log.count("Booting worker") == 1
+
+
+@pytest.mark.parametrize("argv,msg", [
+    ([], "choose one model source"),
+    (["--simulated", "builtin", "--in-cluster"], "choose one model source"),
+    (["--simulated", "/nonexistent/cluster.yaml"], "cannot read cluster file"),
+    (["--simulated", "builtin", "--default-node-policy", "tight"], "Invalid value for '--default-node-policy'"),
+])
+def test_cli_usage_errors(argv, msg):
+    res = CliRunner().invoke(serve, argv)
+    assert res.exit_code != 0 and msg in res.output
+
+
+def test_cli_help_mentions_single_worker():
+    res = CliRunner().invoke(serve, ["--help"])
+    assert res.exit_code == 0 and "ONE gunicorn worker process" in res.output
