@@ -116,3 +116,17 @@ def test_missing_trace_and_bad_arguments_are_clear(tmp_path, capsys):
     assert main(["--quick", "--policies", "nope"]) == 2
     assert "unknown policy nope" in capsys.readouterr().err
     assert main(["--quick", "--days", "0"]) == 2
+
+
+def test_jobs_wait_in_the_queue_and_leave_at_their_deletion_time():
+    from benchmarks.elastic.workload import Job
+    dep = Deployment(name="svc", req=GpuRequest(gpus=1), models=(), demand=np.full(12, 2.0), trace_pods=1)
+    jobs = (Job(req=GpuRequest(gpus=8), models=(), start=1, end=6),     # never fits a 4-GPU node
+            Job(req=GpuRequest(gpus=2), models=(), start=2, end=12),    # fits at once
+            Job(req=GpuRequest(gpus=2), models=(), start=3, end=12))    # room left beside the replicas
+    sc = Scenario(deployments=(dep,), jobs=jobs, t0=0, step_s=60, steps=12, scale=1.0, capacity_milli=8000,
+                  dropped_short=0)
+    r = run(sc, nodes(2), "most-allocated", 42, timeline_every=1)
+    assert (r.jobs, r.jobs_placed, r.jobs_never) == (3, 2, 1)
+    assert r.timeline["pending_jobs"] == [0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
+    assert r.job_wait_s == [0, 0]

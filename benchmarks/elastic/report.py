@@ -56,14 +56,16 @@ def plot(results: list[ElasticResult], meta: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
+    results = list(results[1:]) + list(results[:1])  # the first policy (the pack default) drawn last, on top
     for r in results:
         t = r.timeline
         label = r.policy if len({x.seed for x in results}) == 1 else f"{r.policy} (seed {r.seed})"
         axes[0].plot(t["hour"], t["alloc_pct"], lw=0.8, label=label)
-        axes[1].plot(t["hour"], t["pending_replicas"], lw=0.8, label=label)
+        pending = [r + j for r, j in zip(t["pending_replicas"], t.get("pending_jobs", [0.0] * len(t["hour"])))]
+        axes[1].plot(t["hour"], pending, lw=0.8, label=label)
         axes[2].plot(t["hour"], t["releasable_nodes"], lw=0.8, label=label)
     axes[0].set_ylabel("GPU allocated %")
-    axes[1].set_ylabel("Pending replicas")
+    axes[1].set_ylabel("Pending pods\n(replicas + trace jobs)")
     axes[2].set_ylabel("nodes empty >= 10 min")
     axes[2].set_xlabel("hours into the window")
     axes[0].set_title(f"Elastic scenario: {meta.get('deployments')} HPA deployments + trace jobs on "

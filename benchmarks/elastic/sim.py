@@ -244,7 +244,9 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
     gpu_nodes = a.exists[:n_nodes].any(axis=1)
     releasable_steps = 0
     alloc_sum = 0.0
-    tl: dict[str, list[float]] = {"hour": [], "pending_replicas": [], "releasable_nodes": [], "alloc_pct": []}
+    pend_jobs = 0
+    tl: dict[str, list[float]] = {"hour": [], "pending_replicas": [], "pending_jobs": [], "releasable_nodes": [],
+                                  "alloc_pct": []}
 
     for s in range(sc.steps):
         now = float(s * sc.step_s)
@@ -255,9 +257,11 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
             elif not it.dead:
                 it.dead = True
                 res.jobs_never += 1
+                pend_jobs -= 1
         for jb in jobs_by_start.get(s, ()):
             it = new_item(jb.req, jb.models, s)
             ends.setdefault(jb.end, []).append(it)
+            pend_jobs += 1
         # 2. HPAs
         for k, d in enumerate(sc.deployments):
             cur = len(reps[k])
@@ -317,6 +321,7 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
             else:
                 res.jobs_placed += 1
                 res.job_wait_s.append(wait)
+                pend_jobs -= 1
             while q and q[0].dead:
                 q.popleft()
             if q:
@@ -334,6 +339,7 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
         if s % timeline_every == 0:
             tl["hour"].append(now / 3600.0)
             tl["pending_replicas"].append(float(pending_reps))
+            tl["pending_jobs"].append(float(pend_jobs))
             tl["releasable_nodes"].append(float(releasable))
             tl["alloc_pct"].append(alloc_pct)
         if progress is not None:
