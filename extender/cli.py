@@ -117,6 +117,16 @@ def serve(bind: str, threads: int, url_prefix: str, simulated: str | None, kubec
         src = click.get_current_context().get_parameter_source("memory_unit_mib")
         if src == click.core.ParameterSource.DEFAULT:
             memory_unit_mib = cluster.memory_unit_mib  # the simulated "device plugin" advertises in this unit
+    if kubeconfig or in_cluster:
+        # Fail here, with a clear message, rather than in a worker that gunicorn would restart.
+        from .errors import KubeConfigError
+        from .kube import load_api_client
+        try:
+            load_api_client(kubeconfig=kubeconfig, in_cluster=in_cluster).close()
+        except KubeConfigError as exc:
+            raise click.ClickException(str(exc)) from None
+        except Exception as exc:  # e.g. a kubeconfig that is not YAML
+            raise click.ClickException(f"cannot load the Kubernetes configuration: {exc}") from None
     cfg = ServeConfig(url_prefix=url_prefix, cluster=cluster, kubeconfig=kubeconfig, in_cluster=in_cluster,
                       default_policy=PodPolicy(node=default_node_policy, card=default_card_policy),
                       memory_unit_mib=memory_unit_mib, max_body_bytes=max_body_mib << 20)

@@ -110,7 +110,8 @@ def make_workload(n: int, seed: int) -> list[DemoPod]:
 class ExtenderProcess:
     """`stowage extender --simulated ...` in a child process on a socket bound here."""
 
-    def __init__(self, cluster_arg: str, threads: int = 4, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, cluster_arg: str | None, threads: int = 4, extra_args: tuple[str, ...] = ()) -> None:
+        """``cluster_arg``: the --simulated value; None when ``extra_args`` name another source."""
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # gunicorn sets TCP_NODELAY on sockets it creates, not on one handed over as fd://.
@@ -121,7 +122,8 @@ class ExtenderProcess:
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.log = tempfile.NamedTemporaryFile(prefix="stowage-extender-", suffix=".log", delete=False)
         fd = self.sock.fileno()
-        cmd = [sys.executable, "-m", "extender.cli", "--simulated", cluster_arg, "--bind", f"fd://{fd}",
+        source = ["--simulated", cluster_arg] if cluster_arg is not None else []
+        cmd = [sys.executable, "-m", "extender.cli", *source, "--bind", f"fd://{fd}",
                "--threads", str(threads), "--log-level", "info", *extra_args]
         self.proc = subprocess.Popen(cmd, pass_fds=(fd,), stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)

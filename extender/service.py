@@ -25,6 +25,7 @@ from stowage.allocation import AllocationRecord, CardShare
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError, pod_gpu_request
 
 from . import scoring
+from .errors import BindError  # noqa: F401  (re-exported: binders raise it)
 from .model import AllocationConflict, CardArrays, ClusterModel, PodAllocation
 from .policy import PACK, SPREAD, PodPolicy, PolicyError, parse_policy
 from .wire import BindingArgs, ExtenderArgs, FilterResult, filter_answer, priority_list
@@ -34,10 +35,6 @@ log = logging.getLogger("stowage.extender")
 UNKNOWN_NODE = "node unknown to Stowage"
 WHOLE_ONLY = ("card memory unknown on this node (no stowage.io/gpu-inventory annotation or GPU Feature "
               "Discovery memory label): only whole-GPU pods can be placed here")
-
-
-class BindError(RuntimeError):
-    """The binder could not complete the binding; the message goes back to kube-scheduler."""
 
 
 class Binder(Protocol):

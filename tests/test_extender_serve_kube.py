@@ -1,0 +1,90 @@
+"""`stowage extender --kubeconfig` under gunicorn against a fake Kubernetes API server (HTTP):
+the whole server in kube mode, including a restart that rebuilds the model from pod annotations."""
+from __future__ import annotations
+
+import pytest
+import requests
+import yaml
+
+from extender.demo import ExtenderProcess
+from extender.simcluster import node_objects, parse_cluster
+from fakekube import FakeKube, make_pod
+from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
+
+CLUSTER = {"nodes": [
+    {"name": "gpu-1", "gpus": {"model": "NVIDIA A100-SXM4-80GB", "count": 4, "memory": "80Gi",
+                               "nvlink": [[0, 1], [2, 3]]}},
+    {"name": "gpu-2", "gpus": {"model": "Tesla T4", "count": 2, "memory": "16Gi"}},
+]}
+
+
+def kubeconfig(tmp_path, server: str) -> str:
+    doc = {"apiVersion": "v1", "kind": "Config", "current-context": "fake",
+           "clusters": [{"name": "fake", "cluster": {"server": server}}],
+           "users": [{"name": "u", "user": {"token": "t"}}],
+           "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}]}
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+@pytest.fixture
+def kube():
+    with FakeKube() as k:
+        for node in node_objects(parse_cluster(CLUSTER, "test")):
+            k.create_node(dict(node, apiVersion="v1", kind="Node"))
+        yield k
+
+
+def start(tmp_path, kube):
+    proc = ExtenderProcess(None, threads=4, extra_args=("--kubeconfig", kubeconfig(tmp_path, kube.url)))
+    http = requests.Session()
+    try:
+        proc.wait_ready(http, timeout=60)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, http
+
+
+def test_kube_mode_bind_and_restart_rebuild(tmp_path, kube):
+    pod = kube.create_pod(make_pod("train", gpus=2))
+    other = kube.create_pod(make_pod("late", gpu_memory=8))
+    proc, http = start(tmp_path, kube)
+    try:
+        body = {"Pod": pod, "NodeNames": ["gpu-1", "gpu-2"]}
+        ans = http.post(proc.url + "/filter", json=body, timeout=30).json()
+        assert ans["NodeNames"] == ["gpu-1", "gpu-2"]
+        m = pod["metadata"]
+        res = http.post(proc.url + "/bind", json={"PodName": m["name"], "PodNamespace": m["namespace"],
+                                                  "PodUID": m["uid"], "Node": "gpu-1"}, timeout=30).json()
+        assert res == {"Error": ""}
+        stored = kube.get_pod("default", "train")
+        assert stored["spec"]["nodeName"] == "gpu-1"
+        rec = decode_allocation(stored["metadata"]["annotations"][ALLOCATION_ANNOTATION])
+        assert rec.node == "gpu-1" and sorted(c.index for c in rec.cards) in ([0, 1], [2, 3])
+        # A pod bind never saw at filter is read from the feeder (kube-scheduler restarted, say).
+        m2 = other["metadata"]
+        res = http.post(proc.url + "/bind", json={"PodName": "late", "PodNamespace": "default",
+                                                  "PodUID": m2["uid"], "Node": "gpu-2"}, timeout=30).json()
+        assert res == {"Error": ""}
+        assert kube.get_pod("default", "late")["spec"]["nodeName"] == "gpu-2"
+        before = http.get(proc.url + "/state", timeout=30).json()["allocations"]
+        assert set(before) == {m["uid"], m2["uid"]}
+    finally:
+        http.close()
+        assert proc.stop() == 0
+    # Restart: a new process rebuilds exactly the same holds from the pods' annotations.
+    proc, http = start(tmp_path, kube)
+    try:
+        after = kube.wait_for(lambda: (lambda s: s if len(s) == 2 else None)(
+            http.get(proc.url + "/state", timeout=30).json()["allocations"]))
+        assert {u: (a["node"], a["cards"], a["memoryMiB"]) for u, a in after.items()} == \
+               {u: (a["node"], a["cards"], a["memoryMiB"]) for u, a in before.items()}
+        # ...so the cards taken before the restart are not handed out again.
+        big = kube.create_pod(make_pod("big", gpus=3))
+        ans = http.post(proc.url + "/filter", json={"Pod": big, "NodeNames": ["gpu-1", "gpu-2"]}, timeout=30).json()
+        assert ans["NodeNames"] == [] and ans["FailedNodes"]["gpu-1"] == "2 free cards, pod needs 3"
+    finally:
+        http.close()
+        proc.stop()
