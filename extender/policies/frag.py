@@ -49,14 +49,17 @@ class PodClass:
     mem_mib: int = 0       # share of one card (0 for whole-GPU / CPU-only pods)
     core_milli: int = 0
     models: tuple[str, ...] = ()
+    host_mem_mib: int = 0  # 0 when the measure ignores host memory (as the paper's FGD does)
 
     @classmethod
-    def of(cls, req: GpuRequest, models: Sequence[str] = ()) -> "PodClass":
+    def of(cls, req: GpuRequest, models: Sequence[str] = (), *, host_memory: bool = False) -> "PodClass":
+        hm = req.host_mem_mib if host_memory else 0
         if req.is_whole:
-            return cls(req.cpu_milli, gpus=req.gpus, models=tuple(models))
+            return cls(req.cpu_milli, gpus=req.gpus, models=tuple(models), host_mem_mib=hm)
         if req.is_shared:
-            return cls(req.cpu_milli, mem_mib=req.mem_mib, core_milli=req.core_milli, models=tuple(models))
-        return cls(req.cpu_milli)
+            return cls(req.cpu_milli, mem_mib=req.mem_mib, core_milli=req.core_milli, models=tuple(models),
+                       host_mem_mib=hm)
+        return cls(req.cpu_milli, host_mem_mib=hm)
 
     @property
     def is_gpu(self) -> bool:
@@ -74,7 +77,7 @@ class PodClass:
         return self.gpus if self.gpus else (1 if self.is_gpu else 0)
 
     def sort_key(self) -> tuple:
-        return (self.cpu_milli, self.milli_per_gpu, self.gpu_number, "|".join(self.models))
+        return (self.cpu_milli, self.milli_per_gpu, self.gpu_number, "|".join(self.models), self.host_mem_mib)
 
 
 @dataclass
@@ -107,27 +110,39 @@ class FragTable:
 
     def __init__(self, classes: Sequence[tuple[PodClass, float]]) -> None:
         self.p_all = float(sum(p for _, p in classes))
-        groups: dict[tuple, dict[int, float]] = {}
+        keys: list[tuple] = []
+        gidx: dict[tuple, int] = {}
+        cls_g, cls_cpu, cls_mem, cls_p = [], [], [], []
         for cls, p in classes:
             if not cls.is_gpu:
                 continue
             key = (cls.gpus, cls.mem_mib, cls.core_milli, cls.models)
-            per_cpu = groups.setdefault(key, {})
-            per_cpu[cls.cpu_milli] = per_cpu.get(cls.cpu_milli, 0.0) + p
-        keys = list(groups)
+            if key not in gidx:
+                gidx[key] = len(keys)
+                keys.append(key)
+            cls_g.append(gidx[key])
+            cls_cpu.append(cls.cpu_milli)
+            cls_mem.append(cls.host_mem_mib)
+            cls_p.append(p)
         self.keys = keys
         self.whole = np.array([k[0] > 0 for k in keys], bool)
         self.need = np.array([k[0] if k[0] > 0 else 1 for k in keys], np.int64)        # cards needed
         self.mem = np.array([k[1] for k in keys], np.int64)
         self.core = np.array([k[2] for k in keys], np.int64)
         self.models = [k[3] for k in keys]
-        thresholds = sorted({c for g in groups.values() for c in g})
-        self.thresholds = np.array(thresholds, np.float64)
-        cum = np.zeros((len(keys), len(thresholds) + 1))
-        for gi, k in enumerate(keys):
-            for c, p in groups[k].items():
-                cum[gi, thresholds.index(c) + 1] += p
-        self.cum_w = np.cumsum(cum, axis=1)   # [G, T+1]: weight of classes needing <= threshold
+        self.share_idx = np.flatnonzero(~self.whole)
+        # Host-resource thresholds per class: W = M @ [cpu >= cpu_t and mem >= mem_t].
+        self.cls_cpu = np.array(cls_cpu, np.float64)[:, None]
+        self.cls_mem = np.array(cls_mem, np.float64)[:, None]
+        self.uses_mem = bool(np.any(self.cls_mem > 0))
+        self.m = np.zeros((len(keys), len(cls_p)))
+        self.m[cls_g, np.arange(len(cls_p))] = cls_p
+        # CPU-only thresholds: a cumulative table and one searchsorted (the common, fast case).
+        self.thresholds = np.unique(np.array(cls_cpu, np.float64))
+        cum = np.zeros((len(keys), len(self.thresholds) + 1))
+        for g, c, p in zip(cls_g, cls_cpu, cls_p):
+            cum[g, int(np.searchsorted(self.thresholds, c)) + 1] += p
+        self.cum_w = np.cumsum(cum, axis=1)
         self._allowed_for: tuple[int, np.ndarray] | None = None
 
     @property
@@ -144,10 +159,13 @@ class FragTable:
             self._allowed_for = (len(models), ok)
         return self._allowed_for[1]
 
-    def weight(self, cpu_free: np.ndarray) -> np.ndarray:
-        """[G, n] W_g(cpu): frequency of group g's classes that fit the CPU left."""
-        pos = np.searchsorted(self.thresholds, np.minimum(cpu_free, 1e18), side="right")
-        return self.cum_w[:, pos]
+    def weight(self, cpu_free: np.ndarray, hmem_free: np.ndarray) -> np.ndarray:
+        """[G, n] W_g: frequency of group g's classes whose CPU (and host memory) fit what is left."""
+        if not self.uses_mem:
+            pos = np.searchsorted(self.thresholds, np.minimum(cpu_free, 1e18), side="right")
+            return self.cum_w[:, pos]
+        ok = (self.cls_cpu <= cpu_free[None]) & (self.cls_mem <= hmem_free[None])
+        return self.m @ ok
 
 
 def card_left(a: CardArrays, rows: np.ndarray | slice) -> np.ndarray:
@@ -191,18 +209,20 @@ class FragIndex:
         fits = self._fits(a, rows, left)
         self.left[rows] = left
         self.idle[rows] = left.sum(axis=1)
+        self.fits[:, rows] = fits
         self.cnt[:, rows] = fits.sum(axis=2)
         self.big[:, rows] = (fits * left[None]).sum(axis=2)
-        self.frag[rows] = self.frag_of(a.cpu_free[rows], self.idle[rows], self.cnt[:, rows], self.big[:, rows])
+        self.frag[rows] = self.frag_of(a.cpu_free[rows], a.hmem_free[rows], self.idle[rows],
+                                       self.cnt[:, rows], self.big[:, rows])
 
-    def frag_of(self, cpu: np.ndarray, idle: np.ndarray, cnt: np.ndarray, big: np.ndarray) -> np.ndarray:
+    def frag_of(self, cpu: np.ndarray, hmem: np.ndarray, idle: np.ndarray, cnt: np.ndarray,
+                big: np.ndarray) -> np.ndarray:
         t = self.t
-        ok = cnt >= t.need[:, None] if cnt.ndim == 2 else cnt >= t.need
-        w = t.weight(cpu)
-        return t.p_all * idle - (w * ok * big).sum(axis=0)
+        w = t.weight(cpu, hmem) * (cnt >= t.need[:, None])
+        return t.p_all * idle - np.einsum("gn,gn->n", w, big)
 
     def sync(self, a: CardArrays) -> None:
-        snap = (a.core_free, a.mem_free, a.cpu_free, a.exists, a.healthy, a.model)
+        snap = (a.core_free, a.mem_free, a.cpu_free, a.exists, a.healthy, a.model, a.hmem_free)
         if self._src is not a or self._snap is None or self._snap[0].shape != a.core_free.shape:
             n, k = a.shape
             g = self.t.size
@@ -211,10 +231,11 @@ class FragIndex:
             self.cnt = np.zeros((g, n), np.int64)
             self.big = np.zeros((g, n), np.int64)
             self.frag = np.zeros(n)
+            self.fits = np.zeros((g, n, k), bool)
             self._compute(a, slice(None))
         else:
             old = self._snap
-            changed = (old[2] != a.cpu_free)
+            changed = (old[2] != a.cpu_free) | (old[6] != a.hmem_free)
             changed |= (old[0] != a.core_free).any(axis=1) | (old[1] != a.mem_free).any(axis=1)
             changed |= (old[3] != a.exists).any(axis=1) | (old[4] != a.healthy).any(axis=1) | (old[5] != a.model).any(axis=1)
             rows = np.flatnonzero(changed)
@@ -224,42 +245,54 @@ class FragIndex:
         self._snap = tuple(x.copy() for x in snap)
 
     # ------------------------------------------------------------ what-ifs
-    def after_cpu(self, a: CardArrays, rows: np.ndarray, cpu: int) -> np.ndarray:
+    def after_cpu(self, a: CardArrays, rows: np.ndarray, cpu: int, hmem: int = 0) -> np.ndarray:
         """F of ``rows`` after a CPU-only pod takes ``cpu``."""
-        return self.frag_of(a.cpu_free[rows] - cpu, self.idle[rows], self.cnt[:, rows], self.big[:, rows])
+        return self.frag_of(a.cpu_free[rows] - cpu, a.hmem_free[rows] - hmem, self.idle[rows],
+                            self.cnt[:, rows], self.big[:, rows])
 
     def after_whole(self, a: CardArrays, rows: np.ndarray, req: GpuRequest) -> np.ndarray:
         """F of ``rows`` after ``req.gpus`` whole free cards (in index order) go to the pod."""
         t = self.t
         usable = a.exists[rows] & a.healthy[rows] & (a.pods[rows] == 0)
         take = usable & (np.cumsum(usable, axis=1) <= req.gpus)                 # first free cards
-        left = self.left[rows]
-        fits = self._fits(a, rows, left) & take[None]                          # chosen cards that counted
-        cnt = self.cnt[:, rows] - fits.sum(axis=2)
-        big = self.big[:, rows] - (fits * left[None]).sum(axis=2)
-        idle = self.idle[rows] - (left * take).sum(axis=1)
-        return self.frag_of(a.cpu_free[rows] - req.cpu_milli, idle, cnt, big)
+        r, k = np.nonzero(take)                                                 # req.gpus per row
+        ii = rows[r]
+        left = self.left[ii, k]
+        fits = self.fits[:, ii, k]                                               # [G, n*gpus]
+        g, n = t.size, len(rows)
+        cnt = self.cnt[:, rows] - fits.reshape(g, n, -1).sum(axis=2)
+        big = self.big[:, rows] - (fits * left[None]).reshape(g, n, -1).sum(axis=2)
+        idle = self.idle[rows] - left.reshape(n, -1).sum(axis=1)
+        return self.frag_of(a.cpu_free[rows] - req.cpu_milli, a.hmem_free[rows] - req.host_mem_mib, idle, cnt, big)
 
     def after_share(self, a: CardArrays, ii: np.ndarray, kk: np.ndarray, req: GpuRequest) -> np.ndarray:
-        """F of node ii[q] after the share pod goes on its card kk[q], for every pair q."""
+        """F of node ii[q] after the share pod goes on its card kk[q], for every pair q.
+
+        Only share groups can still fit the card afterwards (it is no longer whole), so the
+        "after" fit is computed for them alone."""
         t = self.t
-        mem0, core0 = a.mem_free[ii, kk], a.core_free[ii, kk]
-        mem1, core1 = mem0 - req.mem_mib, core0 - req.core_milli
-        mt = np.maximum(a.mem_total[ii, kk], 1)
+        mem1 = a.mem_free[ii, kk] - req.mem_mib
+        core1 = a.core_free[ii, kk] - req.core_milli
         left0 = self.left[ii, kk]
-        left1 = np.minimum(core1, mem1 * MILLI // mt)
-        allowed = self.allowed(a)[:, a.model[ii, kk]]                             # [G, U]
-        w = t.whole[:, None]
-        fit0 = allowed & np.where(w, left0[None] >= MILLI, (mem0[None] >= t.mem[:, None]) & (core0[None] >= t.core[:, None]))
-        fit1 = allowed & np.where(w, left1[None] >= MILLI, (mem1[None] >= t.mem[:, None]) & (core1[None] >= t.core[:, None]))
+        left1 = np.minimum(core1, mem1 * MILLI // np.maximum(a.mem_total[ii, kk], 1))
+        fit0 = self.fits[:, ii, kk]                                              # [G, U]
+        fit1 = np.zeros_like(fit0)
+        s = t.share_idx
+        if len(s):
+            allowed = self.allowed(a)[s][:, a.model[ii, kk]]
+            fit1[s] = allowed & (mem1[None] >= t.mem[s, None]) & (core1[None] >= t.core[s, None])
         cnt = self.cnt[:, ii] - fit0 + fit1
         big = self.big[:, ii] - fit0 * left0[None] + fit1 * left1[None]
         idle = self.idle[ii] - left0 + left1
-        return self.frag_of(a.cpu_free[ii] - req.cpu_milli, idle, cnt, big)
+        new = np.r_[True, ii[1:] != ii[:-1]]                    # pairs come grouped by node
+        nodes = ii[new]
+        w = t.weight(a.cpu_free[nodes] - req.cpu_milli, a.hmem_free[nodes] - req.host_mem_mib)
+        w = w[:, np.cumsum(new) - 1] * (cnt >= t.need[:, None])
+        return t.p_all * idle - np.einsum("gn,gn->n", w, big)
 
 
-def workload_of(pairs: Iterable[tuple[GpuRequest, Sequence[str]]]) -> Workload:
+def workload_of(pairs: Iterable[tuple[GpuRequest, Sequence[str]]], host_memory: bool = False) -> Workload:
     w = Workload()
     for req, models in pairs:
-        w.add(PodClass.of(req, models))
+        w.add(PodClass.of(req, models, host_memory=host_memory))
     return w

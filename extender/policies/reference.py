@@ -101,6 +101,7 @@ class FragPlacerBase:
     """Shared plumbing of the fragmentation-aware placers: a workload, its table and index."""
 
     coverage = POPULARITY
+    host_memory = False     # count host memory in "does a class fit" (the paper's FGD does not)
 
     def __init__(self) -> None:
         self.workload = Workload()
@@ -111,7 +112,7 @@ class FragPlacerBase:
     def prime(self, pairs: Iterable[tuple[GpuRequest, Sequence[str]]]) -> None:
         """Use a known workload (the trace's own pods, as the paper's FGD does)."""
         for req, models in pairs:
-            self.workload.add(PodClass.of(req, models))
+            self.workload.add(PodClass.of(req, models, host_memory=self.host_memory))
         self._rebuild()
 
     def _rebuild(self) -> None:
@@ -145,7 +146,7 @@ class FragPlacerBase:
             return before, after, rows, kk
         if req.is_whole:
             return before, ix.after_whole(a, idx, req), None, None
-        return before, ix.after_cpu(a, idx, req.cpu_milli), None, None
+        return before, ix.after_cpu(a, idx, req.cpu_milli, req.host_mem_mib), None, None
 
 
 def segment_max(values: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
