@@ -456,6 +456,7 @@ def fill_random(model: ClusterModel, n: int, seed: int = 0, placer: str | Placer
     for p in range(n):
         req = rng.choices([r for _, r in FILL_MIX], weights)[0]
         pol = PodPolicy()
+        pl.observe(req)  # as the extender does: the placer sees every pod before scoring it
         with model.lock:
             got = choose(model.a, req, pol, pl, card_mask(model.a, model.models, pol, req))
             if got is None:
@@ -463,7 +464,6 @@ def fill_random(model: ClusterModel, n: int, seed: int = 0, placer: str | Placer
             i, cards = got
             node = model.names[i]
             assert node is not None
-            pl.observe(req)
             model.assign(f"{namespace}-uid-{p:05d}", f"{namespace}/pod-{p:05d}", node, cards, req)
         placed += 1
     return placed
