@@ -2,8 +2,6 @@
 a lost or half-recorded allocation."""
 from __future__ import annotations
 
-import copy
-
 import orjson
 import pytest
 
