@@ -265,6 +265,13 @@ class FragIndex:
         idle = self.idle[rows] - left.reshape(n, -1).sum(axis=1)
         return self.frag_of(a.cpu_free[rows] - req.cpu_milli, a.hmem_free[rows] - req.host_mem_mib, idle, cnt, big)
 
+    @staticmethod
+    def left_after_share(a: CardArrays, ii: np.ndarray, kk: np.ndarray, req: GpuRequest) -> np.ndarray:
+        """Idle milli of card kk[q] of node ii[q] once the share pod is on it."""
+        mem1 = a.mem_free[ii, kk] - req.mem_mib
+        core1 = a.core_free[ii, kk] - req.core_milli
+        return np.minimum(core1, mem1 * MILLI // np.maximum(a.mem_total[ii, kk], 1))
+
     def after_share(self, a: CardArrays, ii: np.ndarray, kk: np.ndarray, req: GpuRequest) -> np.ndarray:
         """F of node ii[q] after the share pod goes on its card kk[q], for every pair q.
 

@@ -85,7 +85,8 @@ class StowagePlacer(FragPlacerBase):
         if rows is None:
             idle1 = ix.idle[idx] - (req.gpus * MILLI if req.is_whole else 0)
             return before - after - self.strand_weight * (self.stranded(idle1, cpu1, mem1) - st0), None, None
-        idle1 = ix.idle[idx[rows]] - max(req.core_milli, req.mem_mib)
+        ii = idx[rows]
+        idle1 = ix.idle[ii] - ix.left[ii, kk] + ix.left_after_share(a, ii, kk, req)
         st1 = self.stranded(idle1, cpu1[rows], mem1[rows])
         return before[rows] - after - self.strand_weight * (st1 - st0[rows]), rows, kk
 
