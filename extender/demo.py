@@ -110,8 +110,10 @@ def make_workload(n: int, seed: int) -> list[DemoPod]:
 class ExtenderProcess:
     """`stowage extender --simulated ...` in a child process on a socket bound here."""
 
-    def __init__(self, cluster_arg: str | None, threads: int = 4, extra_args: tuple[str, ...] = ()) -> None:
-        """``cluster_arg``: the --simulated value; None when ``extra_args`` name another source."""
+    def __init__(self, cluster_arg: str | None, threads: int = 4, extra_args: tuple[str, ...] = (),
+                 log_dir: str | None = None) -> None:
+        """``cluster_arg``: the --simulated value; None when ``extra_args`` name another source.
+        The server's log goes to a file in ``log_dir`` (default: the temp dir), kept for people."""
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # gunicorn sets TCP_NODELAY on sockets it creates, not on one handed over as fd://.
@@ -120,7 +122,8 @@ class ExtenderProcess:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(128)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.log = tempfile.NamedTemporaryFile(prefix="stowage-extender-", suffix=".log", delete=False)
+        self.log = tempfile.NamedTemporaryFile(prefix="stowage-extender-", suffix=".log", delete=False,
+                                               dir=log_dir)
         fd = self.sock.fileno()
         source = ["--simulated", cluster_arg] if cluster_arg is not None else []
         cmd = [sys.executable, "-m", "extender.cli", *source, "--bind", f"fd://{fd}",

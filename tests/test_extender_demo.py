@@ -2,11 +2,19 @@
 from __future__ import annotations
 
 import re
+import tempfile
 
+import pytest
 from click.testing import CliRunner
 
 from extender.demo import make_workload
 from stowage.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _logs_in_tmp(tmp_path, monkeypatch):
+    """The demo keeps the extender's log in the temp dir: make that the test's own."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 def test_demo_runs_and_reports():

@@ -23,7 +23,8 @@ CLUSTER = {"nodes": [
 def extender(tmp_path):
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(CLUSTER))
-    proc = ExtenderProcess(str(path), threads=4, extra_args=("--url-prefix", "/stowage/v1"))
+    proc = ExtenderProcess(str(path), threads=4, extra_args=("--url-prefix", "/stowage/v1"),
+                           log_dir=str(tmp_path))
     http = requests.Session()
     try:
         proc.wait_ready(http, timeout=60)

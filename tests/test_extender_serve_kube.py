@@ -37,7 +37,8 @@ def kube():
 
 
 def start(tmp_path, kube):
-    proc = ExtenderProcess(None, threads=4, extra_args=("--kubeconfig", kubeconfig(tmp_path, kube.url)))
+    proc = ExtenderProcess(None, threads=4, extra_args=("--kubeconfig", kubeconfig(tmp_path, kube.url)),
+                           log_dir=str(tmp_path))
     http = requests.Session()
     try:
         proc.wait_ready(http, timeout=60)
