@@ -95,6 +95,7 @@ def load_api_client(kubeconfig: str | None = None, in_cluster: bool = False,
     """
     import os
 
+    import yaml
     from kubernetes import config as kconfig
 
     cfg = kubernetes.client.Configuration()
@@ -110,7 +111,7 @@ def load_api_client(kubeconfig: str | None = None, in_cluster: bool = False,
     path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
     try:
         kconfig.load_kube_config(config_file=path, context=context, client_configuration=cfg, persist_config=False)
-    except (kconfig.ConfigException, OSError, TypeError, ValueError) as exc:
+    except (kconfig.ConfigException, OSError, TypeError, ValueError, yaml.YAMLError) as exc:
         tried.append(f"kubeconfig {path}: {exc}")
         raise KubeConfigError("no usable Kubernetes configuration (" + "; ".join(tried) + "). Pass --kubeconfig "
                               "or run in a pod with a service account, or use the embedded simulated cluster.") from exc

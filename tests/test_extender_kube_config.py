@@ -38,6 +38,14 @@ def test_missing_kubeconfig_is_a_clear_error(tmp_path, monkeypatch):
         load_api_client(kubeconfig=str(tmp_path / "nope"))
 
 
+def test_broken_kubeconfig_yaml_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    path = tmp_path / "kubeconfig"
+    path.write_text("clusters: [unclosed\n  - {")
+    with pytest.raises(KubeConfigError, match="no usable Kubernetes configuration"):
+        load_api_client(kubeconfig=str(path))
+
+
 def test_in_cluster_without_service_account_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(KubeConfigError, match="in-cluster"):
