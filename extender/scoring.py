@@ -50,6 +50,37 @@ def card_mask(a: CardArrays, models: Sequence[str], policy: PodPolicy, req: GpuR
 
 
 # --------------------------------------------------------------------------- step 2: fit
+def _as_words(b: np.ndarray) -> np.ndarray:
+    """A 2-D bool array as [N, ceil(K/8)] uint64 words (8 cards per word, zero-padded)."""
+    n, k = b.shape
+    if k % 8:
+        padded = np.zeros((n, k + (-k) % 8), bool)
+        padded[:, :k] = b
+        b = padded
+    else:
+        b = np.ascontiguousarray(b)
+    return b.view(np.uint64)
+
+
+def row_count(b: np.ndarray) -> np.ndarray:
+    """Per-row number of True in a 2-D bool array: ``b.sum(axis=1)``, ~50x faster.
+
+    Why: numpy reduces a short inner axis (8 cards) with per-row overhead, which made these
+    sums most of a filter on a 5,000-node cluster; 8 bools are one 64-bit word, and a bool
+    byte is 0 or 1, so a popcount per word is the count.
+    """
+    words = np.bitwise_count(_as_words(b))
+    if words.shape[1] == 1:
+        return words[:, 0].astype(np.int64)
+    return words.sum(axis=1, dtype=np.int64)
+
+
+def row_any(b: np.ndarray) -> np.ndarray:
+    """Per-row any() of a 2-D bool array (``b.any(axis=1)``), on 64-bit words like :func:`row_count`."""
+    words = _as_words(b) != 0
+    return words[:, 0].copy() if words.shape[1] == 1 else words.any(axis=1)
+
+
 @dataclass
 class Fit:
     """Feasibility of every node for one pod, with what the reasons need."""
@@ -65,13 +96,13 @@ def fit(a: CardArrays, req: GpuRequest, allowed: np.ndarray) -> Fit:
     host_ok = a.node_ok & (a.cpu_free >= req.cpu_milli) & (a.hmem_free >= req.host_mem_mib)
     if req.is_whole:
         usable = healthy & (a.pods == 0)
-        ok = host_ok & (usable.sum(axis=1) >= req.gpus)
-        unresolvable = healthy.sum(axis=1) < req.gpus
+        ok = host_ok & (row_count(usable) >= req.gpus)
+        unresolvable = row_count(healthy) < req.gpus
     else:
         usable = healthy & (a.mem_free >= req.mem_mib) & (a.core_free >= req.core_milli)
-        ok = host_ok & usable.any(axis=1)
+        ok = host_ok & row_any(usable)
         big_enough = healthy & (a.mem_total >= req.mem_mib)
-        unresolvable = ~big_enough.any(axis=1)
+        unresolvable = ~row_any(big_enough)
     unresolvable &= ~ok
     return Fit(ok=ok, usable=usable, unresolvable=unresolvable | (~a.node_ok & ~ok))
 
@@ -79,7 +110,7 @@ def fit(a: CardArrays, req: GpuRequest, allowed: np.ndarray) -> Fit:
 def reason(a: CardArrays, i: int, req: GpuRequest, allowed: np.ndarray, node_name: str = "") -> str:
     """Why node i cannot take the pod, in words a person understands."""
     if not a.node_ok[i]:
-        return "node is not schedulable for GPU pods (unknown to Stowage or cordoned)"
+        return NOT_SCHEDULABLE
     if not a.exists[i].any():
         return "node has no GPUs"
     if a.cpu_free[i] < req.cpu_milli:
@@ -111,6 +142,89 @@ def reason(a: CardArrays, i: int, req: GpuRequest, allowed: np.ndarray, node_nam
     k = int(np.argmax(core))
     return (f"no card with {req.core_milli / 10:g}% compute free and {fmt_mib(req.mem_mib)} memory: best is "
             f"{max(int(a.core_free[i, k]), 0) / 10:g}% on card {k}{tail}")
+
+
+NOT_SCHEDULABLE = "node is not schedulable for GPU pods (unknown to Stowage or cordoned)"
+
+
+def reasons(a: CardArrays, rows: np.ndarray, req: GpuRequest, allowed: np.ndarray) -> list[str]:
+    """``[reason(a, i, req, allowed) for i in rows]``, computed for all rows at once.
+
+    Why: a filter on a large cluster can fail thousands of nodes (a 4-GPU pod on a half-used
+    cluster), and one :func:`reason` per node in Python cost more than the whole rest of the
+    request. Each branch's inputs are gathered as arrays, and each distinct message is
+    formatted once with the same code as :func:`reason`, so the strings are identical.
+    """
+    rows = np.asarray(rows, np.int64)
+    out = np.empty(len(rows), dtype=object)
+    if not len(rows):
+        return []
+    left = np.ones(len(rows), bool)
+
+    def settle(sel: np.ndarray, keys: list[np.ndarray], fmt: Callable[..., str]) -> None:
+        """Rows in ``sel`` get fmt(*key) for their key columns, formatted once per distinct key."""
+        nonlocal left
+        sel = sel & left
+        left = left & ~sel
+        pos = np.flatnonzero(sel)
+        if not pos.size:
+            return
+        cols = [np.asarray(k)[pos] for k in keys]
+        if not cols:
+            out[pos] = fmt()
+            return
+        uniq, inverse = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
+        texts = np.empty(len(uniq), dtype=object)
+        texts[:] = [fmt(*u) for u in uniq.tolist()]
+        out[pos] = texts[inverse.ravel()]
+
+    node_ok = a.node_ok[rows]
+    present = a.exists[rows]
+    cpu, hmem = a.cpu_free[rows], a.hmem_free[rows]
+    settle(~node_ok, [], lambda: NOT_SCHEDULABLE)
+    settle(~row_any(present), [], lambda: "node has no GPUs")
+    settle(cpu < req.cpu_milli, [cpu], lambda c: f"{c:g} mCPU free, pod needs {req.cpu_milli}")
+    settle(hmem < req.host_mem_mib, [hmem],
+           lambda h: f"{fmt_mib(h)} host memory free, pod needs {fmt_mib(req.host_mem_mib)}")
+    if not left.any():
+        return out.tolist()
+    eligible = allowed[rows]
+    card_ok = a.healthy[rows]
+    healthy = eligible & card_ok
+    excluded = row_count(present) - row_count(eligible)
+    unhealthy = row_count(eligible & ~card_ok)
+
+    def tail(excl: int, unh: int) -> str:
+        notes = []
+        if excl:
+            notes.append(f"{excl} excluded by model/size policy")
+        if unh:
+            notes.append(f"{unh} unhealthy")
+        return f" ({', '.join(notes)})" if notes else ""
+
+    if req.is_whole:
+        free = row_count(healthy & (a.pods[rows] == 0))
+        settle(left, [free, excluded, unhealthy],
+               lambda f, e, u: f"{f} free card{'s' if f != 1 else ''}, pod needs {req.gpus}{tail(e, u)}")
+        return out.tolist()
+    settle(~row_any(healthy), [excluded, unhealthy],
+           lambda e, u: f"no usable card for {req.describe()}{tail(e, u)}")
+    if not left.any():
+        return out.tolist()
+    r = np.arange(len(rows))
+    mem_free = a.mem_free[rows]
+    k_mem = np.argmax(np.where(healthy, mem_free, -1), axis=1)
+    best_mem = mem_free[r, k_mem]
+    settle(best_mem < req.mem_mib, [k_mem, np.maximum(best_mem, 0), excluded, unhealthy],
+           lambda k, m, e, u: (f"no card with {fmt_mib(req.mem_mib)} GPU memory free: best is "
+                               f"{fmt_mib(m)} on card {k}{tail(e, u)}"))
+    core_free = a.core_free[rows]
+    k_core = np.argmax(np.where(healthy & (mem_free >= req.mem_mib), core_free, -1), axis=1)
+    best_core = np.maximum(core_free[r, k_core], 0)
+    settle(left, [k_core, best_core, excluded, unhealthy],
+           lambda k, c, e, u: (f"no card with {req.core_milli / 10:g}% compute free and {fmt_mib(req.mem_mib)} "
+                               f"memory: best is {c / 10:g}% on card {k}{tail(e, u)}"))
+    return out.tolist()
 
 
 # --------------------------------------------------------------------------- step 3: placers

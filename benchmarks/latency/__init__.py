@@ -1,0 +1,1 @@
+"""Extender latency at scale: ``python -m benchmarks.latency`` (see :mod:`benchmarks.latency.cli`)."""

@@ -1,0 +1,244 @@
+"""The latency optimisations must not change a single answer.
+
+Every function the hot path was rewritten in (row counts, fit, vectorised reasons, the node
+index lookup, the filter/prioritize assembly) is compared here with a straightforward reference
+written the slow, obvious way (the pre-optimisation code), on seeded random clusters and pods,
+with the model changing between calls (binds, releases, re-inventoried and removed nodes) so
+that any stale cached state would show.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import orjson
+import pytest
+
+from extender import scoring
+from extender.model import CardArrays, ClusterModel
+from extender.policy import PodPolicy
+from extender.service import UNKNOWN_NODE, ExtenderService
+from extender.wire import encode, filter_answer, parse_binding_args, parse_extender_args, priority_list
+from stowage.inventory import Card, Inventory
+from stowage.resources import GpuRequest
+
+from benchmarks.latency import cluster as bench_cluster
+
+MODELS = ["NVIDIA H100-SXM5-80GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", "NVIDIA L40S", "NVIDIA A10"]
+MEM = {"NVIDIA H100-SXM5-80GB": 81920, "NVIDIA A100-SXM4-80GB": 81920, "NVIDIA A100-SXM4-40GB": 40960,
+       "NVIDIA L40S": 49152, "NVIDIA A10": 24576}
+
+
+# ------------------------------------------------------------------ the references (slow, obvious)
+def ref_fit(a: CardArrays, req: GpuRequest, allowed: np.ndarray) -> scoring.Fit:
+    healthy = allowed & a.healthy
+    host_ok = a.node_ok & (a.cpu_free >= req.cpu_milli) & (a.hmem_free >= req.host_mem_mib)
+    if req.is_whole:
+        usable = healthy & (a.pods == 0)
+        ok = host_ok & (usable.sum(axis=1) >= req.gpus)
+        unresolvable = healthy.sum(axis=1) < req.gpus
+    else:
+        usable = healthy & (a.mem_free >= req.mem_mib) & (a.core_free >= req.core_milli)
+        ok = host_ok & usable.any(axis=1)
+        big_enough = healthy & (a.mem_total >= req.mem_mib)
+        unresolvable = ~big_enough.any(axis=1)
+    unresolvable &= ~ok
+    return scoring.Fit(ok=ok, usable=usable, unresolvable=unresolvable | (~a.node_ok & ~ok))
+
+
+class ReferenceService(ExtenderService):
+    """filter/prioritize as they were before the optimisations: one node at a time in Python."""
+
+    def filter(self, args):
+        names = args.names
+        info = self.pod_info(args.pod)
+        if info.req is None:
+            return filter_answer(args, unresolvable={n: info.error for n in names})
+        if not info.req.is_gpu:
+            return filter_answer(args, passing=names, passing_nodes=args.nodes)
+        req, policy = info.req, info.policy
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        passing = []
+        with self.model.lock:
+            a = self.model.a
+            mask = scoring.card_mask(a, self.model.models, policy, req)
+            f = ref_fit(a, req, mask)
+            for name in names:
+                i = self.model.index.get(name)
+                if i is None:
+                    continue
+                if f.ok[i]:
+                    passing.append(name)
+                else:
+                    (unresolvable if f.unresolvable[i] else failed)[name] = self._reason(a, i, req, mask, name)
+        for name in names:
+            if name not in self.model.index:
+                failed[name] = UNKNOWN_NODE
+        passing_nodes = None
+        if args.nodes is not None:
+            keep = set(passing)
+            passing_nodes = [n for n in args.nodes if n["metadata"]["name"] in keep]
+        return filter_answer(args, passing=passing, passing_nodes=passing_nodes, failed=failed,
+                             unresolvable=unresolvable)
+
+    def prioritize(self, args):
+        names = args.names
+        scores = [0] * len(names)
+        info = self.pod_info(args.pod)
+        if info.req is not None and info.req.is_gpu and names:
+            with self.model.lock:
+                a = self.model.a
+                mask = scoring.card_mask(a, self.model.models, info.policy, info.req)
+                f = ref_fit(a, info.req, mask)
+                pos = [j for j, n in enumerate(names) if n in self.model.index and f.ok[self.model.index[n]]]
+                if pos:
+                    idx = np.array([self.model.index[names[j]] for j in pos], np.int64)
+                    raw = self.placers[info.policy.node].score(a, info.req, idx, f.usable)
+                    for j, s in zip(pos, scoring.to_extender_scores(raw).tolist()):
+                        scores[j] = s
+        return priority_list(names, scores)
+
+
+# ------------------------------------------------------------------------------ random data
+def random_arrays(rng: np.random.Generator, n: int, k: int) -> CardArrays:
+    a = CardArrays.empty(n, k)
+    a.exists[:] = rng.random((n, k)) < 0.85
+    a.exists[rng.random(n) < 0.05] = False                      # nodes without cards
+    a.healthy[:] = a.exists & (rng.random((n, k)) < 0.9)
+    a.mem_total[:] = np.where(a.exists, rng.choice([24576, 40960, 81920], (n, k)), 0)
+    a.mem_free[:] = np.where(rng.random((n, k)) < 0.5, a.mem_total, (a.mem_total * rng.random((n, k))).astype(int))
+    a.mem_free[rng.random((n, k)) < 0.02] -= 100                 # over-committed after a rebuild
+    a.core_free[:] = np.where(a.exists, rng.choice([0, 100, 250, 500, 700, 1000], (n, k)), 0)
+    a.pods[:] = np.where(a.core_free < 1000, rng.integers(1, 4, (n, k)), 0)
+    a.model[:] = rng.integers(0, 4, (n, k))
+    a.node_ok[:] = rng.random(n) < 0.93
+    a.cpu_free[:] = np.where(rng.random(n) < 0.3, rng.choice([0.0, 500.0, 4000.5, 64000.0], n), np.inf)
+    a.hmem_free[:] = np.where(rng.random(n) < 0.3, rng.choice([0.0, 512.0, 3000.0, 900000.0], n), np.inf)
+    return a
+
+
+def random_req(rng: random.Random) -> GpuRequest:
+    cpu = rng.choice([0, 0, 1000, 8000])
+    hmem = rng.choice([0, 0, 1024, 65536])
+    if rng.random() < 0.5:
+        return GpuRequest(gpus=rng.choice([1, 2, 4, 8]), min_card_mem_mib=rng.choice([0, 0, 40960]),
+                          cpu_milli=cpu, host_mem_mib=hmem)
+    return GpuRequest(mem_mib=rng.choice([1024, 8192, 20480, 50000]), core_milli=rng.choice([0, 100, 300, 900]),
+                      cpu_milli=cpu, host_mem_mib=hmem)
+
+
+# ------------------------------------------------------------------------------ pure functions
+@pytest.mark.parametrize("k", [1, 3, 8, 9, 16])
+def test_row_count_and_row_any_match_numpy(k):
+    rng = np.random.default_rng(k)
+    for density in (0.0, 0.1, 0.5, 1.0):
+        b = rng.random((37, k)) < density
+        for view in (b, b[::2], b[5:6], b[:0], np.asfortranarray(b)):
+            assert scoring.row_count(view).tolist() == view.sum(axis=1).tolist()
+            assert scoring.row_any(view).tolist() == view.any(axis=1).tolist()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fit_and_reasons_match_the_reference(seed):
+    rng = np.random.default_rng(seed)
+    prng = random.Random(seed)
+    k = [8, 8, 4, 12, 8, 1][seed]
+    a = random_arrays(rng, 300, k)
+    models = ["UNKNOWN", "NVIDIA A10", "NVIDIA A100-SXM4-40GB", "NVIDIA H100-SXM5-80GB"]
+    for _ in range(25):
+        req = random_req(prng)
+        policy = PodPolicy(models_include=prng.choice([(), ("H100",), ("A100-SXM4-40GB", "A10")]),
+                           models_exclude=prng.choice([(), ("A10",)]), min_card_mem_mib=prng.choice([0, 81920]))
+        mask = scoring.card_mask(a, models, policy, req)
+        got, want = scoring.fit(a, req, mask), ref_fit(a, req, mask)
+        for field in ("ok", "usable", "unresolvable"):
+            assert np.array_equal(getattr(got, field), getattr(want, field)), field
+        rows = np.flatnonzero(~got.ok)
+        rng.shuffle(rows)                                   # any order, repeats allowed
+        rows = np.r_[rows, rows[:5]]
+        assert scoring.reasons(a, rows, req, mask) == [scoring.reason(a, int(i), req, mask) for i in rows]
+    assert scoring.reasons(a, np.array([], np.int64), GpuRequest(gpus=1), a.exists) == []
+
+
+# --------------------------------------------------------------------------- the whole service
+def random_model(rng: random.Random, n: int) -> ClusterModel:
+    model = ClusterModel()
+    for j in range(n):
+        upsert_random(model, rng, f"node-{j:03d}")
+    return model
+
+
+def upsert_random(model: ClusterModel, rng: random.Random, name: str) -> None:
+    m = rng.choice(MODELS)
+    count = rng.choice([0, 2, 4, 8, 8, 8])
+    cards = tuple(Card(index=k, uuid=f"{name}-{k}", model=m, memory_mib=MEM[m], healthy=rng.random() < 0.93,
+                       numa=k // 4, nvlink=tuple(x for x in range(count) if x != k and x // 4 == k // 4))
+                  for k in range(count))
+    model.upsert_node(name, Inventory(cards=cards, source="simulated", whole_only=rng.random() < 0.1),
+                      schedulable=rng.random() < 0.95)
+
+
+POD_LIMITS = [{"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "2"}, {"nvidia.com/gpu": "4"}, {"nvidia.com/gpu": "8"},
+              {"nvidia.com/gpu-memory": "10", "nvidia.com/gpu-core": "30"}, {"nvidia.com/gpu-memory": "30"},
+              {"nvidia.com/gpu-memory": "70"}, {"nvidia.com/gpu": "1", "nvidia.com/gpu-memory": "80"}, {},
+              {"nvidia.com/gpu-core": "150"}]
+POD_ANNOTATIONS = [{}, {}, {"stowage.io/node-policy": "spread"}, {"stowage.io/gpu-model": "H100,L40S"},
+                   {"stowage.io/gpu-model-exclude": "A10"}, {"stowage.io/min-card-memory": "80Gi"},
+                   {"stowage.io/card-policy": "spread"}]
+
+
+def churn(models: list[ClusterModel], rng: random.Random, live: list[str], step: int) -> None:
+    """The same random change applied to every model: bind, release, re-inventory or remove."""
+    r = rng.random()
+    names = models[0].node_names()
+    if r < 0.25 and live:
+        uid = live.pop(rng.randrange(len(live)))
+        for m in models:
+            m.release(uid)
+    elif r < 0.35:
+        name = rng.choice(names + [f"new-{step}"])
+        state = rng.getstate()
+        for m in models:
+            rng.setstate(state)
+            upsert_random(m, rng, name)
+    elif r < 0.4 and len(names) > 5:
+        name = rng.choice(names)
+        for m in models:
+            m.remove_node(name)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_service_answers_match_the_reference_on_a_changing_cluster(seed):
+    rng = random.Random(seed)
+    state = rng.getstate()
+    fast_model = random_model(rng, 60)
+    rng.setstate(state)
+    ref_model = random_model(rng, 60)
+    fast, ref = ExtenderService(fast_model), ReferenceService(ref_model)
+    live: list[str] = []
+    for step in range(120):
+        limits = rng.choice(POD_LIMITS)
+        pod = bench_cluster.pod_object(f"p{seed}-{step}", limits, rng.choice(POD_ANNOTATIONS))
+        names = fast_model.node_names()
+        rng.shuffle(names)
+        names = names[: rng.randint(1, len(names))] + rng.choice([[], ["ghost-node"]])
+        body = encode({"Pod": pod, "Nodes": None, "NodeNames": names})
+        got_f, want_f = (encode(s.filter(parse_extender_args(body)).to_json()) for s in (fast, ref))
+        assert got_f == want_f
+        passing = orjson.loads(got_f)["NodeNames"]
+        if not passing:
+            continue
+        body = encode({"Pod": pod, "Nodes": None, "NodeNames": passing + names[:3]})
+        got_p, want_p = (encode(s.prioritize(parse_extender_args(body))) for s in (fast, ref))
+        assert got_p == want_p
+        if rng.random() < 0.7:
+            md = pod["metadata"]
+            bind = {"PodName": md["name"], "PodNamespace": md["namespace"], "PodUID": md["uid"],
+                    "Node": rng.choice(passing)}
+            assert fast.bind(parse_binding_args(bind)) == ref.bind(parse_binding_args(bind))
+            if md["uid"] in fast_model.allocations:
+                live.append(md["uid"])
+        churn([fast_model, ref_model], rng, live, step)
+        assert fast_model.allocations.keys() == ref_model.allocations.keys()
+        assert all(fast_model.allocations[u].cards == ref_model.allocations[u].cards for u in live)
