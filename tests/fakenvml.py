@@ -52,6 +52,21 @@ class FakeCard:
     power_mw: int = 50_000
     temperature_c: int = 40
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used MiB)
+    graphics_processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used MiB)
+    process_samples: list["ProcSample"] = field(default_factory=list)  # see FakeNvml.add_sample
+    process_util_supported: bool = True
+
+
+@dataclass(frozen=True)
+class ProcSample:
+    """One per-process utilisation sample, shaped like pynvml's ``c_nvmlProcessUtilizationSample_t``."""
+
+    pid: int
+    smUtil: int
+    timeStamp: int
+    memUtil: int = 0
+    encUtil: int = 0
+    decUtil: int = 0
 
 
 @dataclass(frozen=True)
@@ -242,6 +257,29 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
         return [SimpleNamespace(pid=p, usedGpuMemory=m * MiB) for p, m in self._live(h).processes]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h: Any) -> list[Any]:
+        return [SimpleNamespace(pid=p, usedGpuMemory=m * MiB) for p, m in self._live(h).graphics_processes]
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, h: Any) -> list[Any]:
+        self._live(h)
+        return []
+
+    def nvmlDeviceGetProcessUtilization(self, h: Any, timeStamp: int) -> list[Any]:
+        """Samples newer than ``timeStamp``; NOT_FOUND when there are none, as the driver answers."""
+        c = self._live(h)
+        if not c.process_util_supported:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        out = [s for s in c.process_samples if s.timeStamp > timeStamp]
+        if not out:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        return out
+
+    def add_sample(self, uuid: str, pid: int, sm_util: int) -> None:
+        """NVML took a utilisation sample of ``pid`` on card ``uuid`` (timestamps strictly increase, in µs)."""
+        with self._lock:
+            self._clock_us = getattr(self, "_clock_us", 1_700_000_000_000_000) + 1000
+            self.card(uuid).process_samples.append(ProcSample(pid=pid, smUtil=sm_util, timeStamp=self._clock_us))
 
     # events
     def nvmlEventSetCreate(self) -> int:

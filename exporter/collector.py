@@ -1,0 +1,218 @@
+"""The exporter's scrape path: one snapshot (NVML, PodResources, checkpoint, /proc) -> gauges.
+
+A Prometheus scrape calls :meth:`GpuCollector.collect`; it reuses a snapshot younger than
+``cache_s`` (several Prometheus replicas, or a scrape plus a liveness probe, cost one NVML pass),
+otherwise takes a new one under a lock (concurrent scrapes never read NVML twice at once). Every
+source may be missing: the snapshot records which ones answered and the series say so
+(``stowage_exporter_up{source=...}``); nothing here raises into the HTTP handler.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from . import checkpoint as ckpt
+from .attribution import CardSplit, ContainerRef, Owner, holders_by_card, split_card
+from .cgroups import ProcessGone, pod_of_pid
+from .checkpoint import PodKey, UidMap
+from .nvmlreader import CardSample, NvmlReader
+from .podresources.client import ContainerDevices, PodResourcesError, list_devices
+
+log = logging.getLogger("stowage.exporter")
+
+SOURCES = ("nvml", "podresources", "checkpoint", "proc")
+CARD_LABELS = ["node", "gpu", "model"]
+POD_LABELS = ["node", "gpu", "model", "pod", "namespace", "container"]
+
+
+@dataclass
+class ExporterConfig:
+    node: str = ""
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    checkpoint_path: str = ckpt.DEFAULT_CHECKPOINT
+    proc_root: str = "/proc"
+    cache_s: float = 2.0
+    kubelet_timeout_s: float = 5.0
+
+
+@dataclass
+class Snapshot:
+    cards: list[CardSample] = field(default_factory=list)
+    splits: dict[str, CardSplit] = field(default_factory=dict)     # uuid -> per-container shares
+    up: dict[str, bool] = field(default_factory=dict)
+    taken_at: float = 0.0
+
+
+class _Status:
+    """Logs a source going down (with the reason) and coming back, once per change, not per scrape."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, tuple[bool, str]] = {}
+
+    def set(self, source: str, ok: bool, why: str = "") -> bool:
+        prev = self.state.get(source)
+        if prev is None or prev[0] != ok or (not ok and prev[1] != why):
+            if ok:
+                if prev is not None:
+                    log.info("%s: available again", source)
+            else:
+                log.warning("%s: %s", source, why)
+        self.state[source] = (ok, why)
+        return ok
+
+
+class Snapshotter:
+    """Takes snapshots; each source is read at most once per snapshot."""
+
+    def __init__(self, cfg: ExporterConfig, nvml: NvmlReader | None = None,
+                 list_fn: Callable[[str, float], list[ContainerDevices]] = list_devices) -> None:
+        self.cfg = cfg
+        self.nvml = nvml or NvmlReader()
+        self._list = list_fn
+        self.status = _Status()
+
+    def take(self) -> Snapshot:
+        snap = Snapshot(taken_at=time.monotonic())
+        cards = self.nvml.read()
+        snap.up["nvml"] = self.status.set("nvml", cards is not None, self.nvml.error or "NVML unavailable")
+        snap.cards = cards or []
+        try:
+            assignments = self._list(self.cfg.pod_resources_socket, self.cfg.kubelet_timeout_s)
+            snap.up["podresources"] = self.status.set("podresources", True)
+        except PodResourcesError as exc:
+            assignments = None
+            snap.up["podresources"] = self.status.set(
+                "podresources", False, f"{exc}; serving per-card metrics without pod attribution")
+        if assignments is None:
+            return snap
+        holders = holders_by_card(assignments, [c.uuid for c in snap.cards])
+        shared = [c for c in snap.cards if len(holders.get(c.uuid, {})) > 1]
+        owners: dict[int, PodKey | Owner] = {}
+        if shared:
+            owners = self._owners(shared, assignments, snap)
+        for c in snap.cards:
+            if holders.get(c.uuid):
+                snap.splits[c.uuid] = split_card(c, holders[c.uuid], owners)
+        return snap
+
+    def _owners(self, shared: list[CardSample], assignments: list[ContainerDevices],
+                snap: Snapshot) -> dict[int, PodKey | Owner]:
+        """PID -> pod for the processes on shared cards (cgroup -> UID -> checkpoint join)."""
+        try:
+            uid_map: UidMap | None = ckpt.join(assignments, ckpt.read(self.cfg.checkpoint_path))
+            snap.up["checkpoint"] = self.status.set("checkpoint", True)
+        except ckpt.CheckpointError as exc:
+            uid_map = None
+            snap.up["checkpoint"] = self.status.set(
+                "checkpoint", False, f"{exc}; shared cards are split by units held (estimated)")
+        owners: dict[int, PodKey | Owner] = {}
+        unreadable = []
+        for c in shared:
+            for p in c.processes:
+                if p.pid in owners:
+                    continue
+                try:
+                    cg = pod_of_pid(p.pid, self.cfg.proc_root)
+                except ProcessGone:
+                    unreadable.append(p.pid)
+                    owners[p.pid] = Owner.UNKNOWN
+                    continue
+                if cg is None:
+                    owners[p.pid] = Owner.FOREIGN
+                elif uid_map is None:
+                    owners[p.pid] = Owner.UNKNOWN
+                elif cg.pod_uid in uid_map.pods:
+                    owners[p.pid] = uid_map.pods[cg.pod_uid]
+                else:
+                    owners[p.pid] = Owner.UNKNOWN if cg.pod_uid in uid_map.known_uids else Owner.FOREIGN
+        snap.up["proc"] = self.status.set(
+            "proc", not unreadable,
+            f"cannot read the cgroup of GPU processes {sorted(unreadable)[:5]} under {self.cfg.proc_root} "
+            "(does the exporter run with hostPID?); their shares are estimated")
+        return owners
+
+    def close(self) -> None:
+        self.nvml.close()
+
+
+class GpuCollector(Collector):
+    """prometheus_client collector: per-card and per-pod gauges from a (briefly cached) snapshot."""
+
+    def __init__(self, snapshotter: Snapshotter, node: str, cache_s: float = 2.0) -> None:
+        self.snapshotter = snapshotter
+        self.node = node
+        self.cache_s = cache_s
+        self._lock = threading.Lock()
+        self._snap: Snapshot | None = None
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            s = self._snap
+            if s is None or time.monotonic() - s.taken_at >= self.cache_s:
+                try:
+                    s = self.snapshotter.take()
+                except Exception:  # a bug must cost one scrape, not the process
+                    log.exception("taking a snapshot failed")
+                    s = Snapshot(up={k: False for k in SOURCES}, taken_at=time.monotonic())
+                self._snap = s
+            return s
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        fams = self._families()
+        s = self.snapshot()
+        util, used, total, power, temp, healthy, pod_util, pod_mem, estimated, up = fams
+        n = self.node
+        for c in s.cards:
+            labels = [n, c.uuid, c.model]
+            if c.utilization is not None:
+                util.add_metric(labels, c.utilization)
+            used.add_metric(labels, c.memory_used_bytes)
+            total.add_metric(labels, c.memory_total_bytes)
+            if c.power_watts is not None:
+                power.add_metric(labels, c.power_watts)
+            if c.temperature_c is not None:
+                temp.add_metric(labels, c.temperature_c)
+            healthy.add_metric(labels, 1.0 if c.healthy else 0.0)
+            split = s.splits.get(c.uuid)
+            if split is None:
+                continue
+            estimated.add_metric(labels, 1.0 if split.estimated else 0.0)
+            for ref, share in sorted(split.shares.items()):
+                pl = [n, c.uuid, c.model, ref.pod, ref.namespace, ref.container]
+                pod_util.add_metric(pl, share.utilization)
+                pod_mem.add_metric(pl, round(share.memory_bytes))
+        for src in SOURCES:
+            if src in s.up:
+                up.add_metric([n, src], 1.0 if s.up[src] else 0.0)
+        return iter(fams)
+
+    @staticmethod
+    def _families() -> list[GaugeMetricFamily]:
+        g = GaugeMetricFamily
+        return [
+            g("stowage_gpu_utilization_ratio", "Share of time the card was busy (NVML utilisation), 0..1.", labels=CARD_LABELS),
+            g("stowage_gpu_memory_used_bytes", "Card memory in use, bytes.", labels=CARD_LABELS),
+            g("stowage_gpu_memory_total_bytes", "Card memory in total, bytes.", labels=CARD_LABELS),
+            g("stowage_gpu_power_watts", "Card power draw, watts.", labels=CARD_LABELS),
+            g("stowage_gpu_temperature_celsius", "Card core temperature, degrees Celsius.", labels=CARD_LABELS),
+            g("stowage_gpu_healthy", "1 while the card has no fatal XID / pending reset condition, else 0.",
+              labels=CARD_LABELS),
+            g("stowage_pod_gpu_utilization_ratio",
+              "Share of the card's time this container's processes kept it busy, 0..1.", labels=POD_LABELS),
+            g("stowage_pod_gpu_memory_used_bytes",
+              "Card memory used by this container's processes on this card, bytes.", labels=POD_LABELS),
+            g("stowage_gpu_attribution_estimated",
+              "1 when this card's per-pod split is estimated from units held rather than measured per process.",
+              labels=CARD_LABELS),
+            g("stowage_exporter_up", "1 when this data source answered on the last snapshot, 0 when it is missing.",
+              labels=["node", "source"]),
+        ]

@@ -1,0 +1,228 @@
+"""Per-card NVML telemetry: one pass over the cards per snapshot, plus XID health in the background.
+
+NVML session and health probe come from the device plugin's wrapper (``deviceplugin.nvml``) and
+its health state machine (``deviceplugin.health``), so a card is "healthy" in the exporter exactly
+when the device plugin would advertise it Healthy. A card that errors with a lost/not-found code
+mid-read is skipped for this snapshot (logged when it vanishes and when it is back); a metric a card
+does not support (power on some boards, per-process utilisation on others) is left out.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pynvml
+
+from deviceplugin.health import HealthTracker
+from deviceplugin.nvml import LOST_ERRORS, Nvml, NvmlUnavailable, XidEvents, _text
+
+log = logging.getLogger("stowage.exporter.nvml")
+
+
+@dataclass(frozen=True)
+class ProcUsage:
+    """One process on a card: host PID, card memory it holds, its SM utilisation (percent) if known."""
+
+    pid: int
+    memory_bytes: int
+    sm_util: float | None = None
+
+
+@dataclass(frozen=True)
+class CardSample:
+    index: int
+    uuid: str
+    model: str
+    memory_total_bytes: int
+    memory_used_bytes: int
+    utilization: float | None          # 0..1
+    power_watts: float | None
+    temperature_c: float | None
+    healthy: bool
+    processes: tuple[ProcUsage, ...] = ()
+    process_util_known: bool = False   # per-process SM utilisation was read (an empty sample counts)
+
+
+class CardGone(Exception):
+    """The card vanished while being read."""
+
+
+def _lost(exc: pynvml.NVMLError) -> bool:
+    return getattr(exc, "value", None) in LOST_ERRORS
+
+
+def _opt(fn: Callable[..., Any], *args: Any) -> Any:
+    """An optional query: None when unsupported, :class:`CardGone` when the card is gone."""
+    try:
+        return fn(*args)
+    except pynvml.NVMLError as exc:
+        if _lost(exc):
+            raise CardGone(str(exc)) from exc
+        return None
+
+
+@dataclass
+class _ProcUtilState:
+    last_ts: dict[str, int] = field(default_factory=dict)  # uuid -> newest sample timestamp seen (µs)
+
+
+class NvmlReader:
+    """Reads every card; retries NVML initialisation (a driver installed after start) at most every ``retry_s``."""
+
+    def __init__(self, retry_s: float = 30.0, xid_events: bool = True) -> None:
+        self.nvml = Nvml()
+        self.ok = False
+        self.error = ""
+        self.retry_s = retry_s
+        self._next_try = 0.0
+        self._xid_enabled = xid_events
+        self._health: HealthTracker | None = None
+        self._health_lock = threading.Lock()
+        self._xid_thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._proc = _ProcUtilState()
+        self._missing: set[str] = set()
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def _ensure(self) -> bool:
+        if self.ok:
+            return True
+        now = time.monotonic()
+        if now < self._next_try:
+            return False
+        self._next_try = now + self.retry_s
+        try:
+            self.nvml.init()
+        except NvmlUnavailable as exc:
+            self.error = f"{exc} (retrying every {self.retry_s:.0f} s)"   # logged once by the snapshotter
+            return False
+        self.ok, self.error = True, ""
+        log.info("NVML initialised")
+        return True
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._xid_thread is not None:
+            self._xid_thread.join(timeout=5)
+        self.nvml.shutdown()
+        self.ok = False
+
+    def _start_health(self, uuids: list[str]) -> None:
+        self._health = HealthTracker(list(uuids))
+        if not self._xid_enabled:
+            return
+        try:
+            events = XidEvents(uuids)
+        except pynvml.NVMLError as exc:
+            log.warning("NVML events unavailable (%s); health comes from probes only", exc)
+            return
+        self._xid_thread = threading.Thread(target=self._watch_xids, args=(events,), name="exporter-xid", daemon=True)
+        self._xid_thread.start()
+
+    def _watch_xids(self, events: XidEvents) -> None:
+        try:
+            while not self._stop.is_set():
+                ev = events.wait(200)
+                if ev is None:
+                    continue
+                with self._health_lock:
+                    changed = self._health.on_event(ev, time.monotonic()) if self._health else set()
+                for u in changed:
+                    log.warning("card %s marked unhealthy: XID %s", u, ev.xid)
+        finally:
+            events.close()
+
+    # ---- reading -----------------------------------------------------------------------------
+    def read(self) -> list[CardSample] | None:
+        """All cards readable now; None when NVML is unavailable."""
+        if not self._ensure():
+            return None
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            log.error("NVML stopped answering (%s); re-initialising on the next scrape", exc)
+            self.nvml.shutdown()
+            self.ok, self.error, self._next_try = False, f"NVML stopped answering: {exc}", 0.0
+            return None
+        cards = []
+        present: set[str] = set()
+        for i in range(count):
+            label = f"index {i}"
+            try:
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                uuid = _text(pynvml.nvmlDeviceGetUUID(h))
+                label = uuid
+                cards.append(self._read_card(i, uuid, h))
+                present.add(label)
+            except (pynvml.NVMLError, CardGone) as exc:
+                if label not in self._missing:
+                    log.warning("GPU %s vanished or cannot be read (%s); skipped until it answers again", label, exc)
+                self._missing.add(label)
+        for back in self._missing & present:
+            log.info("GPU %s answers again", back)
+        self._missing -= present
+        if self._health is None and cards:
+            self._start_health([c.uuid for c in cards])
+        return cards
+
+    def _read_card(self, index: int, uuid: str, h: Any) -> CardSample:
+        model = _text(pynvml.nvmlDeviceGetName(h))
+        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+        util = _opt(pynvml.nvmlDeviceGetUtilizationRates, h)
+        power = _opt(pynvml.nvmlDeviceGetPowerUsage, h)
+        temp = _opt(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
+        procs, util_known = self._processes(uuid, h)
+        problem = self.nvml.probe(uuid)
+        return CardSample(index=index, uuid=uuid, model=model, memory_total_bytes=int(mem.total),
+                          memory_used_bytes=int(mem.used),
+                          utilization=None if util is None else min(max(util.gpu / 100.0, 0.0), 1.0),
+                          power_watts=None if power is None else power / 1000.0,
+                          temperature_c=None if temp is None else float(temp),
+                          healthy=self._healthy(uuid, problem), processes=procs, process_util_known=util_known)
+
+    def _healthy(self, uuid: str, problem: str | None) -> bool:
+        with self._health_lock:
+            tracker = self._health
+            if tracker is None or uuid not in tracker.cards:
+                return problem is None
+            if tracker.on_probe(uuid, problem, time.monotonic()):
+                log.warning("card %s is %s", uuid, f"unhealthy: {problem}" if problem else "healthy again")
+            return tracker.cards[uuid].healthy
+
+    def _processes(self, uuid: str, h: Any) -> tuple[tuple[ProcUsage, ...], bool]:
+        """Compute, graphics and MPS client processes (merged by PID) and their SM utilisation."""
+        mem: dict[int, int] = {}
+        for fn_name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
+                        "nvmlDeviceGetMPSComputeRunningProcesses"):
+            fn = getattr(pynvml, fn_name, None)
+            listed = _opt(fn, h) if fn is not None else None
+            for p in listed or ():
+                used = getattr(p, "usedGpuMemory", None)
+                mem[int(p.pid)] = max(mem.get(int(p.pid), 0), int(used) if used is not None else 0)
+        util, known = self._process_util(uuid, h)
+        return tuple(ProcUsage(pid, m, util.get(pid, 0.0) if known else None) for pid, m in sorted(mem.items())), known
+
+    def _process_util(self, uuid: str, h: Any) -> tuple[dict[int, float], bool]:
+        """Mean SM utilisation per PID over the samples NVML took since the previous snapshot."""
+        since = self._proc.last_ts.get(uuid, 0)
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(h, since)
+        except pynvml.NVMLError as exc:
+            # NOT_FOUND here means "no samples since timeStamp" (nothing ran), not a lost card
+            if getattr(exc, "value", None) in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
+                return {}, True
+            if _lost(exc):
+                raise CardGone(str(exc)) from exc
+            return {}, False
+        sums: dict[int, list[float]] = {}
+        newest = since
+        for s in samples:
+            acc = sums.setdefault(int(s.pid), [0.0, 0])
+            acc[0] += float(s.smUtil)
+            acc[1] += 1
+            newest = max(newest, int(s.timeStamp))
+        self._proc.last_ts[uuid] = newest
+        return {pid: total / n for pid, (total, n) in sums.items()}, True

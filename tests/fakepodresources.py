@@ -1,0 +1,116 @@
+"""A fake kubelet PodResources API v1 server on a real unix socket, plus the kubelet's
+device-manager checkpoint and a host ``/proc`` tree: everything the exporter reads on a node.
+
+Like the kubelet, ``List`` returns every pod with every container (containers without devices
+included, with an empty device list) and no pod UID; the checkpoint holds the same allocations keyed
+by pod UID and container name, in the kubelet >= 1.20 format (``DeviceIDs`` by NUMA node).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from stowage import genprotos
+
+genprotos.ensure("exporter/podresources/api.proto")
+from exporter.podresources import api_pb2 as pb  # noqa: E402
+from exporter.podresources import api_pb2_grpc as pb_grpc  # noqa: E402
+
+
+@dataclass
+class FakePod:
+    namespace: str
+    name: str
+    uid: str
+    containers: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # container -> resource -> IDs
+
+
+class FakePodResources(pb_grpc.PodResourcesListerServicer):
+    def __init__(self) -> None:
+        # unix socket paths are limited to 107 bytes: keep the directory short
+        self.dir = tempfile.mkdtemp(prefix="podres-")
+        self.sock = os.path.join(self.dir, "kubelet.sock")
+        self.checkpoint = os.path.join(self.dir, "kubelet_internal_checkpoint")
+        self.pods: list[FakePod] = []
+        self.list_calls = 0
+        self.fail: grpc.StatusCode | None = None
+        self.server: Any = None
+
+    def add(self, namespace: str, name: str, uid: str, containers: dict[str, dict[str, list[str]]]) -> FakePod:
+        pod = FakePod(namespace, name, uid, containers)
+        self.pods.append(pod)
+        return pod
+
+    # ---- the kubelet's service ---------------------------------------------------------------
+    def _pod(self, p: FakePod) -> Any:
+        return pb.PodResources(name=p.name, namespace=p.namespace, containers=[
+            pb.ContainerResources(name=c, devices=[pb.ContainerDevices(resource_name=r, device_ids=ids)
+                                                   for r, ids in res.items()])
+            for c, res in p.containers.items()])
+
+    def List(self, request: Any, context: Any) -> Any:
+        self.list_calls += 1
+        if self.fail is not None:
+            context.abort(self.fail, "injected failure")
+        return pb.ListPodResourcesResponse(pod_resources=[self._pod(p) for p in self.pods])
+
+    def Get(self, request: Any, context: Any) -> Any:
+        for p in self.pods:
+            if (p.name, p.namespace) == (request.pod_name, request.pod_namespace):
+                return pb.GetPodResourcesResponse(pod_resources=self._pod(p))
+        context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_namespace}/{request.pod_name} not found")
+
+    def GetAllocatableResources(self, request: Any, context: Any) -> Any:
+        return pb.AllocatableResourcesResponse()
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> "FakePodResources":
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="fake-podres"))
+        pb_grpc.add_PodResourcesListerServicer_to_server(self, self.server)
+        self.server.add_insecure_port("unix://" + self.sock)
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop(grace=None).wait(5)
+            self.server = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # ---- the kubelet's checkpoint ----------------------------------------------------------------
+    def write_checkpoint(self, legacy_list: bool = False, extra: list[dict] | None = None) -> str:
+        entries = [{"PodUID": p.uid, "ContainerName": c, "ResourceName": r,
+                    "DeviceIDs": list(ids) if legacy_list else {"-1": list(ids)}, "AllocResp": ""}
+                   for p in self.pods for c, res in p.containers.items() for r, ids in res.items()]
+        doc = {"Data": {"PodDeviceEntries": entries + list(extra or []), "RegisteredDevices": {}}, "Checksum": 1}
+        with open(self.checkpoint, "w") as f:
+            json.dump(doc, f)
+        return self.checkpoint
+
+
+def write_proc(root: str, pid: int, cgroup: str) -> None:
+    """A host process ``pid`` whose ``/proc/<pid>/cgroup`` says ``cgroup``."""
+    os.makedirs(os.path.join(root, str(pid)), exist_ok=True)
+    with open(os.path.join(root, str(pid), "cgroup"), "w") as f:
+        f.write(cgroup)
+
+
+def cgroup_v2_systemd(uid: str, container_id: str, qos: str = "burstable") -> str:
+    return (f"0::/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{uid.replace('-', '_')}.slice/"
+            f"cri-containerd-{container_id}.scope\n")
+
+
+def cgroup_v1_cgroupfs(uid: str, container_id: str, qos: str = "besteffort") -> str:
+    lines = [f"{i}:{ctl}:/kubepods/{qos}/pod{uid}/{container_id}" for i, ctl in
+             ((12, "memory"), (11, "cpu,cpuacct"), (10, "devices"), (4, "pids"))]
+    return "\n".join(lines + ["1:name=systemd:/kubepods/" + qos + "/pod" + uid + "/" + container_id, "0::/"]) + "\n"
