@@ -1,0 +1,161 @@
+"""The exporter's pure parts: cgroup paths -> pod UID, kubelet checkpoint -> UID map, device IDs ->
+cards, and the card split rules (the end-to-end behaviour is in test_exporter_scrape.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deviceplugin.devices import card_key
+from exporter import checkpoint as ckpt
+from exporter.attribution import ContainerRef, Holding, Owner, card_of_device, holders_by_card, key_index, split_card
+from exporter.cgroups import PodCgroup, ProcessGone, parse_cgroup_path, parse_proc_cgroup, pod_of_pid
+from exporter.checkpoint import PodKey
+from exporter.nvmlreader import CardSample, ProcUsage
+from exporter.podresources.client import ContainerDevices
+
+UID = "1a2b3c4d-0000-1111-2222-333344445555"
+CID = "ab" * 32
+
+
+@pytest.mark.parametrize("path", [
+    f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope",
+    f"/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/docker-{CID}.scope",            # guaranteed, docker
+    f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID.replace('-', '_')}.slice/crio-{CID}.scope",
+    f"/kubepods/besteffort/pod{UID}/{CID}",                                                      # cgroupfs driver
+    f"/kubepods/pod{UID}/{CID}",
+    f"/../../kubepods-besteffort-pod{UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope",  # via a cgroup namespace
+    f"/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/"
+    f"kubelet-kubepods-burstable-pod{UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope",  # kind
+])
+def test_cgroup_layouts_name_the_pod_and_container(path):
+    assert parse_cgroup_path(path) == PodCgroup(UID, CID)
+
+
+def test_static_pod_uids_and_pod_level_cgroups():
+    assert parse_cgroup_path("/kubepods/burstable/pod" + "c" * 32 + "/" + CID) == PodCgroup("c" * 32, CID)
+    assert parse_cgroup_path(f"/kubepods/burstable/pod{UID.upper()}") == PodCgroup(UID, "")
+
+
+@pytest.mark.parametrize("path", ["/", "/system.slice/containerd.service", "/kubepods.slice/kubepods-burstable.slice",
+                                  "/user.slice/user-1000.slice/session-3.scope", "/kubepods/besteffort/podnot-a-uid/x"])
+def test_non_pod_cgroups_are_none(path):
+    assert parse_cgroup_path(path) is None
+
+
+def test_proc_cgroup_v1_file_uses_any_controller_line(tmp_path):
+    text = f"12:pids:/\n11:memory:/kubepods/burstable/pod{UID}/{CID}\n0::/\n"
+    assert parse_proc_cgroup(text) == PodCgroup(UID, CID)
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "cgroup").write_text(text)
+    assert pod_of_pid(42, str(tmp_path)) == PodCgroup(UID, CID)
+    with pytest.raises(ProcessGone):
+        pod_of_pid(43, str(tmp_path))
+
+
+# ------------------------------------------------------------------------------ checkpoint
+
+
+def _doc(entries):
+    return json.dumps({"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {}}, "Checksum": 7})
+
+
+def test_checkpoint_both_device_id_formats():
+    entries = ckpt.parse(_doc([
+        {"PodUID": UID.upper(), "ContainerName": "c", "ResourceName": "r", "DeviceIDs": {"0": ["a"], "1": ["b"]}},
+        {"PodUID": "u2", "ContainerName": "d", "ResourceName": "r", "DeviceIDs": ["x", "y"]},
+        {"ContainerName": "no uid"},
+    ]))
+    assert entries == [ckpt.CheckpointEntry(UID, "c", "r", ("a", "b")), ckpt.CheckpointEntry("u2", "d", "r", ("x", "y"))]
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", '{"Data": {}}', '{"Data": {"PodDeviceEntries": 3}}'])
+def test_bad_checkpoints_raise_a_clear_error(text):
+    with pytest.raises(ckpt.CheckpointError):
+        ckpt.parse(text)
+
+
+def test_missing_checkpoint_file_is_an_error_not_a_crash(tmp_path):
+    with pytest.raises(ckpt.CheckpointError, match="cannot read"):
+        ckpt.read(str(tmp_path / "absent"))
+
+
+def test_join_maps_uids_through_device_ids_and_container_names():
+    assigns = [ContainerDevices("ns", "a", "main", "r", ("d1", "d2")),
+               ContainerDevices("ns", "b", "main", "r", ("d3",)),
+               ContainerDevices("ns", "c", "main", "r", ("d4",))]
+    entries = [ckpt.CheckpointEntry("ua", "main", "r", ("d1", "d2")),
+               ckpt.CheckpointEntry("ub", "main", "r", ("d3",)),
+               ckpt.CheckpointEntry("uc", "other", "r", ("d4",)),   # container name differs: no match
+               ckpt.CheckpointEntry("ux", "main", "r2", ("d1",))]   # another resource: no match
+    m = ckpt.join(assigns, entries)
+    assert m.pods == {"ua": PodKey("ns", "a"), "ub": PodKey("ns", "b")}
+    assert m.known_uids == {"ua", "ub", "uc", "ux"}
+
+
+def test_join_never_guesses_between_two_uids():
+    assigns = [ContainerDevices("ns", "a", "main", "r", ("d1", "d2"))]
+    entries = [ckpt.CheckpointEntry("new", "main", "r", ("d1",)), ckpt.CheckpointEntry("stale", "main", "r", ("d2",))]
+    assert ckpt.join(assigns, entries).pods == {}
+
+
+# ------------------------------------------------------------------------------ device IDs
+
+LONG = "MIG-GPU-0f6c3b1e-8d2a-4c5e-9b7f-1a2b3c4d5e01/1/0-with-a-long-suffix"
+
+
+def test_device_ids_decode_to_cards():
+    keys = key_index(["GPU-1", LONG])
+    assert card_of_device("GPU-1", keys) == "GPU-1"
+    assert card_of_device("GPU-1::17", keys) == "GPU-1"
+    assert card_of_device(card_key(LONG), keys) == LONG
+    assert card_of_device(card_key(LONG) + "::3", keys) == LONG
+    assert card_of_device(LONG, keys) == LONG                      # NVIDIA's plugin: the plain UUID
+    for other in ("GPU-2", "GPU-1::x", "GPU-1::", "::3", "", "cpu-0"):
+        assert card_of_device(other, keys) is None
+
+
+def test_holdings_count_units_per_resource():
+    held = holders_by_card([
+        ContainerDevices("ns", "p", "c", "nvidia.com/gpu-memory", ("GPU-1::0", "GPU-1::1", "GPU-2::0")),
+        ContainerDevices("ns", "p", "c", "nvidia.com/gpu-core", ("GPU-1::5",)),
+        ContainerDevices("ns", "q", "c", "nvidia.com/gpu", ("GPU-3",)),
+        ContainerDevices("ns", "q", "c", "example.com/nic", ("eth7",)),
+    ], ["GPU-1", "GPU-2", "GPU-3"])
+    p, q = ContainerRef("ns", "p", "c"), ContainerRef("ns", "q", "c")
+    assert held["GPU-1"] == {p: Holding(memory_units=2, core_units=1)}
+    assert held["GPU-2"] == {p: Holding(memory_units=1)}
+    assert held["GPU-3"] == {q: Holding(other=1)}
+
+
+# ---------------------------------------------------------------------------------- split
+
+
+def _card(used: int, util: float | None, procs: list[ProcUsage], util_known: bool = True) -> CardSample:
+    return CardSample(0, "GPU-1", "m", 100, used, util, None, None, True, tuple(procs), util_known)
+
+
+def test_split_single_holder_gets_the_card_and_nobody_gets_nothing():
+    a = ContainerRef("ns", "a", "c")
+    card = _card(60, 0.7, [ProcUsage(1, 10, 5.0)])
+    s = split_card(card, {a: Holding(memory_units=3)}, {})
+    assert (s.shares[a].memory_bytes, s.shares[a].utilization, s.estimated) == (60, 0.7, False)
+    assert split_card(card, {}, {}).shares == {}
+
+
+def test_split_measures_known_pods_and_ignores_foreign_processes():
+    a, b = ContainerRef("ns", "a", "c"), ContainerRef("ns", "b", "c")
+    card = _card(100, 0.9, [ProcUsage(1, 30, 40.0), ProcUsage(2, 50, 70.0), ProcUsage(3, 20, 90.0)])
+    s = split_card(card, {a: Holding(memory_units=1), b: Holding(memory_units=1)},
+                   {1: PodKey("ns", "a"), 2: PodKey("ns", "b"), 3: Owner.FOREIGN})
+    assert (s.shares[a].memory_bytes, s.shares[b].memory_bytes) == (30, 50)
+    assert (s.shares[a].utilization, s.shares[b].utilization) == pytest.approx((0.4, 0.7))
+    assert not s.estimated
+
+
+def test_split_caps_utilisation_at_one():
+    a, b = ContainerRef("ns", "a", "c"), ContainerRef("ns", "b", "c")
+    card = _card(100, 1.0, [ProcUsage(1, 30, 80.0), ProcUsage(2, 30, 70.0)])
+    s = split_card(card, {a: Holding(memory_units=1), b: Holding(memory_units=1)},
+                   {1: PodKey("ns", "a"), 2: PodKey("ns", "a")})
+    assert s.shares[a].utilization == 1.0 and s.shares[b].utilization == 0.0
