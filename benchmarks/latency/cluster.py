@@ -163,3 +163,48 @@ def prefill_plan(n: int, seed: int) -> list[tuple[str, dict[str, Any]]]:
                           RESOURCE_GPU_CORE: str(rng.choice([20, 25, 50]))}
             plan.append((node, pod_object(f"fill-{j}-{m}", limits)))
     return plan
+
+
+# ------------------------------------------------------------------------- full Node objects
+def _bloat(name: str, j: int) -> dict[str, Any]:
+    """What makes a real v1.Node 5-25 KB: images, managedFields, nodeInfo, addresses (~8 KB here)."""
+    images = [{"names": [f"registry.example.com/team-{k % 7}/image-{k}@sha256:{(j * 31 + k):064x}",
+                         f"registry.example.com/team-{k % 7}/image-{k}:v1.{k}.0"], "sizeBytes": 100_000_000 + k * 7919}
+              for k in range(30)]
+    return {
+        "managedFields": [{"manager": "kubelet", "operation": "Update", "apiVersion": "v1",
+                           "time": "2026-11-29T15:00:00Z", "fieldsType": "FieldsV1", "subresource": "status",
+                           "fieldsV1": {"f:status": {"f:allocatable": {"f:nvidia.com/gpu": {}},
+                                                     "f:capacity": {"f:nvidia.com/gpu": {}},
+                                                     "f:conditions": {'k:{"type":"Ready"}': {
+                                                         "f:lastHeartbeatTime": {}}}}}}],
+        "status": {"images": images,
+                   "addresses": [{"type": "InternalIP", "address": f"10.{j // 65536 % 256}.{j // 256 % 256}.{j % 256}"},
+                                 {"type": "Hostname", "address": name}],
+                   "nodeInfo": {"machineID": f"{j:032x}", "systemUUID": str(uuid.uuid5(_NS, name)),
+                                "bootID": str(uuid.uuid5(_NS, name + "/boot")), "kernelVersion": "6.5.0-1018",
+                                "osImage": "Ubuntu 22.04.4 LTS", "containerRuntimeVersion": "containerd://1.7.12",
+                                "kubeletVersion": "v1.28.7", "kubeProxyVersion": "v1.28.7",
+                                "operatingSystem": "linux", "architecture": "amd64"},
+                   "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}}},
+    }
+
+
+def node_items(n: int) -> dict[str, bytes]:
+    """Every node of :func:`cluster_doc` ``(n)`` as the JSON of a realistic ``v1.Node`` (name -> bytes).
+
+    Built by :func:`extender.simcluster.node_objects` (so it carries the inventory annotation the
+    device plugin would publish) plus the images/managedFields that real nodes carry.
+    """
+    import orjson
+
+    from extender.simcluster import node_objects, parse_cluster
+
+    out = {}
+    for j, node in enumerate(node_objects(parse_cluster(cluster_doc(n), "bench"))):
+        name = node["metadata"]["name"]
+        extra = _bloat(name, j)
+        node["metadata"]["managedFields"] = extra["managedFields"]
+        node["status"].update(extra["status"])
+        out[name] = orjson.dumps(node)
+    return out

@@ -1,0 +1,162 @@
+"""``python -m benchmarks.latency``: the extender at kube-scheduler speed on 1,000-10,000 GPU nodes.
+
+For each cluster size it starts, one after the other, as subprocesses on loopback ports:
+
+- the do-nothing floor (:mod:`.floor`: same gunicorn setup, same parsing, no decisions);
+- ``stowage extender --simulated <cluster file>`` exactly as deployed, pre-filled over HTTP so
+  half the nodes are partly used, then driven like kube-scheduler (filter, prioritize, bind per
+  pod, several concurrent keep-alive clients), with ``NodeNames`` (``nodeCacheCapable: true``)
+  and, for the smaller sizes, with full Node objects (``nodeCacheCapable: false``);
+- the same extender with pod-watch churn (pods bound and deleted through the Kubernetes
+  feeder's event handler at ``--churn-rate`` per second) to show updates do not stall serving.
+
+It prints one table (each figure with its ratio to the floor of the same size and mode) and
+writes ``latency.csv`` / ``latency.json`` under ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import cluster, procs
+from .client import Workload, prefill, schedule
+from .memory import measure_in_subprocess
+from .report import add_ratios, format_table, summarise, write_outputs
+
+QUICK = {"sizes": "200", "pods": 40, "full_pods": 6, "full_max": 200, "memory_nodes": 1000, "clients": 2}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.latency", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="1000,5000,10000", help="comma-separated cluster sizes (GPU nodes, 8 cards each)")
+    p.add_argument("--pods", type=int, default=600, help="pods scheduled per size and variant")
+    p.add_argument("--clients", type=int, default=4, help="concurrent client processes (one keep-alive connection each)")
+    p.add_argument("--threads", type=int, default=8, help="request threads of the extender's one worker (as deployed)")
+    p.add_argument("--full-pods", type=int, default=30, help="pods scheduled with full Node objects (nodeCacheCapable: false)")
+    p.add_argument("--full-max", type=int, default=5000, help="largest size also run with full Node objects")
+    p.add_argument("--churn-rate", type=float, default=300.0, help="pod watch events per second in the churn variant (0: skip)")
+    p.add_argument("--memory-nodes", type=int, default=10000, help="cluster size of the model memory measurement")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--out", default="results/latency", help="output folder (CSV, JSON)")
+    p.add_argument("--quick", action="store_true", help="smoke run: 200 nodes, a few dozen pods (seconds)")
+    return p
+
+
+def _warm(host: str, port: int, n: int, names: list[str], items: dict[str, bytes] | None, tag: str) -> None:
+    """A few pods first, unrecorded: the first requests pay for imports and caches, once per process."""
+    schedule(Workload(host, port, cluster.pods(3, seed=999, prefix=f"warm-{tag}"), names, items), 1)
+
+
+def _measure(srv: procs.Server, n: int, variant: str, mode: str, pods: list[dict[str, Any]], names: list[str],
+             items: dict[str, bytes] | None, clients: int, extra_fn=None) -> dict[str, Any]:
+    _warm(srv.host, srv.port, n, names, items, f"{variant}-{mode}")
+    before = extra_fn() if extra_fn else None
+    cpu0 = srv.cpu()
+    results = schedule(Workload(srv.host, srv.port, pods, names, items), clients)
+    cpu = srv.cpu() - cpu0
+    extra = extra_fn(before) if extra_fn else None
+    row = summarise(n, variant, mode, results, cpu, srv.peak_mib(), extra)
+    if row["errors"]:
+        print(f"  ! {variant}/{mode}: {row['errors'][:3]}", file=sys.stderr)
+    print(f"  {n:>6} {variant:<16} {mode:<10} filter p99 {row['filter_p99_ms']:.2f} ms, "
+          f"f+p p99 {row['fp_p99_ms']:.2f} ms, {row['pods_per_s']:.0f} pods/s, "
+          f"{row['placed']} placed, server CPU {cpu:.2f} s"
+          + (f", churn {row['churn_events_per_s']:.0f} events/s" if row.get("churn_events_per_s") else ""), flush=True)
+    return row
+
+
+def run_size(n: int, a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    cluster_file = cluster.write_cluster(n, tmp)
+    names = cluster.node_names(n)
+    pods = cluster.pods(a.pods, seed=a.seed)
+    full = n <= a.full_max and a.full_pods > 0
+    items = cluster.node_items(n) if full else None
+    full_pods = cluster.pods(a.full_pods, seed=a.seed, prefix="full") if full else []
+    plan = cluster.prefill_plan(n, seed=a.seed)
+
+    port = procs.free_port()
+    with procs.start(f"floor-{n}", procs.floor_cmd(port, a.threads), port, tmp) as srv:
+        srv.wait_ready()
+        rows.append(_measure(srv, n, "floor", "names", pods, names, None, a.clients))
+        if full:
+            rows.append(_measure(srv, n, "floor", "full-nodes", full_pods, names, items, a.clients))
+
+    port = procs.free_port()
+    with procs.start(f"stowage-{n}", procs.extender_cmd(cluster_file, port, a.threads), port, tmp) as srv:
+        srv.wait_ready()
+        t0 = time.monotonic()
+        bound, refused = prefill(srv.host, srv.port, plan, a.clients)
+        print(f"  {n:>6} prefill: {bound} pods bound on {n // 2} nodes ({refused} refused) in "
+              f"{time.monotonic() - t0:.1f} s", flush=True)
+        rows.append(_measure(srv, n, "stowage", "names", pods, names, None, a.clients))
+        if full:
+            rows.append(_measure(srv, n, "stowage", "full-nodes", full_pods, names, items, a.clients))
+
+    if a.churn_rate > 0:
+        port = procs.free_port()
+        stats = tmp / f"churn-{n}.json"
+        cmd = procs.extender_cmd(cluster_file, port, a.threads, churn_rate=a.churn_rate, churn_stats=stats)
+        with procs.start(f"stowage-churn-{n}", cmd, port, tmp) as srv:
+            srv.wait_ready()
+            prefill(srv.host, srv.port, plan, a.clients)
+
+            def churn_stats(before=None):
+                doc = json.loads(stats.read_text()) if stats.exists() else {"events": 0, "time": time.monotonic()}
+                if before is None:
+                    return doc
+                dt = doc["time"] - before["time"]
+                return {"churn_events_per_s": (doc["events"] - before["events"]) / dt if dt > 0 else None}
+
+            row = _measure(srv, n, f"stowage+churn{a.churn_rate:g}", "names", pods, names, None, a.clients,
+                           churn_stats)
+            row["mode"] = "names"
+            rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    if a.quick:
+        for k, v in QUICK.items():
+            setattr(a, k, v)
+    sizes = [int(s) for s in str(a.sizes).split(",") if s.strip()]
+    meta = {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+            "numpy": np.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(a)}
+    print(f"Stowage extender latency: {meta['cores']} cores ({meta['cpu']}), sizes {sizes}, {a.pods} pods, "
+          f"{a.clients} clients, {a.threads} server threads", flush=True)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="stowage-latency-") as tmpdir:
+        for n in sizes:
+            rows += run_size(n, a, Path(tmpdir))
+    add_ratios(rows)
+    mem = measure_in_subprocess(a.memory_nodes)
+    meta["model_memory"] = mem
+    print()
+    print(format_table(rows))
+    print(f"\nModel memory for {mem['nodes']} nodes / {mem['cards']} cards: {mem['model_mib']:.1f} MiB "
+          f"(card arrays {mem['arrays_mib']:.1f} MiB; peak while loading {mem['peak_while_building_mib']:.1f} MiB)")
+    paths = write_outputs(rows, meta, Path(a.out))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    errors = [e for r in rows for e in r["errors"]]
+    return 1 if errors else 0
