@@ -8,6 +8,7 @@ import threading
 import click
 
 from .checkpoint import DEFAULT_CHECKPOINT
+from .podlogs import DEFAULT_POD_LOGS
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
@@ -21,16 +22,20 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
               help="This node's name (env NODE_NAME, from the downward API): the `node` label of every series.")
 @click.option("--pod-resources-socket", envvar="STOWAGE_POD_RESOURCES_SOCKET", default=DEFAULT_SOCKET,
               help="The kubelet's PodResources API (v1) socket: which device IDs each container holds.")
+@click.option("--pod-logs-dir", envvar="STOWAGE_POD_LOGS_DIR", default=DEFAULT_POD_LOGS,
+              help="The kubelet's pod log directory (<namespace>_<pod>_<uid>/): maps the pod UIDs found in "
+                   "/proc/<pid>/cgroup to pod names, for splitting shared cards by process. Only listed, never read.")
 @click.option("--kubelet-checkpoint", envvar="STOWAGE_KUBELET_CHECKPOINT", default=DEFAULT_CHECKPOINT,
-              help="The kubelet's device-manager checkpoint: maps the pod UIDs found in /proc/<pid>/cgroup to "
-                   "pod names, for splitting shared cards by process. Without it shares are estimated.")
+              help="The kubelet's device-manager checkpoint: a second way to map pod UIDs to names (joined with "
+                   "PodResources by device ID). With neither this nor --pod-logs-dir, shared cards are estimated.")
 @click.option("--proc-root", envvar="STOWAGE_PROC_ROOT", default="/proc",
               help="Where the host's /proc is visible (needs hostPID: NVML reports host PIDs).")
 @click.option("--cache-seconds", envvar="STOWAGE_EXPORTER_CACHE_SECONDS", type=click.FloatRange(min=0), default=2.0,
               help="Scrapes within this many seconds of the last reading reuse it (NVML is read at most once).")
 @click.option("--log-level", envvar="STOWAGE_LOG_LEVEL", default="INFO",
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def main(port: int, listen_address: str, node_name: str, pod_resources_socket: str, kubelet_checkpoint: str,
+def main(port: int, listen_address: str, node_name: str, pod_resources_socket: str, pod_logs_dir: str,
+         kubelet_checkpoint: str,
          proc_root: str, cache_seconds: float, log_level: str) -> None:
     """Serve this node's GPU metrics on :PORT/metrics: per card (utilisation, memory used/total,
     power, temperature, health) and per pod (utilisation and memory of each container on each
@@ -46,7 +51,7 @@ def main(port: int, listen_address: str, node_name: str, pod_resources_socket: s
     from .server import Exporter
 
     cfg = ExporterConfig(node=node_name, pod_resources_socket=pod_resources_socket,
-                         checkpoint_path=kubelet_checkpoint, proc_root=proc_root, cache_s=cache_seconds)
+                         checkpoint_path=kubelet_checkpoint, pod_logs_dir=pod_logs_dir, proc_root=proc_root, cache_s=cache_seconds)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

@@ -18,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from . import checkpoint as ckpt
+from . import podlogs
 from .attribution import CardSplit, ContainerRef, Owner, holders_by_card, split_card
 from .cgroups import ProcessGone, pod_of_pid
 from .checkpoint import PodKey, UidMap
@@ -26,7 +27,7 @@ from .podresources.client import ContainerDevices, PodResourcesError, list_devic
 
 log = logging.getLogger("stowage.exporter")
 
-SOURCES = ("nvml", "podresources", "checkpoint", "proc")
+SOURCES = ("nvml", "podresources", "podlogs", "checkpoint", "proc")
 CARD_LABELS = ["node", "gpu", "model"]
 POD_LABELS = ["node", "gpu", "model", "pod", "namespace", "container"]
 
@@ -36,6 +37,7 @@ class ExporterConfig:
     node: str = ""
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     checkpoint_path: str = ckpt.DEFAULT_CHECKPOINT
+    pod_logs_dir: str = podlogs.DEFAULT_POD_LOGS
     proc_root: str = "/proc"
     cache_s: float = 2.0
     kubelet_timeout_s: float = 5.0
@@ -55,14 +57,14 @@ class _Status:
     def __init__(self) -> None:
         self.state: dict[str, tuple[bool, str]] = {}
 
-    def set(self, source: str, ok: bool, why: str = "") -> bool:
+    def set(self, source: str, ok: bool, why: str = "", level: int = logging.WARNING) -> bool:
         prev = self.state.get(source)
         if prev is None or prev[0] != ok or (not ok and prev[1] != why):
             if ok:
                 if prev is not None:
                     log.info("%s: available again", source)
             else:
-                log.warning("%s: %s", source, why)
+                log.log(level, "%s: %s", source, why)
         self.state[source] = (ok, why)
         return ok
 
@@ -103,14 +105,30 @@ class Snapshotter:
 
     def _owners(self, shared: list[CardSample], assignments: list[ContainerDevices],
                 snap: Snapshot) -> dict[int, PodKey | Owner]:
-        """PID -> pod for the processes on shared cards (cgroup -> UID -> checkpoint join)."""
+        """PID -> pod for the processes on shared cards: cgroup -> pod UID -> namespace/name, the
+        UID named by the pod log directories and/or the kubelet checkpoint joined with PodResources."""
+        pods: dict[str, PodKey] = {}
+        try:
+            pods.update(podlogs.read(self.cfg.pod_logs_dir))
+            logs_ok = True
+        except podlogs.PodLogsError as exc:
+            logs_ok, logs_why = False, str(exc)
         try:
             uid_map: UidMap | None = ckpt.join(assignments, ckpt.read(self.cfg.checkpoint_path))
-            snap.up["checkpoint"] = self.status.set("checkpoint", True)
+            ckpt_why = ""
         except ckpt.CheckpointError as exc:
-            uid_map = None
-            snap.up["checkpoint"] = self.status.set(
-                "checkpoint", False, f"{exc}; shared cards are split by units held (estimated)")
+            uid_map, ckpt_why = None, str(exc)
+        if uid_map is not None:
+            for uid, key in uid_map.pods.items():
+                pods.setdefault(uid, key)
+        # Either source suffices; only both missing is worth a warning.
+        neither = not logs_ok and uid_map is None
+        hint = "; processes cannot be matched to pods, shared cards are split by units held (estimated)"
+        level = logging.WARNING if neither else logging.DEBUG
+        snap.up["podlogs"] = self.status.set("podlogs", logs_ok, "" if logs_ok else logs_why + (hint if neither else ""),
+                                             level)
+        snap.up["checkpoint"] = self.status.set("checkpoint", uid_map is not None,
+                                                ckpt_why + (hint if neither else ""), level)
         owners: dict[int, PodKey | Owner] = {}
         unreadable = []
         for c in shared:
@@ -125,12 +143,12 @@ class Snapshotter:
                     continue
                 if cg is None:
                     owners[p.pid] = Owner.FOREIGN
-                elif uid_map is None:
-                    owners[p.pid] = Owner.UNKNOWN
-                elif cg.pod_uid in uid_map.pods:
-                    owners[p.pid] = uid_map.pods[cg.pod_uid]
+                elif cg.pod_uid in pods:
+                    owners[p.pid] = pods[cg.pod_uid]
+                elif uid_map is not None and cg.pod_uid not in uid_map.known_uids:
+                    owners[p.pid] = Owner.FOREIGN      # holds no device at all on this node
                 else:
-                    owners[p.pid] = Owner.UNKNOWN if cg.pod_uid in uid_map.known_uids else Owner.FOREIGN
+                    owners[p.pid] = Owner.UNKNOWN
         snap.up["proc"] = self.status.set(
             "proc", not unreadable,
             f"cannot read the cgroup of GPU processes {sorted(unreadable)[:5]} under {self.cfg.proc_root} "

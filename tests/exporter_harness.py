@@ -15,7 +15,7 @@ from exporter.collector import ExporterConfig, Snapshotter
 from exporter.nvmlreader import NvmlReader
 from exporter.server import Exporter
 from fakenvml import MiB, FakeNvml, default_cards
-from fakepodresources import FakePodResources, cgroup_v2_systemd, write_proc
+from fakepodresources import FakePodResources, cgroup_v2_systemd, write_pod_logs, write_proc
 
 NODE = "gpu-node-1"
 GiB = 1024 * MiB
@@ -50,6 +50,11 @@ class GpuNode:
     kubelet: FakePodResources
     proc: str
     exporter: Exporter
+    pod_logs: str = ""
+
+    def write_pod_logs(self) -> None:
+        """The kubelet's /var/log/pods tree for every pod the fake kubelet lists."""
+        write_pod_logs(self.pod_logs, self.kubelet.pods)
 
     @property
     def url(self) -> str:
@@ -82,12 +87,14 @@ def make_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, cards: list | None
         pr.start()
     proc = str(tmp_path / "proc")
     os.makedirs(proc)
+    pod_logs = str(tmp_path / "log-pods")   # absent until a test writes it
     cfg = ExporterConfig(node=NODE, pod_resources_socket=pr.sock, checkpoint_path=pr.checkpoint,
+                         pod_logs_dir=pod_logs,
                          proc_root=proc, cache_s=cache_s, kubelet_timeout_s=10.0)
     exp = Exporter(cfg, Snapshotter(cfg, NvmlReader(retry_s=0.0)))
     exp.start(0, "127.0.0.1")
     try:
-        yield GpuNode(fake, pr, proc, exp)
+        yield GpuNode(fake, pr, proc, exp, pod_logs)
     finally:
         exp.stop()
         pr.close()

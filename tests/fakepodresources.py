@@ -1,5 +1,6 @@
 """A fake kubelet PodResources API v1 server on a real unix socket, plus the kubelet's
-device-manager checkpoint and a host ``/proc`` tree: everything the exporter reads on a node.
+device-manager checkpoint, its pod log directories and a host ``/proc`` tree: everything the
+exporter reads on a node.
 
 Like the kubelet, ``List`` returns every pod with every container (containers without devices
 included, with an empty device list) and no pod UID; the checkpoint holds the same allocations keyed
@@ -96,6 +97,17 @@ class FakePodResources(pb_grpc.PodResourcesListerServicer):
         with open(self.checkpoint, "w") as f:
             json.dump(doc, f)
         return self.checkpoint
+
+
+def write_pod_logs(root: str, pods: list[FakePod], containers_too: bool = True) -> None:
+    """The kubelet's ``/var/log/pods/<namespace>_<name>_<uid>/<container>/0.log`` tree."""
+    for p in pods:
+        d = os.path.join(root, f"{p.namespace}_{p.name}_{p.uid}")
+        os.makedirs(d, exist_ok=True)
+        for c in p.containers if containers_too else ():
+            os.makedirs(os.path.join(d, c), exist_ok=True)
+            with open(os.path.join(d, c, "0.log"), "w") as f:
+                f.write("2024-01-01T00:00:00.000000000Z stdout F started\n")
 
 
 def write_proc(root: str, pid: int, cgroup: str) -> None:

@@ -159,3 +159,19 @@ def test_split_caps_utilisation_at_one():
     s = split_card(card, {a: Holding(memory_units=1), b: Holding(memory_units=1)},
                    {1: PodKey("ns", "a"), 2: PodKey("ns", "a")})
     assert s.shares[a].utilization == 1.0 and s.shares[b].utilization == 0.0
+
+
+# -------------------------------------------------------------------------------- pod logs
+
+
+def test_pod_log_directory_names(tmp_path):
+    from exporter import podlogs
+    assert podlogs.parse_dir_name(f"ml_serve-a-7d9f_{UID}") == (UID, PodKey("ml", "serve-a-7d9f"))
+    assert podlogs.parse_dir_name("kube-system_etcd-node1_" + "f" * 32) == ("f" * 32, PodKey("kube-system", "etcd-node1"))
+    for bad in ("ml_serve", f"ml__{UID}", f"_p_{UID}", "ml_p_not-a-uid", f"a_b_c_{UID}"):
+        assert podlogs.parse_dir_name(bad) is None
+    (tmp_path / f"ml_p_{UID}").mkdir()
+    (tmp_path / "junk").mkdir()
+    assert podlogs.read(str(tmp_path)) == {UID: PodKey("ml", "p")}
+    with pytest.raises(podlogs.PodLogsError):
+        podlogs.read(str(tmp_path / "absent"))

@@ -186,6 +186,17 @@ def test_shared_card_is_split_by_process_accounting(node: GpuNode):
     assert s.value("stowage_pod_gpu_memory_used_bytes", **a) == 10240 * MiB
 
 
+def test_pod_log_directories_alone_name_the_pods(node: GpuNode):
+    shared_a100(node)
+    node.write_pod_logs()    # /var/log/pods mounted, no checkpoint
+    s = node.scrape()
+    assert s.up("podlogs") == 1 and s.up("checkpoint") == 0
+    assert s.value("stowage_pod_gpu_memory_used_bytes", pod="serve-a") == 10240 * MiB
+    assert s.value("stowage_pod_gpu_memory_used_bytes", pod="serve-b") == 32000 * MiB
+    assert s.value("stowage_pod_gpu_utilization_ratio", pod="serve-b") == pytest.approx(0.55)
+    assert s.value("stowage_gpu_attribution_estimated", gpu=U0) == 0
+
+
 def test_legacy_checkpoint_format_and_stale_entries(node: GpuNode):
     shared_a100(node)
     # a deleted pod's leftover entry claims serve-a's devices under another UID: serve-a's UID is
@@ -199,12 +210,20 @@ def test_legacy_checkpoint_format_and_stale_entries(node: GpuNode):
     # serve-a's own process is unknown -> it goes to the holder with nothing measured: serve-a
     assert s.value("stowage_pod_gpu_memory_used_bytes", pod="serve-a") == 10240 * MiB
     assert s.value("stowage_gpu_attribution_estimated", gpu=U0) == 1
-
-
-def test_without_checkpoint_shares_are_estimated_by_units_held(node: GpuNode):
-    shared_a100(node)  # no checkpoint written
+    # with the pod log directories as well, serve-a's UID is named directly: measured again
+    node.write_pod_logs()
     s = node.scrape()
-    assert s.up("checkpoint") == 0 and s.value("stowage_gpu_attribution_estimated", gpu=U0) == 1
+    assert s.value("stowage_pod_gpu_memory_used_bytes", pod="serve-a") == 10240 * MiB
+    assert s.value("stowage_gpu_attribution_estimated", gpu=U0) == 0
+
+
+def test_without_uid_sources_shares_are_estimated_by_units_held(node: GpuNode, caplog):
+    shared_a100(node)  # neither checkpoint nor pod log directories
+    with caplog.at_level(logging.WARNING, logger="stowage.exporter"):
+        s = node.scrape()
+    assert s.up("checkpoint") == 0 and s.up("podlogs") == 0
+    assert s.value("stowage_gpu_attribution_estimated", gpu=U0) == 1
+    assert any("split by units held" in r.getMessage() for r in caplog.records)
     pod_mem = (10240 + 30000 + 2000 + 700) * MiB      # the host process is nobody's; the pods' are unknown
     pod_util = (0.30 + 0.50 + 0.05 + 0.03)
     assert s.value("stowage_pod_gpu_memory_used_bytes", pod="serve-a") == pytest.approx(pod_mem * 20 / 60, abs=1)
