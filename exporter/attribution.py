@@ -94,7 +94,7 @@ class Owner(Enum):
 @dataclass
 class Share:
     memory_bytes: float = 0.0
-    utilization: float = 0.0
+    utilization: float | None = 0.0   # None: the card reports no utilisation at all
 
 
 @dataclass
@@ -128,7 +128,7 @@ def split_card(card: CardSample, holders: Mapping[ContainerRef, Holding],
         return CardSplit()
     card_util = card.utilization or 0.0
     if len(refs) == 1:
-        return CardSplit({refs[0]: Share(float(card.memory_used_bytes), card_util)})
+        return CardSplit({refs[0]: Share(float(card.memory_used_bytes), card.utilization)})
 
     split = CardSplit({r: Share() for r in refs})
     by_pod: dict[PodKey, list[ContainerRef]] = {}
@@ -153,7 +153,7 @@ def split_card(card: CardSample, holders: Mapping[ContainerRef, Holding],
     def give(share: Share, to: list[ContainerRef], mem_w: dict[ContainerRef, float], util_w: dict[ContainerRef, float]) -> None:
         for r in to:
             split.shares[r].memory_bytes += share.memory_bytes * mem_w[r]
-            split.shares[r].utilization += share.utilization * util_w[r]
+            split.shares[r].utilization = (split.shares[r].utilization or 0.0) + share.utilization * util_w[r]
 
     for pod, share in measured.items():
         cs = by_pod[pod]
@@ -175,5 +175,8 @@ def split_card(card: CardSample, holders: Mapping[ContainerRef, Holding],
         for r in refs:
             split.shares[r].utilization = card_util * weights[r]
     for s in split.shares.values():
-        s.utilization = min(max(s.utilization, 0.0), 1.0)
+        if not card.process_util_known and card.utilization is None:
+            s.utilization = None             # nothing to divide: leave the series out
+        elif s.utilization is not None:
+            s.utilization = min(max(s.utilization, 0.0), 1.0)
     return split

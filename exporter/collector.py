@@ -206,7 +206,8 @@ class GpuCollector(Collector):
             estimated.add_metric(labels, 1.0 if split.estimated else 0.0)
             for ref, share in sorted(split.shares.items()):
                 pl = [n, c.uuid, c.model, ref.pod, ref.namespace, ref.container]
-                pod_util.add_metric(pl, share.utilization)
+                if share.utilization is not None:
+                    pod_util.add_metric(pl, share.utilization)
                 pod_mem.add_metric(pl, round(share.memory_bytes))
         for src in SOURCES:
             if src in s.up:

@@ -175,3 +175,12 @@ def test_pod_log_directory_names(tmp_path):
     assert podlogs.read(str(tmp_path)) == {UID: PodKey("ml", "p")}
     with pytest.raises(podlogs.PodLogsError):
         podlogs.read(str(tmp_path / "absent"))
+
+
+def test_a_card_without_utilisation_gives_no_pod_utilisation_rather_than_zero():
+    a, b = ContainerRef("ns", "a", "c"), ContainerRef("ns", "b", "c")
+    whole = split_card(_card(60, None, []), {a: Holding(other=1)}, {})
+    assert whole.shares[a].utilization is None and whole.shares[a].memory_bytes == 60
+    shared = split_card(_card(60, None, [ProcUsage(1, 10)], util_known=False),
+                        {a: Holding(memory_units=1), b: Holding(memory_units=1)}, {1: PodKey("ns", "a")})
+    assert shared.shares[a].utilization is None and shared.shares[a].memory_bytes == 10
