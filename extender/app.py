@@ -131,7 +131,7 @@ def create_app(service: ExtenderService, *, url_prefix: str = "", ready: ReadyFn
                 log.warning("prioritize: bad request: %s", exc)
                 return _json({"Error": str(exc)}, 400), "bad_request"
             try:
-                return _json(service.prioritize(args)), "ok"
+                return Response(service.prioritize(args, as_json=True), mimetype="application/json"), "ok"
             except Exception:
                 log.exception("prioritize: internal error; answering no scores")
                 return _json([]), "internal_error"

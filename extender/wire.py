@@ -21,8 +21,10 @@ answers HTTP 400); everything that *is* a request but describes an unschedulable
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import orjson
 
 
@@ -102,7 +104,7 @@ def parse_extender_args(body: bytes | str | Mapping[str, Any]) -> ExtenderArgs:
     raw_names = _get(doc, "NodeNames")
     node_names: list[str] | None = None
     if raw_names is not None:
-        if not isinstance(raw_names, list) or not all(isinstance(n, str) for n in raw_names):
+        if not isinstance(raw_names, list) or not all(map(isinstance, raw_names, repeat(str))):
             raise WireError("'NodeNames' must be a list of node name strings")
         node_names = raw_names
     raw_nodes = _get(doc, "Nodes")
@@ -209,6 +211,42 @@ def encode(doc: Any) -> bytes:
 def priority_list(hosts: Sequence[str], scores: Sequence[int]) -> list[dict[str, Any]]:
     """A ``HostPriorityList``: ``[{"Host": name, "Score": 0..10}, ...]``."""
     return [{"Host": h, "Score": int(s)} for h, s in zip(hosts, scores)]
+
+
+# '{"Host":"<name>","Score":' per node name, and '<score>},' per score 0..10: see encode_priority_list.
+_HOST_PREFIX: dict[str, bytes] = {}
+_HOST_PREFIX_MAX = 200_000
+_SCORE_TAIL = np.array([b"%d}," % s for s in range(11)] + [b""], dtype=object)[:-1]  # object array, not bytes_
+
+
+def encode_priority_list(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
+    """``encode(priority_list(hosts, scores))``, byte for byte, without building a dict per host.
+
+    Why: on a 5,000-node prioritize, making and encoding 5,000 small dicts was the largest single
+    cost of the answer. Each host's JSON prefix is made once and kept (node names repeat on every
+    request), so an answer is one join of pre-encoded pieces, laid out by list slicing (in C).
+    """
+    arr = np.asarray(scores)
+    if (not len(hosts) or arr.shape != (len(hosts),) or arr.dtype.kind not in "iu"
+            or arr.min() < 0 or arr.max() >= len(_SCORE_TAIL)):
+        return encode(priority_list(hosts, scores))
+    prefix = _HOST_PREFIX
+    try:
+        heads = list(map(prefix.__getitem__, hosts))
+    except KeyError:
+        if len(prefix) > _HOST_PREFIX_MAX:
+            prefix.clear()  # node names churned a lot: start over rather than grow without bound
+        for h in dict.fromkeys(hosts):  # in request order: later lookups walk memory in order
+            if h not in prefix:
+                prefix[h] = b'{"Host":' + orjson.dumps(h) + b',"Score":'
+        heads = [prefix.get(h) or b'{"Host":' + orjson.dumps(h) + b',"Score":' for h in hosts]
+    parts: list[bytes] = [b""] * (2 * len(hosts) + 2)
+    parts[0] = b"["
+    parts[1:-1:2] = heads
+    parts[2:-1:2] = _SCORE_TAIL[arr].tolist()
+    parts[-2] = parts[-2][:-1]  # no comma after the last entry
+    parts[-1] = b"]"
+    return b"".join(parts)
 
 
 def binding_result(error: str = "") -> dict[str, str]:

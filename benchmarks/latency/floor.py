@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
 from flask import Flask, Response, request
 
 from extender.gunicorn_conf import ExtenderServer, gunicorn_options
-from extender.wire import (binding_result, encode, filter_answer, parse_binding_args, parse_extender_args,
-                           priority_list)
+from extender.wire import (binding_result, encode, encode_priority_list, filter_answer, parse_binding_args,
+                           parse_extender_args)
 
 
 def create_floor_app() -> Flask:
@@ -31,7 +32,8 @@ def create_floor_app() -> Flask:
     @app.post("/prioritize")
     def prioritize_view() -> Response:
         args = parse_extender_args(request.get_data(cache=False))
-        return answer(priority_list(args.names, [0] * len(args.names)))
+        return Response(encode_priority_list(args.names, np.zeros(len(args.names), np.int64)),
+                        mimetype="application/json")
 
     @app.post("/bind")
     def bind_view() -> Response:
