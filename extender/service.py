@@ -121,6 +121,7 @@ class ExtenderService:
         self._uid_by_key: dict[str, str] = {}
         self._pods_lock = threading.Lock()
         self._cache_size = pod_cache_size
+        self._inflight: set[str] = set()  # pod UIDs whose binder call is running (guarded by model.lock)
 
     # ------------------------------------------------------------------------------- pods
     def pod_info(self, pod: Mapping[str, Any]) -> PodInfo:
@@ -305,13 +306,14 @@ class ExtenderService:
         """
         node = args.node
         if args.pod_uid:
+            busy = self._release_if_stale(args.pod_uid, node, args.key, args.pod_namespace, args.pod_name)
+            if busy:
+                return busy
             with self.model.lock:
                 prev = self.model.allocations.get(args.pod_uid)
                 record = self._record(prev) if prev is not None else None
-            if prev is not None:
-                # Already holds cards (a bind repeated, or rebuilt from the pod's annotation).
-                if prev.node != node:
-                    return f"pod {args.key} already holds cards {list(prev.cards)} on node {prev.node}"
+            if prev is not None and prev.node == node:
+                # Already holds cards on this node (a bind repeated, or rebuilt from the pod's annotation).
                 return self._complete(args.pod_namespace, args.pod_name, args.pod_uid, node, record, None, "")
         info = self._pod_for_bind(args)
         if isinstance(info, str):
@@ -325,6 +327,9 @@ class ExtenderService:
         if info.req.is_gpu:
             req, policy = info.req, info.policy
             assert policy is not None
+            busy = self._release_if_stale(uid, node, info.key, info.namespace, info.name)
+            if busy:
+                return busy
             with self.model.lock:
                 prev = self.model.allocations.get(uid)
                 if prev is not None:  # only reachable without PodUID in the request
@@ -346,6 +351,7 @@ class ExtenderService:
                     log.info("bind refused: %s -> %s: %s", info.key, node, exc)
                     return f"cannot bind {info.key} to {node}: {exc}"
                 record = self._record(alloc)
+                self._inflight.add(uid)
         err = self._complete(info.namespace, info.name, uid, node, record, alloc, info.req.describe())
         if not err:
             self._forget(uid)
@@ -360,6 +366,7 @@ class ExtenderService:
         except Exception as exc:  # BindError or anything else: never keep the reservation
             if reserved is not None:
                 with self.model.lock:
+                    self._inflight.discard(uid)
                     if self.model.allocations.get(uid) is reserved:
                         self.model.release(uid)
             # The binder's message is meant for the user (BindError); anything else is shown as is.
@@ -367,11 +374,51 @@ class ExtenderService:
             log.warning("bind %s -> %s failed%s: %s", key, node,
                         ", reservation released" if reserved is not None else "", msg)
             return f"cannot bind {key} to {node}: {msg}"
+        if reserved is not None:
+            with self.model.lock:
+                self._inflight.discard(uid)
         if record is None:
             log.info("bound %s -> %s (no GPU)", key, node)
         else:
             log.info("bound %s -> %s cards %s%s", key, node, ",".join(str(c.index) for c in record.cards),
                      f" ({what})" if what else " (already held)")
+        return ""
+
+    def _release_if_stale(self, uid: str, node: str, key: str, namespace: str, name: str) -> str:
+        """Before binding ``uid`` to ``node``: deal with cards it holds on ANOTHER node.
+
+        kube-scheduler only binds pods that are not bound yet. Cards such a pod holds elsewhere
+        are then a stale reservation: a bind whose Binding failed and whose clean-up failed too,
+        leaving the record on the pod (the feeder re-reads it). Keeping it would refuse the pod
+        forever, so it is released — but only once the pod source confirms the pod is unbound
+        (one lookup, outside the model lock), never while a bind of the pod is in flight, and
+        never without a pod source (embedded mode has no stale records). Returns '' or the
+        refusal message.
+        """
+        with self.model.lock:
+            prev = self.model.allocations.get(uid)
+            if prev is None or prev.node == node:
+                return ""
+            if uid in self._inflight:
+                return f"a bind of pod {key} to {prev.node} is still in progress"
+        refusal = f"pod {key} already holds cards {list(prev.cards)} on node {prev.node}"
+        if self.pod_source is None:
+            return refusal
+        try:
+            pod = self.pod_source.get_pod(namespace, name)
+        except Exception as exc:  # the API is down: keep the reservation, the scheduler retries
+            return f"{refusal} (cannot check whether it is bound: {exc})"
+        meta = (pod or {}).get("metadata") or {}
+        if not pod or meta.get("uid", uid) != uid:
+            return refusal
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        if bound_to:
+            return f"{refusal}; it is bound to {bound_to}"
+        with self.model.lock:
+            if self.model.allocations.get(uid) is prev and uid not in self._inflight:
+                log.warning("pod %s held cards %s on %s but is unbound and being bound to %s: "
+                            "releasing the stale reservation", key, list(prev.cards), prev.node, node)
+                self.model.release(uid)
         return ""
 
     # ------------------------------------------------------------------------------ views
