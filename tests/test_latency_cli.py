@@ -1,0 +1,57 @@
+"""`python -m benchmarks.latency --quick`: the benchmark runs end to end (real gunicorn servers,
+real HTTP clients) and writes a consistent table, CSV and JSON. No timing is asserted."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.latency import cluster
+from benchmarks.latency.client import Workload
+from extender.simcluster import parse_cluster
+from extender.wire import parse_extender_args
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_cluster_file_and_bodies_match_what_the_extender_loads():
+    doc = cluster.cluster_doc(37)
+    sim = parse_cluster(doc, "t")
+    assert [n.name for n in sim.nodes] == cluster.node_names(37)
+    assert sim.card_count == 37 * 8 and len({c.model for n in sim.nodes for c in n.cards}) == 5
+    plan = cluster.prefill_plan(37, seed=1)
+    assert len({node for node, _ in plan}) == 37 // 2
+    items = cluster.node_items(5)
+    w = Workload("127.0.0.1", 1, cluster.pods(2, seed=3), cluster.node_names(5), items)
+    full = parse_extender_args(w.args_body(0, None))
+    assert full.node_names is None and full.names == cluster.node_names(5)
+    assert full.nodes[0]["metadata"]["annotations"]["stowage.io/gpu-inventory"]
+    names = parse_extender_args(Workload("h", 1, w.pods, w.names).args_body(1, ["a10-00001"]))
+    assert names.nodes is None and names.names == ["a10-00001"] and names.pod == w.pods[1]
+
+
+def test_quick_run_writes_table_csv_and_json(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.latency", "--quick", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "filter p50/p99 ms" in proc.stdout and "Model memory for" in proc.stdout
+    doc = json.loads((out / "latency.json").read_text())
+    rows = {(r["variant"], r["mode"]): r for r in doc["results"]}
+    assert set(rows) == {("floor", "names"), ("floor", "full-nodes"), ("stowage", "names"),
+                         ("stowage", "full-nodes"), ("stowage+churn300", "names")}
+    pods = doc["meta"]["args"]["pods"]
+    for (variant, mode), r in rows.items():
+        assert r["errors"] == []
+        assert r["nodes"] == 200 and r["placed"] > 0 and r["filter_n"] >= r["placed"]
+        assert r["peak_mib"] > 0 and r["server_cpu_s"] >= 0
+        if variant == "floor":  # the floor says yes to everything
+            assert r["placed"] == (pods if mode == "names" else doc["meta"]["args"]["full_pods"])
+        else:
+            assert r["filter_p99_ms_x_floor"] > 0 and "pods_per_s_x_floor" in r
+    assert rows[("stowage+churn300", "names")]["churn_events_per_s"] > 0
+    with (out / "latency.csv").open() as fh:
+        assert len(list(csv.DictReader(fh))) == len(rows)
+    assert doc["meta"]["model_memory"]["cards"] == doc["meta"]["model_memory"]["nodes"] * 8
