@@ -242,3 +242,40 @@ def test_service_answers_match_the_reference_on_a_changing_cluster(seed):
         churn([fast_model, ref_model], rng, live, step)
         assert fast_model.allocations.keys() == ref_model.allocations.keys()
         assert all(fast_model.allocations[u].cards == ref_model.allocations[u].cards for u in live)
+
+
+# ------------------------------------------------------------------------ the placers' index
+def test_frag_index_incremental_state_matches_plain_sums_and_a_fresh_build():
+    """FragIndex keeps per-node aggregates (popcount/einsum sums, changed-row detection): after
+    random changes they must equal both the plain numpy sums and an index built from scratch."""
+    from extender.policies.frag import FragIndex, FragTable, PodClass, Workload
+
+    rng = np.random.default_rng(5)
+    prng = random.Random(5)
+    a = random_arrays(rng, 200, 8)
+    a.cpu_free[:] = np.where(np.isinf(a.cpu_free), 64000.0, a.cpu_free)
+    a.hmem_free[:] = np.where(np.isinf(a.hmem_free), 512000.0, a.hmem_free)
+    w = Workload()
+    for _ in range(40):
+        w.add(PodClass.of(random_req(prng), prng.choice([(), ("H100",)]), host_memory=True))
+    table = FragTable(w.typical(0.95))
+    models = ["UNKNOWN", "NVIDIA A10", "NVIDIA A100-SXM4-40GB", "NVIDIA H100-SXM5-80GB"]
+    ix = FragIndex(table, models)
+    for step in range(30):
+        ix.sync(a)
+        fresh = FragIndex(table, models)
+        fresh.sync(CardArrays(**{f: getattr(a, f).copy() for f in a.__dataclass_fields__}))
+        for name in ("left", "idle", "cnt", "big", "fits"):
+            assert np.array_equal(getattr(ix, name), getattr(fresh, name)), (step, name)
+        # F is a float dot product: summed over a subset of rows it may differ in the last bit.
+        assert np.allclose(ix.frag, fresh.frag, rtol=1e-12, atol=1e-9)
+        assert np.array_equal(ix.cnt, ix.fits.sum(axis=2))
+        assert np.array_equal(ix.big, (ix.fits * ix.left[None]).sum(axis=2))
+        assert np.array_equal(ix.idle, ix.left.sum(axis=1))
+        for _ in range(prng.randint(0, 4)):   # change a few cards in place, as binds/releases do
+            i, k = prng.randrange(200), prng.randrange(8)
+            field = prng.choice(["core_free", "mem_free", "healthy", "exists", "model"])
+            arr = getattr(a, field)
+            arr[i, k] = (not arr[i, k]) if arr.dtype == bool else max(0, int(arr[i, k]) - prng.choice([0, 100, 1024]))
+        if prng.random() < 0.3:
+            a.cpu_free[prng.randrange(200)] -= 1000
