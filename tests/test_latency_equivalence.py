@@ -279,3 +279,12 @@ def test_frag_index_incremental_state_matches_plain_sums_and_a_fresh_build():
             arr[i, k] = (not arr[i, k]) if arr.dtype == bool else max(0, int(arr[i, k]) - prng.choice([0, 100, 1024]))
         if prng.random() < 0.3:
             a.cpu_free[prng.randrange(200)] -= 1000
+
+        req = random_req(prng)
+        ix.sync(a)
+        if req.is_shared:   # runs of identical cards are computed once: same F as one pair at a time
+            usable = a.exists & a.healthy & (a.mem_free >= req.mem_mib) & (a.core_free >= req.core_milli)
+            ii, kk = np.nonzero(usable)
+            together = ix.after_share(a, ii, kk, req)
+            alone = np.array([ix.after_share(a, ii[q:q + 1], kk[q:q + 1], req)[0] for q in range(len(ii))])
+            assert np.allclose(together, alone, rtol=1e-12, atol=1e-9)

@@ -279,7 +279,19 @@ class FragIndex:
         """F of node ii[q] after the share pod goes on its card kk[q], for every pair q.
 
         Only share groups can still fit the card afterwards (it is no longer whole), so the
-        "after" fit is computed for them alone."""
+        "after" fit is computed for them alone.
+
+        A card identical to the one before it on the same node (the free cards of a node usually
+        are) gives the same F, so each run of identical cards is computed once and copied out:
+        on a half-empty cluster that is a fraction of the pairs."""
+        if len(ii) > 1:
+            same = ii[1:] == ii[:-1]
+            for arr in (a.mem_free, a.core_free, a.mem_total, a.model, a.exists, a.healthy):
+                col = arr[ii, kk]
+                same &= col[1:] == col[:-1]
+            if same.any():
+                first = np.r_[True, ~same]
+                return self.after_share(a, ii[first], kk[first], req)[np.cumsum(first) - 1]
         t = self.t
         mem1 = a.mem_free[ii, kk] - req.mem_mib
         core1 = a.core_free[ii, kk] - req.core_milli
