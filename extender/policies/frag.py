@@ -253,19 +253,34 @@ class FragIndex:
         return self.frag_of(a.cpu_free[rows] - cpu, a.hmem_free[rows] - hmem, self.idle[rows],
                             self.cnt[:, rows], self.big[:, rows])
 
-    def after_whole(self, a: CardArrays, rows: np.ndarray, req: GpuRequest) -> np.ndarray:
-        """F of ``rows`` after ``req.gpus`` whole free cards (in index order) go to the pod."""
+    def after_whole(self, a: CardArrays, rows: np.ndarray, req: GpuRequest,
+                    usable: np.ndarray | None = None) -> np.ndarray:
+        """F of ``rows`` after ``req.gpus`` whole free cards (in index order) go to the pod.
+
+        ``usable`` ([len(rows), K], the fit's usable cards of those rows) restricts the choice
+        to the cards the pod may use (model rules), as the card choice does; default: any free card.
+        """
         t = self.t
-        usable = a.exists[rows] & a.healthy[rows] & (a.pods[rows] == 0)
+        if usable is None:
+            usable = a.exists[rows] & a.healthy[rows] & (a.pods[rows] == 0)
         take = usable & (np.cumsum(usable, axis=1) <= req.gpus)                 # first free cards
-        r, k = np.nonzero(take)                                                 # req.gpus per row
-        ii = rows[r]
-        left = self.left[ii, k]
-        fits = self.fits[:, ii, k]                                               # [G, n*gpus]
         g, n = t.size, len(rows)
-        cnt = self.cnt[:, rows] - fits.reshape(g, n, -1).sum(axis=2)
-        big = self.big[:, rows] - (fits * left[None]).reshape(g, n, -1).sum(axis=2)
-        idle = self.idle[rows] - left.reshape(n, -1).sum(axis=1)
+        if not (row_count(take) == req.gpus).all():
+            # A row without req.gpus usable cards (not a feasible node): sum over the mask.
+            fits = self.fits[:, rows] & take[None]                               # [G, n, K]
+            left = np.where(take, self.left[rows], 0)
+            cnt = self.cnt[:, rows] - row_count(fits.reshape(-1, fits.shape[2])).reshape(g, n)
+            big = self.big[:, rows] - np.einsum("gnk,nk->gn", fits, left)
+            idle = self.idle[rows] - np.einsum("nk->n", left)
+        else:
+            r, k = np.nonzero(take)                                             # req.gpus per row
+            ii = rows[r]
+            left = self.left[ii, k]
+            fits = self.fits[:, ii, k]                                           # [G, n*gpus]
+            # Explicit shapes: with no GPU class in the workload (g == 0) "-1" cannot be inferred.
+            cnt = self.cnt[:, rows] - fits.reshape(g, n, req.gpus).sum(axis=2)
+            big = self.big[:, rows] - (fits * left[None]).reshape(g, n, req.gpus).sum(axis=2)
+            idle = self.idle[rows] - left.reshape(n, req.gpus).sum(axis=1)
         return self.frag_of(a.cpu_free[rows] - req.cpu_milli, a.hmem_free[rows] - req.host_mem_mib, idle, cnt, big)
 
     @staticmethod

@@ -86,6 +86,8 @@ class BestFitPlacer:
     def score(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray) -> np.ndarray:
         gpu_free = card_left(a, idx).sum(axis=1).astype(float)
         cpu_free = a.cpu_free[idx].astype(float)
+        # Host CPU not modelled (the extender: inf): no CPU term, rank on the GPU alone.
+        cpu_free = np.where(np.isfinite(cpu_free), cpu_free, float(req.cpu_milli))
         s = (cpu_free - req.cpu_milli) / MAX_SPEC_CPU * 0.5 + (gpu_free - _pod_milli(req)) / MAX_SPEC_GPU * 0.5
         return np.trunc((1.0 - s) * 100.0)
 
@@ -145,7 +147,7 @@ class FragPlacerBase:
             after = ix.after_share(a, idx[rows], kk, req)
             return before, after, rows, kk
         if req.is_whole:
-            return before, ix.after_whole(a, idx, req), None, None
+            return before, ix.after_whole(a, idx, req, usable[idx]), None, None
         return before, ix.after_cpu(a, idx, req.cpu_milli, req.host_mem_mib), None, None
 
 
