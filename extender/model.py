@@ -126,6 +126,12 @@ class ClusterModel:
         self.allocations: dict[str, PodAllocation] = {}
         self._free_slots: list[int] = list(range(capacity - 1, -1, -1))
         self.generation = 0  # bumped on every change; lets callers cache derived data
+        # Per-row change counter: bumped whenever anything in row i (its cards, host resources,
+        # schedulability, name or whole-only flag) changes, so callers can cache per-node work
+        # and recompute only the rows that changed (see extender/rowcache.py). A resize
+        # replaces ``self.a``; callers detect that by the arrays' identity.
+        self.row_gen = np.zeros(capacity, np.int64)
+        self._row_tick = 0
 
     # ----------------------------------------------------------------- nodes
     def model_id(self, model: str) -> int:
@@ -145,6 +151,7 @@ class ClusterModel:
         if not self._free_slots:
             grow = max(n, 16)
             self.a = self.a.resized(n + grow, self.a.shape[1])
+            self.row_gen = np.concatenate([self.row_gen, np.zeros(grow, np.int64)])
             self.names.extend([None] * grow)
             self._free_slots.extend(range(n + grow - 1, n - 1, -1))
         slot = self._free_slots.pop()
@@ -186,6 +193,7 @@ class ClusterModel:
             a.hmem_free[i] = host_mem_mib
             self.meta[name] = meta
             self._recompute_node(i, meta)
+            self._touch(i)
             self.generation += 1
 
     def _recompute_node(self, i: int, meta: NodeMeta) -> None:
@@ -200,7 +208,13 @@ class ClusterModel:
             if alloc is not None:
                 self._apply(i, alloc, +1)
 
+    def _touch(self, i: int) -> None:
+        """Row i changed: give it a generation no earlier snapshot can hold."""
+        self._row_tick += 1
+        self.row_gen[i] = self._row_tick
+
     def _apply(self, i: int, alloc: PodAllocation, sign: int) -> None:
+        self._touch(i)
         a = self.a
         a.cpu_free[i] -= sign * alloc.cpu_milli
         a.hmem_free[i] -= sign * alloc.host_mem_mib
@@ -225,6 +239,7 @@ class ClusterModel:
             a.nvlink[i] = False
             self.names[i] = None
             self._free_slots.append(i)
+            self._touch(i)
             meta = self.meta.get(name)
             if meta is not None:
                 for uid in meta.pods:

@@ -321,6 +321,9 @@ class SimplePlacer:
 
     name: str
     strategy: Callable[[CardArrays, GpuRequest, np.ndarray, np.ndarray], np.ndarray]
+    # No learned state: a strategy scores each node from its own row, so the extender caches
+    # scores per row (extender/rowcache.py). A placer without ``version`` is never cached.
+    version = 0
 
     def score(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray) -> np.ndarray:
         return self.strategy(a, req, idx, usable)

@@ -37,7 +37,10 @@ def first_free_cards(a: CardArrays, i: int, req: GpuRequest, usable_row: np.ndar
 
 
 class RandomPlacer:
-    """Uniformly random feasible node; random card for a share pod."""
+    """Uniformly random feasible node; random card for a share pod.
+
+    Has no ``version``: its scores are draws from a stream, not a function of the node, so the
+    extender never caches them (see extender/rowcache.py)."""
 
     name = "random"
 
@@ -82,6 +85,7 @@ class BestFitPlacer:
     """The paper's BestFit: least weighted CPU+GPU left over after placing, integer score."""
 
     name = "bestfit"
+    version = 0  # no learned state: scores depend on the node's row only (cacheable per row)
 
     def score(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray) -> np.ndarray:
         gpu_free = card_left(a, idx).sum(axis=1).astype(float)
@@ -110,6 +114,9 @@ class FragPlacerBase:
         self.table: FragTable | None = None
         self.index: FragIndex | None = None
         self._models: Sequence[str] = ()
+        # Changes whenever the learned state changes scores (table rebuilt, model table bound):
+        # the extender caches each node's score per version (extender/rowcache.py).
+        self.version = 0
 
     def prime(self, pairs: Iterable[tuple[GpuRequest, Sequence[str]]]) -> None:
         """Use a known workload (the trace's own pods, as the paper's FGD does)."""
@@ -120,6 +127,7 @@ class FragPlacerBase:
     def _rebuild(self) -> None:
         self.table = FragTable(self.workload.typical(self.coverage))
         self.index = None
+        self.version += 1
 
     def models_for(self, a: CardArrays) -> Sequence[str]:
         """The model table of the cluster model the arrays belong to (set by :meth:`bind_models`)."""
@@ -128,6 +136,7 @@ class FragPlacerBase:
     def bind_models(self, models: Sequence[str]) -> None:
         self._models = models
         self.index = None
+        self.version += 1
 
     def _index(self, a: CardArrays) -> FragIndex:
         if self.table is None:

@@ -59,13 +59,23 @@ class StowagePlacer(FragPlacerBase):
         table is rebuilt at 1, 2, 4, ... 256 pods, then every 128 pods (a full recompute)."""
         self.workload.add(PodClass.of(req, host_memory=self.host_memory))
         if req.is_gpu:
+            key = self._strand_key()
             self.gpu_milli += req.gpus * MILLI if req.is_whole else max(req.core_milli, req.mem_mib)
             self.gpu_cpu += req.cpu_milli
             self.gpu_mem += req.host_mem_mib
+            if self._strand_key() != key:  # the stranded term's ratios moved: scores change
+                self.version += 1
         self.seen += 1
         if self.seen >= self._next:
             self._rebuild()
             self._next = self.seen * 2 if self.seen < 256 else self.seen + 128
+
+    def _strand_key(self) -> tuple[float, float] | None:
+        """Exactly the learned values :meth:`stranded` uses (pods with no host CPU/memory, as
+        in the extender, leave them constant, so they do not invalidate cached scores)."""
+        if self.gpu_milli <= 0:
+            return None
+        return (max(self.gpu_cpu / self.gpu_milli, 1e-9), max(self.gpu_mem / self.gpu_milli, 1e-9))
 
     def stranded(self, idle: np.ndarray, cpu: np.ndarray, hmem: np.ndarray) -> np.ndarray:
         """Idle GPU-milli the node's CPU/memory left could not feed, at the workload's mean ratios."""

@@ -21,6 +21,7 @@ from .reference import best_fit_card, first_free_cards
 
 class GpushareBinpackPlacer:
     name = "gpushare-binpack"
+    version = 0  # no learned state: scores depend on the node's row only (cacheable per row)
 
     def score(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray) -> np.ndarray:
         left = card_left(a, idx)
@@ -52,6 +53,7 @@ def _card_usage(a: CardArrays, rows) -> tuple[np.ndarray, np.ndarray]:
 
 class HamiBinpackPlacer:
     name = "hami-binpack"
+    version = 0  # no learned state: scores depend on the node's row only (cacheable per row)
 
     def score(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray) -> np.ndarray:
         valid = a.exists[idx] & a.healthy[idx]
