@@ -51,12 +51,18 @@ class PodClass:
     core_milli: int = 0
     models: tuple[str, ...] = ()
     host_mem_mib: int = 0  # 0 when the measure ignores host memory (as the paper's FGD does)
+    min_card_mem_mib: int = 0  # whole-GPU pods: smallest card (total MiB) they accept
+
+    # Units: ``mem_mib`` is an absolute amount of card memory (MiB in the extender, 1/1000 of a
+    # card in the trace), so a class "fits" a card by its real free memory whatever the card's
+    # size: a 20 GiB slice fits four times on an 80 GiB card and once on a 24 GiB card.
 
     @classmethod
     def of(cls, req: GpuRequest, models: Sequence[str] = (), *, host_memory: bool = False) -> "PodClass":
         hm = req.host_mem_mib if host_memory else 0
         if req.is_whole:
-            return cls(req.cpu_milli, gpus=req.gpus, models=tuple(models), host_mem_mib=hm)
+            return cls(req.cpu_milli, gpus=req.gpus, models=tuple(models), host_mem_mib=hm,
+                       min_card_mem_mib=req.min_card_mem_mib)
         if req.is_shared:
             return cls(req.cpu_milli, mem_mib=req.mem_mib, core_milli=req.core_milli, models=tuple(models),
                        host_mem_mib=hm)
@@ -66,9 +72,18 @@ class PodClass:
     def is_gpu(self) -> bool:
         return self.gpus > 0 or self.mem_mib > 0 or self.core_milli > 0
 
+    def share_milli(self, card_mem_mib: float = MILLI) -> float:
+        """Milli-cards one card of this class takes on a card of ``card_mem_mib``: 1000 for whole
+        cards, max(compute, memory share) for a share pod, 0 for CPU-only."""
+        if self.gpus:
+            return float(MILLI)
+        if not self.is_gpu:
+            return 0.0
+        return float(min(MILLI, max(self.core_milli, self.mem_mib * MILLI / max(card_mem_mib, 1))))
+
     @property
     def milli_per_gpu(self) -> int:
-        """FGD's MilliGpu: 1000 for whole cards, the share for a share pod, 0 for CPU-only."""
+        """FGD's MilliGpu on a trace card (1000 memory units): only orders equally frequent classes."""
         if self.gpus:
             return MILLI
         return max(self.core_milli, self.mem_mib) if self.is_gpu else 0
@@ -117,7 +132,7 @@ class FragTable:
         for cls, p in classes:
             if not cls.is_gpu:
                 continue
-            key = (cls.gpus, cls.mem_mib, cls.core_milli, cls.models)
+            key = (cls.gpus, cls.mem_mib, cls.core_milli, cls.models, cls.min_card_mem_mib)
             if key not in gidx:
                 gidx[key] = len(keys)
                 keys.append(key)
@@ -131,6 +146,7 @@ class FragTable:
         self.mem = np.array([k[1] for k in keys], np.int64)
         self.core = np.array([k[2] for k in keys], np.int64)
         self.models = [k[3] for k in keys]
+        self.min_card = np.array([k[4] for k in keys], np.int64)                    # whole: card MiB >= this
         self.share_idx = np.flatnonzero(~self.whole)
         # Host-resource thresholds per class: W = M @ [cpu >= cpu_t and mem >= mem_t].
         self.cls_cpu = np.array(cls_cpu, np.float64)[:, None]
@@ -200,7 +216,7 @@ class FragIndex:
         """[G, n, K] card k of node can hold one card's worth of group g."""
         t = self.t
         allowed = self.allowed(a)[:, a.model[rows]]                               # [G, n, K]
-        whole = left[None] >= MILLI
+        whole = (left[None] >= MILLI) & (a.mem_total[rows][None] >= t.min_card[:, None, None])
         share = (a.mem_free[rows][None] >= t.mem[:, None, None]) & (a.core_free[rows][None] >= t.core[:, None, None])
         valid = (a.exists[rows] & a.healthy[rows])[None]
         return allowed & valid & np.where(t.whole[:, None, None], whole, share)

@@ -50,9 +50,15 @@ class StowagePlacer(FragPlacerBase):
         super().__init__()
         self.seen = 0
         self._next = 1
-        self.gpu_milli = 0.0   # GPU-milli, CPU and host memory asked for by the GPU pods seen
+        self.whole_milli = 0.0  # GPU-milli of the whole-GPU pods seen; CPU and host memory of all GPU pods
         self.gpu_cpu = 0.0
         self.gpu_mem = 0.0
+        # Share pods seen, as (compute milli, card memory): how many milli-cards a share is
+        # depends on the card it lands on (10 GiB is 1/8 of an 80 GiB card, 5/12 of a 24 GiB
+        # one), so it is converted per card size when needed, incrementally (see gpu_milli_on).
+        self._share_core: list[int] = []
+        self._share_mem: list[int] = []
+        self._milli_on: dict[float, tuple[int, float]] = {}
 
     def observe(self, req: GpuRequest) -> None:
         """Learn the workload: class counts and host resources per GPU-milli. The typical-pod
@@ -60,7 +66,11 @@ class StowagePlacer(FragPlacerBase):
         self.workload.add(PodClass.of(req, host_memory=self.host_memory))
         if req.is_gpu:
             key = self._strand_key()
-            self.gpu_milli += req.gpus * MILLI if req.is_whole else max(req.core_milli, req.mem_mib)
+            if req.is_whole:
+                self.whole_milli += req.gpus * MILLI
+            else:
+                self._share_core.append(req.core_milli)
+                self._share_mem.append(req.mem_mib)
             self.gpu_cpu += req.cpu_milli
             self.gpu_mem += req.host_mem_mib
             if self._strand_key() != key:  # the stranded term's ratios moved: scores change
@@ -70,34 +80,57 @@ class StowagePlacer(FragPlacerBase):
             self._rebuild()
             self._next = self.seen * 2 if self.seen < 256 else self.seen + 128
 
-    def _strand_key(self) -> tuple[float, float] | None:
-        """Exactly the learned values :meth:`stranded` uses (pods with no host CPU/memory, as
-        in the extender, leave them constant, so they do not invalidate cached scores)."""
-        if self.gpu_milli <= 0:
+    def _strand_key(self) -> tuple | None:
+        """The learned values :meth:`stranded` depends on. Pods with no host CPU/memory (as in
+        the extender, where kube-scheduler checks those) make the term 0 whatever the GPU
+        figures, so they leave the key constant and do not invalidate cached scores."""
+        if self.gpu_cpu <= 0 and self.gpu_mem <= 0:
             return None
-        return (max(self.gpu_cpu / self.gpu_milli, 1e-9), max(self.gpu_mem / self.gpu_milli, 1e-9))
+        return (self.gpu_cpu, self.gpu_mem, self.whole_milli, len(self._share_core))
 
-    def stranded(self, idle: np.ndarray, cpu: np.ndarray, hmem: np.ndarray) -> np.ndarray:
-        """Idle GPU-milli the node's CPU/memory left could not feed, at the workload's mean ratios."""
-        if self.gpu_milli <= 0:
-            return np.zeros(np.shape(idle))
-        with np.errstate(invalid="ignore"):
-            feed = np.minimum(cpu / max(self.gpu_cpu / self.gpu_milli, 1e-9),
-                              hmem / max(self.gpu_mem / self.gpu_milli, 1e-9))
-        return np.maximum(idle - np.maximum(np.nan_to_num(feed, posinf=1e18), 0), 0)
+    def gpu_milli_on(self, card_mem_mib: float) -> float:
+        """Milli-cards the GPU pods seen so far would take on cards of ``card_mem_mib``.
+
+        A share pod counts max(compute, memory / card memory) of one card (at most the card);
+        on the trace's 1000-unit cards that is its ``gpu_milli``. Kept per card size and
+        brought up to date with only the pods seen since the last call."""
+        n, total = self._milli_on.get(card_mem_mib, (0, 0.0))
+        if n < len(self._share_core):
+            core = np.asarray(self._share_core[n:], np.float64)
+            mem = np.asarray(self._share_mem[n:], np.float64)
+            total += float(np.minimum(MILLI, np.maximum(core, mem * MILLI / max(card_mem_mib, 1.0))).sum())
+            self._milli_on[card_mem_mib] = (len(self._share_core), total)
+        return self.whole_milli + total
+
+    def stranded(self, idle: np.ndarray, cpu: np.ndarray, hmem: np.ndarray,
+                 card_mem_mib: np.ndarray | float = MILLI) -> np.ndarray:
+        """Idle GPU-milli a node's CPU/memory left could not feed, at the mean CPU and memory per
+        milli-card of the GPU pods seen, their shares counted on the node's own card size."""
+        shape = np.shape(idle)
+        if self._strand_key() is None:
+            return np.zeros(shape)
+        sizes, inv = np.unique(np.broadcast_to(np.asarray(card_mem_mib, np.float64), shape), return_inverse=True)
+        milli = np.array([self.gpu_milli_on(float(c)) for c in sizes])[inv.reshape(shape)]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            feed = np.minimum(cpu / np.maximum(self.gpu_cpu / milli, 1e-9),
+                              hmem / np.maximum(self.gpu_mem / milli, 1e-9))
+        feed = np.where(milli > 0, np.nan_to_num(feed, posinf=1e18), 1e18)
+        return np.maximum(idle - np.maximum(feed, 0), 0)
 
     def _pair_scores(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray):
         before, after, rows, kk = self.frag_after(a, req, idx, usable)
         ix = self.index
         cpu0, mem0 = a.cpu_free[idx], a.hmem_free[idx]
         cpu1, mem1 = cpu0 - req.cpu_milli, mem0 - req.host_mem_mib
-        st0 = self.stranded(ix.idle[idx], cpu0, mem0)
+        card = a.mem_total[idx].max(axis=1)          # the node's card size (MiB; 1000 in the trace)
+        st0 = self.stranded(ix.idle[idx], cpu0, mem0, card)
         if rows is None:
             idle1 = ix.idle[idx] - (req.gpus * MILLI if req.is_whole else 0)
-            return before - after - self.strand_weight * (self.stranded(idle1, cpu1, mem1) - st0), None, None
+            st1 = self.stranded(idle1, cpu1, mem1, card)
+            return before - after - self.strand_weight * (st1 - st0), None, None
         ii = idx[rows]
         idle1 = ix.idle[ii] - ix.left[ii, kk] + ix.left_after_share(a, ii, kk, req)
-        st1 = self.stranded(idle1, cpu1[rows], mem1[rows])
+        st1 = self.stranded(idle1, cpu1[rows], mem1[rows], card[rows])
         return before[rows] - after - self.strand_weight * (st1 - st0[rows]), rows, kk
 
     def score(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray) -> np.ndarray:
