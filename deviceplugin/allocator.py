@@ -3,8 +3,15 @@
 The kubelet's GetPreferredAllocation and Allocate carry only device IDs and a size, never the
 pod. The pod is identified from the pods bound to this node that carry a Stowage allocation
 record (``stowage.io/allocation``, written by the extender at bind time) and have containers
-still waiting for this resource (the :class:`Ledger` counts the Allocate calls already answered,
-one per container, init containers first as the kubelet does):
+still waiting for this resource. Which containers are served is learned from the kubelet's
+PodResources API (:class:`~deviceplugin.reconcile.KubeletView`, which survives a plugin restart)
+and from the :class:`Ledger` of Allocate calls this process answered (one per container, init
+containers first as the kubelet does; the only source when PodResources is unreachable, and the
+only one for init containers, which a v1.28 kubelet does not list). A pod that holds some but not
+all of its devices is the one the kubelet is admitting (admission is serial): while there is
+one, only it is a candidate, so all of a container's resources land on the same card. Records
+that the kubelet has already contradicted are matched in their corrected form
+(:mod:`deviceplugin.reconcile`).
 
 - GetPreferredAllocation (a hint): candidates whose next container asks for exactly
   ``allocation_size`` devices and whose recorded card(s) have enough of the offered devices.
@@ -26,6 +33,7 @@ from stowage.resources import (RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEM
                                quantity_to_int)
 
 from .devices import DeviceTable, UnknownDevice
+from .reconcile import KubeletView, bind_order as _order
 
 FAILED_PRECONDITION = "FAILED_PRECONDITION"
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
@@ -53,6 +61,7 @@ class Candidate:
     sizes: tuple[int, ...]      # devices of this resource per container (init first), only > 0
     done: int                   # Allocate calls already answered for this pod and resource
     order: tuple[str, ...]      # bind time, creation time, namespace, name: kubelet admission order
+    in_progress: bool = False   # the kubelet gave it some of its devices but not all: being admitted
 
     @property
     def ref(self) -> str:
@@ -86,6 +95,22 @@ class Ledger:
     def add(self, uid: str, resource: str, ids: Iterable[str]) -> None:
         self.given.setdefault((uid, resource), []).append(tuple(ids))
 
+    def reattribute(self, owner_uid: Any) -> None:
+        """Move answers the kubelet lists under another pod to that pod.
+
+        ``owner_uid(resource, device_id)`` is the uid of the pod PodResources lists with that
+        device, or None. Allocate cannot see the pod, so an answer may have been booked to the
+        wrong one of two pending pods; the kubelet's list says whose it really is.
+        """
+        for (uid, resource), entries in list(self.given.items()):
+            for ids in list(entries):
+                owners = {owner_uid(resource, i) for i in ids} - {None}
+                if len(owners) == 1 and uid not in owners:
+                    entries.remove(ids)
+                    self.given.setdefault((owners.pop(), resource), []).append(ids)
+            if not entries:
+                del self.given[(uid, resource)]
+
     def forget_except(self, live_uids: set[str]) -> None:
         """Drop pods that no longer exist, so the ledger does not grow forever."""
         for key in [k for k in self.given if k[0] not in live_uids]:
@@ -93,6 +118,11 @@ class Ledger:
 
 
 def _container_sizes(pod: Mapping[str, Any], resource: str) -> tuple[int, ...]:
+    return tuple(n for _, n in _named_sizes(pod, resource))
+
+
+def _named_sizes(pod: Mapping[str, Any], resource: str) -> list[tuple[str, int]]:
+    """(container name, devices of ``resource``) for containers that need some, init first."""
     spec = pod.get("spec") or {}
     sizes = []
     for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
@@ -105,17 +135,16 @@ def _container_sizes(pod: Mapping[str, Any], resource: str) -> tuple[int, ...]:
         except RequestError:
             n = 0
         if n > 0:
-            sizes.append(n)
-    return tuple(sizes)
+            sizes.append((str(c.get("name") or ""), n))
+    return sizes
 
 
-def _order(pod: Mapping[str, Any]) -> tuple[str, ...]:
-    meta = pod.get("metadata") or {}
-    bound = ""
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if isinstance(cond, Mapping) and cond.get("type") == "PodScheduled":
-            bound = str(cond.get("lastTransitionTime") or "")
-    return (bound, str(meta.get("creationTimestamp") or ""), str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+def _view_done(view: KubeletView | None, ref: tuple[str, str], named: list[tuple[str, int]], resource: str) -> int:
+    """Containers served as the kubelet lists them: up to the last listed one (init containers are not listed)."""
+    if view is None:
+        return 0
+    listed = view.containers(ref, resource)
+    return max((k + 1 for k, (name, _) in enumerate(named) if name in listed), default=0)
 
 
 @dataclass
@@ -124,8 +153,25 @@ class PodSurvey:
     notes: list[str]            # pods that need the resource but cannot be candidates, and why
 
 
-def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: Ledger) -> PodSurvey:
-    """The candidates among the pods bound to ``node``, plus notes explaining the others."""
+def _progress(pod: Mapping[str, Any], uid: str, ref: tuple[str, str], ledger: Ledger,
+              view: KubeletView | None) -> dict[str, tuple[int, int]]:
+    """resource -> (containers served, served as the kubelet lists them), for each of our resources the pod uses."""
+    out = {}
+    for r in (RESOURCE_GPU, RESOURCE_GPU_MEMORY, RESOURCE_GPU_CORE):
+        named = _named_sizes(pod, r)
+        if named:
+            listed = _view_done(view, ref, named, r)
+            out[r] = (max(ledger.count(uid, r), listed), listed)
+    return out
+
+
+def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: Ledger,
+           view: KubeletView | None = None, overrides: Mapping[str, AllocationRecord] | None = None) -> PodSurvey:
+    """The candidates among the pods bound to ``node``, plus notes explaining the others.
+
+    ``view``: what the kubelet lists as allocated (None when PodResources is unreachable);
+    ``overrides``: pod uid -> corrected record, used instead of the pod's annotation.
+    """
     cands: list[Candidate] = []
     notes: list[str] = []
     for pod in pods:
@@ -137,11 +183,15 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
         if not sizes:
             continue
         uid = str(meta.get("uid") or ref)
-        done = ledger.count(uid, resource)
+        progress = _progress(pod, uid, (str(meta.get("namespace") or ""), str(meta.get("name") or "")), ledger, view)
+        done = progress[resource][0]
         if done >= len(sizes):
             continue
+        # only the kubelet's own list says "being admitted": a ledger entry of a pod whose
+        # admission failed must not block the others
+        in_progress = any(listed > 0 for _, listed in progress.values())
         try:
-            rec = allocation_of_pod(pod)
+            rec = (overrides or {}).get(uid) or allocation_of_pod(pod)
         except AllocationError as exc:
             notes.append(f"{ref}: {exc}")
             continue
@@ -152,8 +202,12 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
             notes.append(f"{ref}: its record names node {rec.node!r} with {len(rec.cards)} card(s), this is {node!r}")
             continue
         cands.append(Candidate(uid=uid, namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""),
-                               record=rec, sizes=sizes, done=done, order=_order(pod)))
+                               record=rec, sizes=sizes, done=done, order=_order(pod), in_progress=in_progress))
     cands.sort(key=lambda c: c.order)
+    busy = [c for c in cands if c.in_progress]
+    if busy:
+        notes += [f"{c.ref}: waits, the kubelet is admitting {', '.join(b.ref for b in busy)}" for c in cands if not c.in_progress]
+        cands = busy
     return PodSurvey(cands, notes)
 
 

@@ -24,8 +24,11 @@ from stowage import genprotos
 from stowage.inventory import Card, encode_inventory
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES
 
-from . import allocator
+from exporter.podresources.client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
+
+from . import allocator, reconcile
 from .devices import DeviceTable
+from .podres import KubeletAllocations
 from .health import DEFAULT_IGNORED_XIDS, HealthTracker
 from .nvml import GpuInfo, Nvml, NvmlUnavailable, XidEvents
 
@@ -59,6 +62,9 @@ class PluginConfig:
     poll_s: float = 0.1
     register_timeout_s: float = 5.0
     core_api: Any = None          # kubernetes CoreV1Api, or None to run without the API server
+    pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET   # "" disables (in-memory fallback)
+    reconcile_interval_s: float = 5.0
+    reconcile_after_allocate_s: float = 0.5
 
 
 class DeviceState:
@@ -96,8 +102,10 @@ class DeviceState:
 class Allocations:
     """Glue between the kubelet calls and the pure :mod:`allocator`: pod listing, ledger, steering."""
 
-    def __init__(self, state: DeviceState, node: str, pod_lister: Any, dev_root: str) -> None:
+    def __init__(self, state: DeviceState, node: str, pod_lister: Any, dev_root: str,
+                 kubelet: KubeletAllocations | None = None, on_allocated: Callable[[], None] | None = None) -> None:
         self.state, self.node, self.pod_lister, self.dev_root = state, node, pod_lister, dev_root
+        self.kubelet, self.on_allocated = kubelet, on_allocated
         self.ledger = allocator.Ledger()
         self._steered: dict[tuple[str, frozenset[str]], str] = {}
         self._lock = threading.Lock()  # one decision at a time: two calls must not pick the same pod
@@ -112,7 +120,16 @@ class Allocations:
             raise allocator.AllocationRefused("UNAVAILABLE", f"{resource}: cannot list the pods of node "
                                               f"{self.node} from the API server: {exc}") from exc
         self.ledger.forget_except({str((p.get("metadata") or {}).get("uid")) for p in pods})
-        return allocator.survey(pods, self.node, resource, self.ledger)
+        rows = self.kubelet.rows() if self.kubelet is not None else None
+        if rows is None:  # PodResources unreachable: this process's ledger is all we know
+            return allocator.survey(pods, self.node, resource, self.ledger)
+        view = reconcile.kubelet_view(rows, self.state.table)
+        uid_of = {(str(m.get("namespace") or ""), str(m.get("name") or "")): str(m.get("uid") or "")
+                  for m in ((p.get("metadata") or {}) for p in pods)}
+        owners = {r: view.owners(r) for r in GPU_RESOURCES}
+        self.ledger.reattribute(lambda r, i: uid_of.get(owners[r][i]) if i in owners.get(r, {}) else None)
+        fixes, _ = reconcile.corrections(pods, view, self.node, self.state.table)
+        return allocator.survey(pods, self.node, resource, self.ledger, view, {f.uid: f.new for f in fixes})
 
     def preferred(self, resource: str, req: Any) -> Any:
         out = []
@@ -141,6 +158,8 @@ class Allocations:
                 log.info("%s: allocated %s to %s (container %d of %d)", resource, ", ".join(ids), cand.ref,
                          cand.done + 1, len(cand.sizes))
                 out.append(pb.ContainerAllocateResponse(envs=ans.envs, devices=specs))
+        if self.on_allocated is not None:
+            self.on_allocated()
         return pb.AllocateResponse(container_responses=out)
 
 
@@ -299,6 +318,7 @@ class DevicePlugin:
         self.nvml_ok = False
         self.endpoints: list[Endpoint] = []
         self.publisher: Any = None
+        self.reconciler: Any = None
         self.health: HealthMonitor | None = None
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -335,7 +355,15 @@ class DevicePlugin:
             self._publish()
         else:
             log.warning("no Kubernetes API access or node name: inventory not published, Allocate will refuse")
-        self.allocs = Allocations(self.state, cfg.node, lister, cfg.dev_root)
+        source = KubeletAllocations(cfg.pod_resources_socket)
+        source.rows()  # learn now what the kubelet already allocated (or log, once, that we cannot)
+        if lister is not None:
+            from .reconciler import Reconciler
+            self.reconciler = Reconciler(self.state.table, cfg.node, lister, source, cfg.core_api,
+                                         cfg.reconcile_interval_s, cfg.reconcile_after_allocate_s)
+            self.reconciler.start()
+        self.allocs = Allocations(self.state, cfg.node, lister, cfg.dev_root, source,
+                                  self.reconciler.poke if self.reconciler is not None else None)
         for r in cfg.resources:
             ep = Endpoint(r, os.path.join(cfg.plugin_dir, socket_name(r)), self.state, self.allocs)
             ep.serve()
@@ -392,6 +420,8 @@ class DevicePlugin:
             ep.close(remove=True)
         if self.health is not None:
             self.health.stop()
+        if self.reconciler is not None:
+            self.reconciler.stop()
         if self.publisher is not None:
             self.publisher.stop()
         self.nvml.shutdown()

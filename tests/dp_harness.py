@@ -1,4 +1,5 @@
-"""Test rig for the device plugin: fake NVML + fake kubelet + fake API server, real plugin code."""
+"""Test rig for the device plugin: fake NVML + fake kubelet (device plugin API and, fed from the same
+allocations, its PodResources API) + fake API server, real plugin code."""
 from __future__ import annotations
 
 import contextlib
@@ -12,6 +13,7 @@ from typing import Any, Iterator
 from fakekube import FakeKube, make_node, make_pod
 from fakekubelet import FakeKubelet
 from fakenvml import FakeNvml, default_cards
+from fakepodresources import FakePodResources
 
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, encode_allocation
 from stowage.resources import RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY
@@ -27,12 +29,21 @@ class Rig:
     plugin: Any
     dir: str
     dev_root: str
+    podres: FakePodResources | None = None
 
     def uuid(self, i: int) -> str:
         return self.nvml.cards[i].uuid
 
     def registered(self) -> bool:
         return self.kubelet.wait_for(lambda: set(self.kubelet.plugins) == set(self.plugin.cfg.resources))
+
+    def restart_plugin(self) -> None:
+        """Stop the plugin process and start a fresh one (empty memory), as a DaemonSet pod restart does."""
+        from deviceplugin.server import DevicePlugin
+        cfg = self.plugin.cfg
+        self.plugin.stop()
+        self.plugin = DevicePlugin(cfg)
+        self.plugin.start()
 
 
 def short_tmpdir() -> str:
@@ -42,7 +53,7 @@ def short_tmpdir() -> str:
 
 @contextlib.contextmanager
 def rig(monkeypatch: Any, cards: Any = None, driver_loaded: bool = True, start_kubelet: bool = True,
-        **cfg: Any) -> Iterator[Rig]:
+        podresources: bool = True, **cfg: Any) -> Iterator[Rig]:
     from deviceplugin.server import DevicePlugin, PluginConfig
     import kubernetes.client
 
@@ -59,17 +70,25 @@ def rig(monkeypatch: Any, cards: Any = None, driver_loaded: bool = True, start_k
     kubelet = FakeKubelet(plugin_dir)
     if start_kubelet:
         kubelet.start()
+    podres = None
+    if podresources:
+        podres = FakePodResources()
+        podres.source = kubelet.pod_resources
+        podres.start()
     settings = dict(node=NODE, plugin_dir=plugin_dir, dev_root=dev_root, recovery_quiet_s=0.3,
-                    probe_interval_s=0.1, event_wait_ms=50, core_api=kubernetes.client.CoreV1Api(kube.api_client()))
+                    probe_interval_s=0.1, event_wait_ms=50, core_api=kubernetes.client.CoreV1Api(kube.api_client()),
+                    pod_resources_socket=podres.sock if podres else os.path.join(base, "no-pod-resources", "kubelet.sock"))
     settings.update(cfg)
     plugin = DevicePlugin(PluginConfig(**settings))
     plugin.start()
-    r = Rig(kube, kubelet, nv, plugin, plugin_dir, dev_root)
+    r = Rig(kube, kubelet, nv, plugin, plugin_dir, dev_root, podres)
     try:
         yield r
     finally:
-        plugin.stop()
+        r.plugin.stop()
         kubelet.stop()
+        if podres is not None:
+            podres.close()
         kube.stop()
         shutil.rmtree(base, ignore_errors=True)
 

@@ -12,7 +12,11 @@ It behaves as ../shared/kubelet/README.md records for a real kubelet v1.28:
 - too few free healthy devices: the admission fails and the plugin gets no call at all;
 - a plugin whose ListAndWatch stream ends has all its devices marked Unhealthy;
 - ``restart()``: deletes every file in the directory except the checkpoint (the plugin's socket
-  included), serves a new ``kubelet.sock`` and never reconnects to old endpoints.
+  included), serves a new ``kubelet.sock`` and never reconnects to old endpoints;
+- ``pod_resources()``: what its PodResources API would list (feed it to
+  ``fakepodresources.FakePodResources.source``): every admitted pod by namespace/name, no UID,
+  regular containers only (a v1.28 kubelet does not list init containers), each container's
+  devices as soon as its Allocate was answered (the kubelet records them before its next call).
 """
 from __future__ import annotations
 
@@ -65,6 +69,7 @@ class FakeKubelet:
         self.allocated: dict[str, dict[str, dict[str, list[str]]]] = {}  # pod uid -> container -> resource -> ids
         self.responses: dict[str, dict[str, dict[str, Any]]] = {}  # pod uid -> container -> resource -> response
         self.calls: list[tuple[str, str]] = []  # (rpc, resource) in call order
+        self.pods: dict[str, tuple[str, str, list[str]]] = {}  # pod uid -> (namespace, name, regular containers)
         self.cond = threading.Condition()
         self.server: Any = None
         self.started_at = 0.0
@@ -168,7 +173,20 @@ class FakeKubelet:
 
     def release(self, uid: str) -> None:
         """The pod ended: its devices are free again."""
-        self.allocated.pop(uid, None)
+        with self.cond:
+            self.allocated.pop(uid, None)
+            self.pods.pop(uid, None)
+
+    def pod_resources(self) -> list[Any]:
+        """The PodResources List of this kubelet (as ``fakepodresources.FakePod`` rows)."""
+        from fakepodresources import FakePod
+        out = []
+        with self.cond:
+            for uid, (ns, name, regular) in self.pods.items():
+                alloc = self.allocated.get(uid) or {}
+                out.append(FakePod(ns, name, uid, {c: {r: list(ids) for r, ids in (alloc.get(c) or {}).items()}
+                                                   for c in regular}))
+        return out
 
     # ---- admission ------------------------------------------------------------------------------
     def admit(self, pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -177,8 +195,11 @@ class FakeKubelet:
         spec = pod["spec"]
         containers = [(c, True) for c in spec.get("initContainers") or []] + [(c, False) for c in spec["containers"]]
         reuse: dict[str, list[str]] = {}
-        self.allocated.setdefault(uid, {})
-        self.responses.setdefault(uid, {})
+        meta = pod["metadata"]
+        with self.cond:
+            self.allocated.setdefault(uid, {})
+            self.responses.setdefault(uid, {})
+            self.pods[uid] = (meta.get("namespace") or "default", meta["name"], [c["name"] for c in spec["containers"]])
         try:
             for c, is_init in containers:
                 limits = (c.get("resources") or {}).get("limits") or {}
@@ -187,15 +208,18 @@ class FakeKubelet:
                     if n <= 0 or "/" not in resource or resource.startswith(("cpu", "memory")):
                         continue
                     ids, resp = self._allocate_container(resource, n, reuse.get(resource, []))
-                    self.allocated[uid].setdefault(c["name"], {})[resource] = ids
+                    with self.cond:  # recorded before the next call, as the kubelet's device manager does
+                        self.allocated[uid].setdefault(c["name"], {})[resource] = ids
                     self.responses[uid].setdefault(c["name"], {})[resource] = resp
                     if is_init:
                         reuse[resource] = sorted(set(reuse.get(resource, [])) | set(ids))
                     else:
                         reuse[resource] = [i for i in reuse.get(resource, []) if i not in ids]
         except AdmissionError:
-            self.allocated.pop(uid, None)
-            self.responses.pop(uid, None)
+            with self.cond:
+                self.allocated.pop(uid, None)
+                self.responses.pop(uid, None)
+                self.pods.pop(uid, None)
             raise
         return self.responses[uid]
 

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import grpc
 
@@ -43,6 +43,8 @@ class FakePodResources(pb_grpc.PodResourcesListerServicer):
         self.list_calls = 0
         self.fail: grpc.StatusCode | None = None
         self.server: Any = None
+        # when set, List answers with the pods this returns (e.g. a fake kubelet's live allocations)
+        self.source: Callable[[], list[FakePod]] | None = None
 
     def add(self, namespace: str, name: str, uid: str, containers: dict[str, dict[str, list[str]]]) -> FakePod:
         pod = FakePod(namespace, name, uid, containers)
@@ -60,7 +62,8 @@ class FakePodResources(pb_grpc.PodResourcesListerServicer):
         self.list_calls += 1
         if self.fail is not None:
             context.abort(self.fail, "injected failure")
-        return pb.ListPodResourcesResponse(pod_resources=[self._pod(p) for p in self.pods])
+        pods = self.source() if self.source is not None else self.pods
+        return pb.ListPodResourcesResponse(pod_resources=[self._pod(p) for p in pods])
 
     def Get(self, request: Any, context: Any) -> Any:
         for p in self.pods:
