@@ -109,12 +109,18 @@ class StowagePlacer(FragPlacerBase):
         shape = np.shape(idle)
         if self._strand_key() is None:
             return np.zeros(shape)
-        sizes, inv = np.unique(np.broadcast_to(np.asarray(card_mem_mib, np.float64), shape), return_inverse=True)
-        milli = np.array([self.gpu_milli_on(float(c)) for c in sizes])[inv.reshape(shape)]
+        card = np.asarray(card_mem_mib, np.float64)
+        first = float(card.flat[0]) if card.size else float(MILLI)
+        if card.ndim == 0 or (card == first).all():          # one card size (the trace): no unique()
+            milli = np.float64(self.gpu_milli_on(first))
+        else:
+            sizes, inv = np.unique(np.broadcast_to(card, shape), return_inverse=True)
+            milli = np.array([self.gpu_milli_on(float(c)) for c in sizes])[inv.reshape(shape)]
         with np.errstate(invalid="ignore", divide="ignore"):
+            # Ratios are >= 1e-9, so feed is finite or +inf (host resources not modelled): never NaN.
             feed = np.minimum(cpu / np.maximum(self.gpu_cpu / milli, 1e-9),
                               hmem / np.maximum(self.gpu_mem / milli, 1e-9))
-        feed = np.where(milli > 0, np.nan_to_num(feed, posinf=1e18), 1e18)
+        feed = np.where(milli > 0, feed, np.inf)
         return np.maximum(idle - np.maximum(feed, 0), 0)
 
     def _pair_scores(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray):
