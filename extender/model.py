@@ -132,6 +132,7 @@ class ClusterModel:
         # replaces ``self.a``; callers detect that by the arrays' identity.
         self.row_gen = np.zeros(capacity, np.int64)
         self._row_tick = 0
+        self.index_gen = 0  # bumped when a node name is added to or removed from ``index``
 
     # ----------------------------------------------------------------- nodes
     def model_id(self, model: str) -> int:
@@ -156,6 +157,7 @@ class ClusterModel:
             self._free_slots.extend(range(n + grow - 1, n - 1, -1))
         slot = self._free_slots.pop()
         self.index[name] = slot
+        self.index_gen += 1
         self.names[slot] = name
         return slot
 
@@ -232,6 +234,7 @@ class ClusterModel:
             i = self.index.pop(name, None)
             if i is None:
                 return
+            self.index_gen += 1
             a = self.a
             for arr in (a.exists, a.healthy, a.node_ok):
                 arr[i] = False

@@ -25,6 +25,7 @@ from .model import CardArrays
 from .policy import PACK, PREFER_LOCAL, SPREAD, PodPolicy
 
 MAX_EXTENDER_PRIORITY = 10
+RAW_DECIMALS = 9  # raw placer scores are compared to 1e-9 (see to_extender_scores)
 
 
 # --------------------------------------------------------------------------- step 1: cards
@@ -408,7 +409,10 @@ def to_extender_scores(raw: np.ndarray) -> np.ndarray:
     Min-max over the candidates so the best node always gets 10 and the worst 0; equal raw
     scores give equal integers; a single candidate gets 10.
     """
-    raw = np.asarray(raw, float)
+    # Raw scores equal up to float noise are equal: the fragmentation placers' sums come out a
+    # last bit different depending on which other nodes were evaluated in the same call (numpy
+    # sums short axes in a shape-dependent order), and a per-node cache must not change answers.
+    raw = np.round(np.asarray(raw, float), RAW_DECIMALS)
     if raw.size == 0:
         return raw.astype(np.int64)
     lo, hi = float(np.min(raw)), float(np.max(raw))

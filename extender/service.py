@@ -26,6 +26,7 @@ from stowage.allocation import AllocationRecord, CardShare
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError, pod_gpu_request
 
 from . import scoring
+from .rowcache import DEFAULT_MAX_SHAPES, RowCache, cacheable
 from .errors import BindError  # noqa: F401  (re-exported: binders raise it)
 from .model import AllocationConflict, CardArrays, ClusterModel, PodAllocation
 from .policy import PACK, SPREAD, PodPolicy, PolicyError, parse_policy
@@ -108,7 +109,8 @@ class ExtenderService:
     def __init__(self, model: ClusterModel, *, binder: Binder | None = None, pod_source: PodSource | None = None,
                  memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB, default_policy: PodPolicy | None = None,
                  placer_factory: Callable[[str], scoring.Placer] = scoring.placer_for,
-                 pod_cache_size: int = 100_000) -> None:
+                 pod_cache_size: int = 100_000, row_cache: bool = True,
+                 row_cache_shapes: int = DEFAULT_MAX_SHAPES) -> None:
         if memory_unit_mib <= 0:
             raise ValueError("memory unit must be a positive number of MiB")
         self.model = model
@@ -122,6 +124,10 @@ class ExtenderService:
         self._pods_lock = threading.Lock()
         self._cache_size = pod_cache_size
         self._inflight: set[str] = set()  # pod UIDs whose binder call is running (guarded by model.lock)
+        # Per-node results by pod shape, recomputed only for rows that changed (guarded by
+        # model.lock). ``row_cache=False`` computes everything afresh: the tests' reference.
+        self.row_cache: RowCache | None = RowCache(row_cache_shapes) if row_cache else None
+        self._names_memo: tuple[list[str], int, np.ndarray] | None = None  # last NodeNames -> rows
 
     # ------------------------------------------------------------------------------- pods
     def pod_info(self, pod: Mapping[str, Any]) -> PodInfo:
@@ -174,8 +180,22 @@ class ExtenderService:
 
     # ----------------------------------------------------------------------------- filter
     def _indices(self, names: list[str]) -> np.ndarray:
+        """Model rows of ``names`` (-1: unknown). Called under ``model.lock``.
+
+        kube-scheduler sends the same NodeNames list request after request: the rows of the
+        last list are kept and reused when the list is equal (one C-level comparison, cheaper
+        than 5,000 hash lookups) and no node was added or removed since."""
+        memo = self._names_memo
+        index_gen = self.model.index_gen
+        if (memo is not None and memo[1] == index_gen and len(memo[0]) == len(names)
+                and (not names or (memo[0][0] == names[0] and memo[0][-1] == names[-1])) and memo[0] == names):
+            return memo[2]
         # map() over dict.get runs in C: a third of the cost of a generator on 5,000 names.
-        return np.fromiter(map(self.model.index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+        idx = np.fromiter(map(self.model.index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+        idx.flags.writeable = False  # shared between requests
+        if self.row_cache is not None:
+            self._names_memo = (list(names), index_gen, idx)
+        return idx
 
     def _whole_only(self, a: CardArrays, rows: np.ndarray, names: list[str], texts: list[str]) -> list[str]:
         """:meth:`_reason`'s whole-only override for a shared pod, over many failing nodes at once."""
@@ -208,17 +228,25 @@ class ExtenderService:
             idx = self._indices(names)
             known = idx >= 0
             safe = np.where(known, idx, 0)
-            mask = scoring.card_mask(a, self.model.models, policy, req)
-            f = scoring.fit(a, req, mask)
-            ok = known & f.ok[safe]
+            if self.row_cache is not None:
+                e = self.row_cache.fit(self.model, req, policy)
+                node_ok, node_unres, mask = e.ok, e.unres, e.mask
+            else:
+                mask = scoring.card_mask(a, self.model.models, policy, req)
+                f = scoring.fit(a, req, mask)
+                node_ok, node_unres = f.ok, f.unresolvable
+            ok = known & node_ok[safe]
             fail = np.flatnonzero(known & ~ok)  # reasons for failing nodes only, all at once
             if fail.size:
                 rows = idx[fail]
                 fail_names = _take(names, fail)
-                texts = scoring.reasons(a, rows, req, mask)
-                if req.is_shared:
-                    texts = self._whole_only(a, rows, fail_names, texts)
-                unres = f.unresolvable[rows]
+                if self.row_cache is not None:
+                    texts = self._cached_reasons(e, a, rows, req)
+                else:
+                    texts = scoring.reasons(a, rows, req, mask)
+                    if req.is_shared:
+                        texts = self._whole_only(a, rows, fail_names, texts)
+                unres = node_unres[rows]
                 if unres.any():
                     unresolvable = dict(zip(_take(fail_names, unres), _take(texts, unres)))
                     failed = dict(zip(_take(fail_names, ~unres), _take(texts, ~unres)))
@@ -237,6 +265,21 @@ class ExtenderService:
                 passing_nodes = [n for n in args.nodes if n["metadata"]["name"] in keep]
         return filter_answer(args, passing=passing, passing_nodes=passing_nodes,
                              failed=failed, unresolvable=unresolvable)
+
+    def _cached_reasons(self, e, a: CardArrays, rows: np.ndarray, req: GpuRequest) -> list[str]:
+        """Failure texts of ``rows`` from the row cache, computing (once) those not known yet."""
+        got = e.reason[rows]
+        missing = np.flatnonzero(np.equal(got, None))
+        if missing.size:
+            new = np.unique(rows[missing])
+            texts = scoring.reasons(a, new, req, e.mask)
+            if req.is_shared:
+                texts = self._whole_only(a, new, [self.model.names[r] for r in new.tolist()], texts)
+            filled = np.empty(len(texts), dtype=object)
+            filled[:] = texts
+            e.reason[new] = filled
+            got = e.reason[rows]
+        return got.tolist()
 
     # ------------------------------------------------------------------------- prioritize
     def prioritize(self, args: ExtenderArgs, *, as_json: bool = False) -> list[dict[str, Any]] | bytes:
@@ -263,12 +306,21 @@ class ExtenderService:
                 a = self.model.a
                 idx = self._indices(names)
                 known = idx >= 0
-                mask = scoring.card_mask(a, self.model.models, policy, req)
-                f = scoring.fit(a, req, mask)
-                feasible = known & f.ok[np.where(known, idx, 0)]
+                placer = self.placers[policy.node]
+                if self.row_cache is not None:
+                    e = self.row_cache.fit(self.model, req, policy)
+                    node_ok, usable = e.ok, e.usable
+                else:
+                    mask = scoring.card_mask(a, self.model.models, policy, req)
+                    f = scoring.fit(a, req, mask)
+                    node_ok, usable = f.ok, f.usable
+                feasible = known & node_ok[np.where(known, idx, 0)]
                 fidx = idx[feasible]
                 if fidx.size:
-                    raw = self.placers[policy.node].score(a, req, fidx, f.usable)
+                    if self.row_cache is not None and cacheable(placer):
+                        raw = self.row_cache.scores(e, placer, a, req, fidx)
+                    else:
+                        raw = placer.score(a, req, fidx, usable)
                     scores[feasible] = scoring.to_extender_scores(raw)
         return names, scores
 
@@ -344,7 +396,9 @@ class ExtenderService:
                     msg = f"cannot bind {info.key} to {node} now: {self._reason(row, 0, req, mask, node)}"
                     log.info("bind refused: %s", msg)
                     return msg
-                cards = self.placers[policy.node].choose_cards(row, 0, req, f.usable[0], policy)
+                # The whole arrays and row i, not the 1-row view: a placer's incremental index
+                # (FragIndex) is kept for model.a and would be rebuilt twice for another object.
+                cards = self.placers[policy.node].choose_cards(self.model.a, i, req, f.usable[0], policy)
                 try:
                     alloc = self.model.assign(uid, info.key, node, cards, req, check=True)
                 except AllocationConflict as exc:

@@ -1,0 +1,209 @@
+"""The per-node row cache (extender/rowcache.py) must never change an answer.
+
+Cached filter/prioritize answers are compared byte for byte with the same service computing
+everything afresh (``row_cache=False``), on seeded random clusters, for every registered
+placer, with binds, releases, re-inventoried nodes (including a wider one that resizes the
+arrays), removed and added nodes and the placers' learning (observe, table rebuilds) between
+calls. The placers' own contract — a node's score depends on its row only — is checked
+directly, and so is the point of the cache: after a bind only the bound node is recomputed.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import orjson
+import pytest
+
+from extender import scoring
+from extender.model import ClusterModel
+from extender.policy import PACK, SPREAD, PodPolicy
+from extender.rowcache import RowCache, cacheable
+from extender.service import ExtenderService
+from extender.wire import encode, parse_binding_args, parse_extender_args
+from stowage.inventory import Card, Inventory
+from stowage.resources import GpuRequest
+
+from benchmarks.latency import cluster as bench_cluster
+
+from test_latency_equivalence import MEM, MODELS, POD_ANNOTATIONS, POD_LIMITS, random_model, upsert_random
+
+scoring.get_placer("most-allocated")  # registers the policy modules
+ALL_PLACERS = sorted(scoring.PLACERS)
+CACHED = [p for p in ALL_PLACERS if p != "random"]
+
+
+def two_services(model: ClusterModel, pack: str, spread: str) -> tuple[ExtenderService, ExtenderService]:
+    factory = {PACK: pack, SPREAD: spread}
+    make = (lambda v: scoring.get_placer(factory[v]))
+    return (ExtenderService(model, placer_factory=make, row_cache=True),
+            ExtenderService(model, placer_factory=make, row_cache=False))
+
+
+def wide_node(model: ClusterModel, name: str) -> None:
+    """A node with 10 cards: more slots than the model has, so the arrays are replaced."""
+    cards = tuple(Card(index=k, uuid=f"{name}-{k}", model=MODELS[0], memory_mib=MEM[MODELS[0]]) for k in range(10))
+    model.upsert_node(name, Inventory(cards=cards, source="simulated"))
+
+
+def answer(service: ExtenderService, verb: str, body: bytes) -> bytes:
+    args = parse_extender_args(body)
+    if verb == "filter":
+        return encode(service.filter(args).to_json())
+    return service.prioritize(args, as_json=True)
+
+
+@pytest.mark.parametrize("pack,spread", [("stowage", "least-allocated"), ("fgd", "most-allocated"),
+                                         ("bestfit", "gpushare-binpack"), ("hami-binpack", "random")])
+@pytest.mark.parametrize("seed", range(3))
+def test_cached_answers_equal_fresh_ones_on_a_changing_cluster(pack, spread, seed):
+    rng = random.Random(seed)
+    model = random_model(rng, 50)
+    cached, fresh = two_services(model, pack, spread)
+    live: list[str] = []
+    pods: list[tuple[dict, dict]] = []
+    all_names_list = model.node_names()
+    for step in range(160):
+        # Reuse earlier pods' shapes often (that is what the cache serves), new ones too.
+        # A new pod each step (both services observe it once), often of an earlier pod's shape.
+        shape = rng.choice(pods) if pods and rng.random() < 0.5 else (rng.choice(POD_LIMITS),
+                                                                     rng.choice(POD_ANNOTATIONS))
+        pods.append(shape)
+        pod = bench_cluster.pod_object(f"p{seed}-{step}", *shape)
+        if rng.random() < 0.5:  # the same NodeNames list again (kube-scheduler's usual case)
+            names = all_names_list
+        else:
+            names = model.node_names()
+            rng.shuffle(names)
+            names = names[: rng.randint(1, len(names))] + rng.choice([[], ["ghost-node"]])
+            names = names + rng.choice([[], names[:2]])  # repeated names too
+        body = encode({"Pod": pod, "Nodes": None, "NodeNames": names})
+        got, want = answer(cached, "filter", body), answer(fresh, "filter", body)
+        assert got == want, step
+        passing = orjson.loads(got)["NodeNames"]
+        if passing:
+            body = encode({"Pod": pod, "Nodes": None, "NodeNames": passing + names[:3]})
+            for placer in (*cached.placers.values(), *fresh.placers.values()):
+                if hasattr(placer, "reseed"):  # random: binds (one service only) draw from it too
+                    placer.reseed(step)
+            got, want = answer(cached, "prioritize", body), answer(fresh, "prioritize", body)
+            assert got == want, step
+        r = rng.random()
+        md = pod["metadata"]
+        if passing and r < 0.5 and md["uid"] not in model.allocations:
+            bind = {"PodName": md["name"], "PodNamespace": md["namespace"], "PodUID": md["uid"],
+                    "Node": rng.choice(passing)}
+            assert cached.bind(parse_binding_args(bind)) == ""
+            if md["uid"] in model.allocations:
+                live.append(md["uid"])
+        elif r < 0.65 and live:
+            model.release(live.pop(rng.randrange(len(live))))
+        elif r < 0.75:
+            upsert_random(model, rng, rng.choice(model.node_names() + [f"new-{step}"]))
+        elif r < 0.8 and len(model.node_names()) > 5:
+            model.remove_node(rng.choice(model.node_names()))
+        elif r < 0.82:
+            wide_node(model, rng.choice(model.node_names() + [f"wide-{step}"]))
+        elif r < 0.86:
+            all_names_list = model.node_names()
+    assert cached.row_cache is not None and len(cached.row_cache) > 0
+
+
+def learned(name: str, n_pods: int, rng: random.Random) -> scoring.Placer:
+    placer = scoring.get_placer(name)
+    for _ in range(n_pods):
+        placer.observe(random_req(rng))
+    return placer
+
+
+def random_req(rng: random.Random) -> GpuRequest:
+    r = rng.random()
+    if r < 0.5:
+        return GpuRequest(mem_mib=rng.choice([2048, 4096, 8192, 10240, 16384, 30720]),
+                          core_milli=rng.choice([0, 100, 200, 250, 300, 500]))
+    return GpuRequest(gpus=rng.choice([1, 1, 2, 4, 8]))
+
+
+@pytest.mark.parametrize("name", CACHED)
+@pytest.mark.parametrize("n_pods", [0, 1, 40, 200])
+def test_a_cacheable_placers_score_of_a_node_depends_on_its_row_only(name, n_pods):
+    """score(subset) == score(all)[subset] at the precision scores are compared at
+    (scoring.RAW_DECIMALS; the fragmentation sums differ in the last bit with the batch shape):
+    what makes caching per row exact."""
+    same = (lambda x, y: np.array_equal(np.round(x, scoring.RAW_DECIMALS), np.round(y, scoring.RAW_DECIMALS),
+                                        equal_nan=True))
+    rng = random.Random(hash((name, n_pods)) & 0xFFFF)
+    model = random_model(rng, 80)
+    for j in range(60):  # partly used nodes
+        node = rng.choice(model.node_names())
+        i = model.index[node]
+        free = np.flatnonzero(model.a.free_whole()[i])
+        if free.size:
+            model.assign(f"u{j}", f"default/p{j}", node, [int(free[0])], GpuRequest(gpus=1), check=False)
+    placer = learned(name, n_pods, rng)
+    assert cacheable(placer)
+    a = model.a
+    for _ in range(12):
+        req = random_req(rng)
+        f = scoring.fit(a, req, scoring.card_mask(a, model.models, PodPolicy(), req))
+        idx = np.flatnonzero(f.ok)
+        if idx.size < 4:
+            continue
+        whole = np.asarray(placer.score(a, req, idx, f.usable), float)
+        sub = np.array(sorted(rng.sample(range(idx.size), idx.size // 3)))
+        part = np.asarray(placer.score(a, req, idx[sub], f.usable), float)
+        assert same(part, whole[sub]), req
+        one = np.asarray(placer.score(a, req, idx[sub[:1]], f.usable), float)
+        assert same(one, whole[sub[:1]]), req
+
+
+def test_random_placer_is_never_cached():
+    assert not cacheable(scoring.get_placer("random"))
+    assert all(cacheable(scoring.get_placer(n)) for n in CACHED)
+
+
+def test_stowage_version_moves_with_its_learned_state_only():
+    placer = scoring.get_placer("stowage")
+    versions = []
+    for _ in range(9):
+        placer.observe(GpuRequest(gpus=1))  # extender pods: no host CPU/memory
+        versions.append(placer.version)
+    # Rebuilds at 1, 2, 4, 8 pods; the stranded ratios are fixed once GPU-milli is known.
+    changes = [j + 1 for j in range(1, 9) if versions[j] != versions[j - 1]]
+    assert changes == [2, 4, 8]
+    v = placer.version
+    placer.observe(GpuRequest(gpus=1, cpu_milli=4000))  # host CPU per GPU moves: scores change
+    assert placer.version != v
+
+
+def test_after_a_bind_only_the_bound_node_is_recomputed():
+    rng = random.Random(7)
+    model = random_model(rng, 40)
+    service = ExtenderService(model, placer_factory=lambda v: scoring.get_placer("bestfit"))
+    cache = service.row_cache
+    assert cache is not None
+    names = model.node_names()
+    pods = [bench_cluster.pod_object(f"q{j}", {"nvidia.com/gpu": "1"}, {}) for j in range(3)]
+    body = encode({"Pod": pods[0], "Nodes": None, "NodeNames": names})
+    passing = orjson.loads(answer(service, "filter", body))["NodeNames"]
+    answer(service, "prioritize", encode({"Pod": pods[0], "Nodes": None, "NodeNames": passing}))
+    rows0, scores0 = cache.rows_recomputed, cache.scores_recomputed
+    md = pods[0]["metadata"]
+    assert service.bind(parse_binding_args({"PodName": md["name"], "PodNamespace": md["namespace"],
+                                            "PodUID": md["uid"], "Node": passing[0]})) == ""
+    body = encode({"Pod": pods[1], "Nodes": None, "NodeNames": names})  # same shape, next pod
+    passing = orjson.loads(answer(service, "filter", body))["NodeNames"]
+    answer(service, "prioritize", encode({"Pod": pods[1], "Nodes": None, "NodeNames": passing}))
+    assert cache.rows_recomputed - rows0 == 1
+    assert cache.scores_recomputed - scores0 <= 1
+
+
+def test_lru_keeps_at_most_max_shapes():
+    rng = random.Random(3)
+    model = random_model(rng, 10)
+    cache = RowCache(max_shapes=2)
+    for gpus in (1, 2, 4, 1):
+        cache.fit(model, GpuRequest(gpus=gpus), PodPolicy())
+    assert len(cache) == 2
+    with pytest.raises(ValueError):
+        RowCache(0)
