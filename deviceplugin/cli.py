@@ -35,14 +35,25 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
               default=10.0, help="How often every card is probed (vanished cards, recovery).")
 @click.option("--dev-root", envvar="STOWAGE_DEV_ROOT", default="/dev",
               help="Where this container sees the host's /dev (device specs are only sent for nodes that exist).")
+@click.option("--pod-resources-socket", envvar="STOWAGE_POD_RESOURCES_SOCKET",
+              default="/var/lib/kubelet/pod-resources/kubelet.sock",
+              help="The kubelet's PodResources API socket: which devices the kubelet already gave to which pod "
+                   "(survives plugin restarts; corrects swapped records). Empty: in-memory count only.")
+@click.option("--reconcile-interval-seconds", envvar="STOWAGE_RECONCILE_INTERVAL_SECONDS",
+              type=click.FloatRange(min=0.1), default=5.0,
+              help="How often pods' allocation records are compared with the kubelet's allocations "
+                   "(also 0.5 s after every Allocate).")
+@click.option("--metrics-port", envvar="STOWAGE_METRICS_PORT", type=click.IntRange(min=0, max=65535), default=0,
+              help="Serve the plugin's Prometheus metrics (record corrections) on this port; 0: off.")
 @click.option("--kube-api", envvar="STOWAGE_KUBE_API", default=None,
               help="API server URL (e.g. kubectl proxy); default: in-cluster config, else kubeconfig.")
 @click.option("--no-kube", is_flag=True, help="Run without the API server: no inventory, Allocate refuses.")
 @click.option("--log-level", envvar="STOWAGE_LOG_LEVEL", default="INFO",
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple[str, ...], ignored_xids: str | None,
-         recovery_quiet_seconds: float, probe_interval_seconds: float, dev_root: str, kube_api: str | None,
-         no_kube: bool, log_level: str) -> None:
+         recovery_quiet_seconds: float, probe_interval_seconds: float, dev_root: str, pod_resources_socket: str,
+         reconcile_interval_seconds: float, metrics_port: int, kube_api: str | None, no_kube: bool,
+         log_level: str) -> None:
     """Advertise this node's GPUs to the kubelet as nvidia.com/gpu (whole cards),
     nvidia.com/gpu-memory (one device per memory unit) and nvidia.com/gpu-core (100 per card),
     keep their health current (XID events, probes, recovery), publish the card inventory the
@@ -70,12 +81,17 @@ def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple
     cfg = PluginConfig(node=node_name, plugin_dir=plugin_dir, memory_unit_mib=memory_unit_mib,
                        resources=tuple(dict.fromkeys(resources)), ignored_xids=ignored, health_disabled=disabled,
                        recovery_quiet_s=recovery_quiet_seconds, probe_interval_s=probe_interval_seconds,
-                       dev_root=dev_root, core_api=core_api)
+                       dev_root=dev_root, core_api=core_api, pod_resources_socket=pod_resources_socket,
+                       reconcile_interval_s=reconcile_interval_seconds)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     plugin = DevicePlugin(cfg)
     plugin.start()
+    if metrics_port and plugin.reconciler is not None:
+        from prometheus_client import start_http_server
+        start_http_server(metrics_port, registry=plugin.reconciler.registry)
+        log.info("metrics on :%d/metrics", metrics_port)
     log.info("device plugin running for %s in %s", ", ".join(cfg.resources), plugin_dir)
     while not done.wait(1.0):
         pass

@@ -122,7 +122,8 @@ def test_sigterm_removes_sockets(tmp_path):
         from fakenvml import FakeNvml
         FakeNvml().install()
         from deviceplugin.cli import main
-        main(["--plugin-dir", {plugin_dir!r}, "--no-kube", "--dev-root", {base!r}])
+        main(["--plugin-dir", {plugin_dir!r}, "--no-kube", "--dev-root", {base!r},
+              "--pod-resources-socket", {os.path.join(base, "pod-resources", "kubelet.sock")!r}])
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -135,6 +136,7 @@ def test_sigterm_removes_sockets(tmp_path):
         assert not any(os.path.exists(s) for s in socks)
         assert os.path.exists(os.path.join(plugin_dir, "kubelet.sock"))  # never touches the kubelet's
         assert b"shutting down" in out
+        assert out.count(b"falling back to this process's in-memory count") == 1, out.decode()
     finally:
         if proc.poll() is None:
             proc.kill()
