@@ -111,11 +111,14 @@ class StowagePlacer(FragPlacerBase):
             return np.zeros(shape)
         card = np.asarray(card_mem_mib, np.float64)
         first = float(card.flat[0]) if card.size else float(MILLI)
-        if card.ndim == 0 or (card == first).all():          # one card size (the trace): no unique()
-            milli = np.float64(self.gpu_milli_on(first))
-        else:
-            sizes, inv = np.unique(np.broadcast_to(card, shape), return_inverse=True)
-            milli = np.array([self.gpu_milli_on(float(c)) for c in sizes])[inv.reshape(shape)]
+        if card.ndim == 0 or (card == first).all():          # one card size (the trace): scalar ratios
+            milli = self.gpu_milli_on(first)
+            if milli <= 0:
+                return np.zeros(shape)
+            feed = np.minimum(cpu / max(self.gpu_cpu / milli, 1e-9), hmem / max(self.gpu_mem / milli, 1e-9))
+            return np.maximum(idle - np.maximum(feed, 0), 0)
+        sizes, inv = np.unique(np.broadcast_to(card, shape), return_inverse=True)
+        milli = np.array([self.gpu_milli_on(float(c)) for c in sizes])[inv.reshape(shape)]
         with np.errstate(invalid="ignore", divide="ignore"):
             # Ratios are >= 1e-9, so feed is finite or +inf (host resources not modelled): never NaN.
             feed = np.minimum(cpu / np.maximum(self.gpu_cpu / milli, 1e-9),
