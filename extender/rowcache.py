@@ -15,6 +15,14 @@ a node for a shape are kept here and only rows whose :attr:`ClusterModel.row_gen
 - the 0..10 normalisation (:func:`scoring.to_extender_scores`) is done by the caller over the
   requested nodes, every time.
 
+Rows with the same CONTENT are computed once: a new pod shape (or a placer's new version)
+needs every node's fit and score, but a 5,000-node cluster has only a few hundred distinct
+node states (the empty nodes of one type are all alike; partly used nodes repeat the same few
+pods). Each row's content — every :class:`CardArrays` field of the row plus the node's
+whole-only flag, which is all fit, reasons and a cacheable placer's score may read — is kept
+as a small integer id (:meth:`RowCache.signatures`, refreshed for rows whose ``row_gen``
+moved), and work on many rows is done on one representative per id and copied out.
+
 Pure: no I/O, no locks. The service calls it under ``model.lock``.
 """
 from __future__ import annotations
@@ -33,6 +41,7 @@ from .model import CardArrays, ClusterModel
 from .policy import PodPolicy
 
 DEFAULT_MAX_SHAPES = 128
+DEDUP_MIN_ROWS = 16  # below this many rows, finding representatives costs more than it saves
 
 
 def shape_key(req: GpuRequest, policy: PodPolicy) -> tuple:
@@ -85,12 +94,62 @@ class RowCache:
         self._entries: OrderedDict[Hashable, RowEntry] = OrderedDict()
         self.rows_recomputed = 0   # counters for tests and the benchmark's curiosity
         self.scores_recomputed = 0
+        self.rows_evaluated = 0    # distinct row contents actually evaluated (fit + scores)
+        # Row content ids (see the module docstring), for one CardArrays object.
+        self._sig_src: CardArrays | None = None
+        self._sig_gen = np.zeros(0, np.int64)
+        self._sig = np.zeros(0, np.int64)
+        self._sig_ids: dict[bytes, int] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def clear(self) -> None:
         self._entries.clear()
+        self._sig_src = None
+
+    # ------------------------------------------------------------------ row contents
+    @staticmethod
+    def _row_bytes(model: ClusterModel, rows: np.ndarray) -> list[bytes]:
+        """Each row's content as bytes: every CardArrays field of the row and the whole-only flag."""
+        a = model.a
+        n = len(rows)
+        parts = [np.ascontiguousarray(getattr(a, f.name)[rows]).reshape(n, -1).view(np.uint8)
+                 for f in dataclasses.fields(CardArrays)]
+        meta, names = model.meta, model.names
+        flags = np.array([bool((m := meta.get(names[i] or "")) is not None and m.whole_only)
+                          for i in rows.tolist()], np.uint8).reshape(n, 1)
+        buf = np.concatenate(parts + [flags], axis=1)
+        return [r.tobytes() for r in buf]
+
+    def signatures(self, model: ClusterModel) -> np.ndarray:
+        """[N] content id of every row of ``model.a``: equal ids, equal row contents.
+
+        Ids are only compared within one call's result (never stored in entries), so the id
+        table may be renumbered whenever it has grown with contents no row holds any more."""
+        a, gen = model.a, model.row_gen
+        n = len(gen)
+        if self._sig_src is not a or len(self._sig) != n or len(self._sig_ids) > 4 * n + 1024:
+            self._sig_src = a
+            self._sig_ids = {}
+            self._sig = np.zeros(n, np.int64)
+            self._sig_gen = np.full(n, -1, np.int64)
+        stale = np.flatnonzero(self._sig_gen != gen)
+        if stale.size:
+            ids = self._sig_ids
+            self._sig[stale] = [ids.setdefault(b, len(ids)) for b in self._row_bytes(model, stale)]
+            self._sig_gen[stale] = gen[stale]
+        return self._sig
+
+    def representatives(self, model: ClusterModel, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(reps, inverse): one row per distinct content among ``rows`` with
+        ``rows``' content == ``reps[inverse]``'s; ``(rows, None)`` when deduplicating would not pay."""
+        if len(rows) < DEDUP_MIN_ROWS:
+            return rows, None
+        _, first, inverse = np.unique(self.signatures(model)[rows], return_index=True, return_inverse=True)
+        if len(first) == len(rows):
+            return rows, None
+        return rows[first], inverse.ravel()
 
     def fit(self, model: ClusterModel, req: GpuRequest, policy: PodPolicy) -> RowEntry:
         """The shape's entry with fit, mask and usable cards current for every row of ``model.a``."""
@@ -107,29 +166,30 @@ class RowCache:
         stale = np.flatnonzero(e.gen != gen)
         if stale.size:
             self.rows_recomputed += int(stale.size)
-            if stale.size == len(gen):
-                mask = scoring.card_mask(a, model.models, policy, req)
-                f = scoring.fit(a, req, mask)
-                e.mask, e.usable, e.ok, e.unres = mask, f.usable, f.ok, f.unresolvable
-                e.reason[:] = None
-                e.raw_ok[:] = False
-            else:
-                sub = take_rows(a, stale)
-                mask = scoring.card_mask(sub, model.models, policy, req)
-                f = scoring.fit(sub, req, mask)
-                e.mask[stale], e.usable[stale] = mask, f.usable
-                e.ok[stale], e.unres[stale] = f.ok, f.unresolvable
-                e.reason[stale] = None
-                e.raw_ok[stale] = False
+            reps, inv = self.representatives(model, stale)
+            self.rows_evaluated += int(reps.size)
+            sub = take_rows(a, reps)
+            mask = scoring.card_mask(sub, model.models, policy, req)
+            f = scoring.fit(sub, req, mask)
+            usable, ok, unres = f.usable, f.ok, f.unresolvable
+            if inv is not None:
+                mask, usable, ok, unres = mask[inv], usable[inv], ok[inv], unres[inv]
+            e.mask[stale], e.usable[stale] = mask, usable
+            e.ok[stale], e.unres[stale] = ok, unres
+            e.reason[stale] = None
+            e.raw_ok[stale] = False
             e.gen[stale] = gen[stale]
         return e
 
-    def scores(self, e: RowEntry, placer: scoring.Placer, a: CardArrays, req: GpuRequest,
+    def scores(self, e: RowEntry, placer: scoring.Placer, model: ClusterModel, req: GpuRequest,
                rows: np.ndarray) -> np.ndarray:
         """The placer's raw scores of the feasible ``rows`` (any order, repeats allowed).
 
-        Rows are scored only when missing; the placer's version is read before and after
-        scoring, because a placer may rebuild its learned state inside ``score`` (first use)."""
+        Rows are scored only when missing, one row per distinct content (a cacheable placer's
+        score of a row depends on the row's content and its learned state only); the placer's
+        version is read before and after scoring, because a placer may rebuild its learned
+        state inside ``score`` (first use)."""
+        a = model.a
         for _ in range(3):
             version = placer.version  # type: ignore[attr-defined]
             if e.placer_version != version:
@@ -139,7 +199,10 @@ class RowCache:
             if need.size:
                 need = np.unique(need)
                 self.scores_recomputed += int(need.size)
-                e.raw[need] = placer.score(a, req, need, e.usable)
+                reps, inv = self.representatives(model, need)
+                self.rows_evaluated += int(reps.size)
+                raw = np.asarray(placer.score(a, req, reps, e.usable), float)
+                e.raw[need] = raw if inv is None else raw[inv]
                 e.raw_ok[need] = True
             if placer.version == version:  # type: ignore[attr-defined]
                 return e.raw[rows]

@@ -207,3 +207,88 @@ def test_lru_keeps_at_most_max_shapes():
     assert len(cache) == 2
     with pytest.raises(ValueError):
         RowCache(0)
+
+
+def bench_model(n: int) -> ClusterModel:
+    """The latency benchmark's cluster: many nodes with identical contents (what dedup serves)."""
+    from extender.simcluster import parse_cluster
+    model = ClusterModel()
+    parse_cluster(bench_cluster.cluster_doc(n), "<test>").populate(model)
+    return model
+
+
+@pytest.mark.parametrize("pack", ["stowage", "fgd", "bestfit", "most-allocated"])
+def test_identical_nodes_are_evaluated_once_and_answers_are_unchanged(pack):
+    """Rows with equal contents share one evaluation; the answers are still those of computing
+    every node afresh (and flipping a node's whole-only flag alone separates it from its twins)."""
+    rng = random.Random(11)
+    model = bench_model(120)
+    cached, fresh = two_services(model, pack, "least-allocated")
+    names = model.node_names()
+    whole_only = set(rng.sample(names, 6))
+    for name in whole_only:  # same cards, only the flag differs from their twins
+        i = model.index[name]
+        inv = Inventory(cards=tuple(model.cards_of(name)), source="simulated", whole_only=True)
+        model.upsert_node(name, inv)
+        assert model.meta[name].whole_only and model.index[name] == i
+    for step, pod in enumerate(bench_cluster.pods(70, seed=5, prefix="dedup")):
+        body = encode({"Pod": pod, "Nodes": None, "NodeNames": names})
+        got = answer(cached, "filter", body)
+        assert got == answer(fresh, "filter", body), step
+        passing = orjson.loads(got)["NodeNames"]
+        if len(passing) > 1:
+            body = encode({"Pod": pod, "Nodes": None, "NodeNames": passing})
+            got_p = answer(cached, "prioritize", body)
+            assert got_p == answer(fresh, "prioritize", body), step
+            best = max(orjson.loads(got_p), key=lambda s: s["Score"])["Host"]
+        elif passing:
+            best = passing[0]
+        else:
+            continue
+        md = pod["metadata"]
+        cached.bind(parse_binding_args({"PodName": md["name"], "PodNamespace": md["namespace"],
+                                        "PodUID": md["uid"], "Node": best}))
+    cache = cached.row_cache
+    assert cache is not None
+    assert 0 < cache.rows_evaluated < cache.rows_recomputed // 3
+
+
+def test_row_signatures_equal_exactly_for_equal_row_contents():
+    model = bench_model(40)
+    cache = RowCache()
+    names = model.node_names()
+    sig = cache.signatures(model).copy()
+    i, j = model.index[names[0]], model.index[names[1]]  # two empty nodes of the same type
+    assert sig[i] == sig[j]
+    model.assign("u1", "default/p1", names[0], [0], GpuRequest(gpus=1), check=True)
+    sig = cache.signatures(model).copy()
+    assert sig[i] != sig[j]
+    model.assign("u2", "default/p2", names[1], [0], GpuRequest(gpus=1), check=True)
+    assert cache.signatures(model)[i] == cache.signatures(model)[j]
+    inv = Inventory(cards=tuple(model.cards_of(names[1])), source="simulated", whole_only=True)
+    model.upsert_node(names[1], inv)  # same cards and pods, whole-only now
+    assert cache.signatures(model)[i] != cache.signatures(model)[j]
+    reps, inverse = cache.representatives(model, np.arange(len(names)))
+    assert inverse is not None and len(reps) < len(names)
+    sig = cache.signatures(model)
+    assert np.array_equal(sig[reps][inverse], sig[np.arange(len(names))])
+
+
+def test_passing_list_memo_is_not_reused_after_nodes_change():
+    """filter remembers its passing list's rows for the next prioritize; a node removed and
+    another added in between (its row reused) must not be scored from the old rows."""
+    model = bench_model(40)
+    cached, fresh = two_services(model, "bestfit", "least-allocated")
+    pod = bench_cluster.pod_object("memo", {"nvidia.com/gpu": "1"}, {})
+    names = model.node_names()
+    passing = orjson.loads(answer(cached, "filter", encode({"Pod": pod, "Nodes": None, "NodeNames": names})))[
+        "NodeNames"]
+    gone = passing[3]
+    cards = tuple(model.cards_of(gone))
+    model.remove_node(gone)
+    model.upsert_node("newcomer", Inventory(cards=cards, source="simulated"))
+    model.assign("u9", "default/p9", "newcomer", [0, 1, 2], GpuRequest(gpus=3), check=True)
+    body = encode({"Pod": pod, "Nodes": None, "NodeNames": passing})
+    got = answer(cached, "prioritize", body)
+    assert got == answer(fresh, "prioritize", body)
+    assert {s["Host"]: s["Score"] for s in orjson.loads(got)}[gone] == 0
