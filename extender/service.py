@@ -119,6 +119,9 @@ class ExtenderService:
         self.memory_unit_mib = memory_unit_mib
         self.default_policy = default_policy or PodPolicy()
         self.placers: dict[str, scoring.Placer] = {p: placer_factory(p) for p in (PACK, SPREAD)}
+        for placer in self.placers.values():
+            if hasattr(placer, "track_rows"):  # incremental indexes: changed rows from row_gen
+                placer.track_rows(self._row_gen_of)
         self._pods: OrderedDict[str, PodInfo] = OrderedDict()  # uid -> info, LRU
         self._uid_by_key: dict[str, str] = {}
         self._pods_lock = threading.Lock()
@@ -131,6 +134,11 @@ class ExtenderService:
         # next prioritize sends): kube-scheduler alternates the two, so one slot would always miss.
         self._names_memo: tuple[list[str], int, np.ndarray] | None = None
         self._passing_memo: tuple[list[str], int, np.ndarray] | None = None
+
+    def _row_gen_of(self, a: CardArrays) -> np.ndarray | None:
+        """The model's per-row change counters when ``a`` is the model's arrays (placers call
+        this under ``model.lock``); None for any other arrays (e.g. a planner's copy)."""
+        return self.model.row_gen if a is self.model.a else None
 
     # ------------------------------------------------------------------------------- pods
     def pod_info(self, pod: Mapping[str, Any]) -> PodInfo:

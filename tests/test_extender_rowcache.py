@@ -292,3 +292,41 @@ def test_passing_list_memo_is_not_reused_after_nodes_change():
     got = answer(cached, "prioritize", body)
     assert got == answer(fresh, "prioritize", body)
     assert {s["Host"]: s["Score"] for s in orjson.loads(got)}[gone] == 0
+
+
+@pytest.mark.parametrize("name", ["stowage", "fgd"])
+def test_frag_index_synced_from_row_gen_equals_array_comparison(name):
+    """The fragmentation placers learn the changed rows from ClusterModel.row_gen (one [N]
+    comparison) instead of diffing the card arrays: same index state and scores as a placer
+    that diffs, through binds, releases, re-inventory, removals and array resizes."""
+    rng = random.Random(21)
+    model = random_model(rng, 60)
+    tracked, diffing = learned(name, 50, random.Random(1)), learned(name, 50, random.Random(1))
+    tracked.track_rows(lambda a: model.row_gen if a is model.a else None)
+    live: list[str] = []
+    for step in range(80):
+        req = random_req(rng)
+        a = model.a
+        f = scoring.fit(a, req, scoring.card_mask(a, model.models, PodPolicy(), req))
+        idx = np.flatnonzero(f.ok)
+        if idx.size:
+            got = np.round(np.asarray(tracked.score(a, req, idx, f.usable), float), scoring.RAW_DECIMALS)
+            want = np.round(np.asarray(diffing.score(a, req, idx, f.usable), float), scoring.RAW_DECIMALS)
+            assert np.array_equal(got, want, equal_nan=True), step
+            for arr in ("left", "idle", "cnt", "big", "fits"):
+                assert np.array_equal(getattr(tracked.index, arr), getattr(diffing.index, arr)), (step, arr)
+            assert tracked.index._snap is None  # no array snapshot kept: row_gen was used
+            i = int(idx[rng.randrange(idx.size)])
+            cards = tracked.choose_cards(a, i, req, f.usable[i], PodPolicy())
+            uid = f"u{step}"
+            model.assign(uid, f"default/{uid}", model.names[i], cards, req, check=True)
+            live.append(uid)
+        r = rng.random()
+        if r < 0.3 and live:
+            model.release(live.pop(rng.randrange(len(live))))
+        elif r < 0.45:
+            upsert_random(model, rng, rng.choice(model.node_names() + [f"new-{step}"]))
+        elif r < 0.5 and len(model.node_names()) > 5:
+            model.remove_node(rng.choice(model.node_names()))
+        elif r < 0.52:
+            wide_node(model, f"wide-{step}")

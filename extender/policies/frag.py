@@ -195,14 +195,17 @@ def card_left(a: CardArrays, rows: np.ndarray | slice) -> np.ndarray:
 class FragIndex:
     """``cnt``, ``big``, idle and F for every node of one :class:`CardArrays`, kept in sync.
 
-    :meth:`sync` compares the arrays with the snapshot of the last call and recomputes only the
-    rows that changed, so the cost per placement is one node's cards, not the cluster's.
+    :meth:`sync` recomputes only the rows that changed since the last call, so the cost per
+    placement is one node's cards, not the cluster's. Which rows changed comes from the
+    owner's per-row change counters when it has them (``ClusterModel.row_gen``: one [N]
+    comparison), else from comparing the arrays with a snapshot of the last call.
     """
 
     def __init__(self, table: FragTable, models: Sequence[str]) -> None:
         self.t = table
         self.models = models
         self._snap: tuple[np.ndarray, ...] | None = None
+        self._gen: np.ndarray | None = None
         self._src: CardArrays | None = None
 
     # ------------------------------------------------------------------ state
@@ -240,18 +243,25 @@ class FragIndex:
         w = t.weight(cpu, hmem) * (cnt >= t.need[:, None])
         return t.p_all * idle - np.einsum("gn,gn->n", w, big)
 
-    def sync(self, a: CardArrays) -> None:
+    def sync(self, a: CardArrays, gen: np.ndarray | None = None) -> None:
+        """Bring the state up to date with ``a``.
+
+        ``gen``: per-row change counters of ``a`` (a row's counter moves whenever anything in
+        the row changes, as ``ClusterModel.row_gen`` does); without them the arrays are
+        compared with a snapshot, which costs a few whole-array passes per call."""
+        if gen is not None:
+            if self._src is not a or self._gen is None or self._gen.shape != gen.shape:
+                self._rebuild(a)
+            else:
+                rows = np.flatnonzero(self._gen != gen)
+                if rows.size:
+                    self._compute(a, rows)
+            self._src, self._snap, self._gen = a, None, gen.copy()
+            return
+        self._gen = None
         snap = (a.core_free, a.mem_free, a.cpu_free, a.exists, a.healthy, a.model, a.hmem_free)
         if self._src is not a or self._snap is None or self._snap[0].shape != a.core_free.shape:
-            n, k = a.shape
-            g = self.t.size
-            self.left = np.zeros((n, k), np.int64)
-            self.idle = np.zeros(n, np.int64)
-            self.cnt = np.zeros((g, n), np.int64)
-            self.big = np.zeros((g, n), np.int64)
-            self.frag = np.zeros(n)
-            self.fits = np.zeros((g, n, k), bool)
-            self._compute(a, slice(None))
+            self._rebuild(a)
         else:
             old = self._snap
             changed = (old[2] != a.cpu_free) | (old[6] != a.hmem_free)
@@ -262,6 +272,17 @@ class FragIndex:
                 self._compute(a, rows)
         self._src = a
         self._snap = tuple(x.copy() for x in snap)
+
+    def _rebuild(self, a: CardArrays) -> None:
+        n, k = a.shape
+        g = self.t.size
+        self.left = np.zeros((n, k), np.int64)
+        self.idle = np.zeros(n, np.int64)
+        self.cnt = np.zeros((g, n), np.int64)
+        self.big = np.zeros((g, n), np.int64)
+        self.frag = np.zeros(n)
+        self.fits = np.zeros((g, n, k), bool)
+        self._compute(a, slice(None))
 
     # ------------------------------------------------------------ what-ifs
     def after_cpu(self, a: CardArrays, rows: np.ndarray, cpu: int, hmem: int = 0) -> np.ndarray:

@@ -15,7 +15,7 @@ replays the experiment faithfully and the other policies' figures can be trusted
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -117,6 +117,14 @@ class FragPlacerBase:
         # Changes whenever the learned state changes scores (table rebuilt, model table bound):
         # the extender caches each node's score per version (extender/rowcache.py).
         self.version = 0
+        # The owner's per-row change counters of an arrays object, or None (see track_rows).
+        self._row_gen_of: Callable[[CardArrays], np.ndarray | None] | None = None
+
+    def track_rows(self, row_gen_of: Callable[[CardArrays], np.ndarray | None]) -> None:
+        """Let the index learn which rows changed from the owner's per-row change counters
+        (``ClusterModel.row_gen``) instead of comparing whole arrays on every call.
+        ``row_gen_of(a)`` returns the counters of ``a``, or None for arrays it does not own."""
+        self._row_gen_of = row_gen_of
 
     def prime(self, pairs: Iterable[tuple[GpuRequest, Sequence[str]]]) -> None:
         """Use a known workload (the trace's own pods, as the paper's FGD does)."""
@@ -143,7 +151,7 @@ class FragPlacerBase:
             self._rebuild()
         if self.index is None:
             self.index = FragIndex(self.table, self._models)
-        self.index.sync(a)
+        self.index.sync(a, self._row_gen_of(a) if self._row_gen_of is not None else None)
         return self.index
 
     def frag_after(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray):
