@@ -50,6 +50,16 @@ def shape_key(req: GpuRequest, policy: PodPolicy) -> tuple:
     return (req, policy.models_include, policy.models_exclude, policy.min_card_mem_mib, policy.node)
 
 
+def sorted_unique(rows: np.ndarray, n: int) -> np.ndarray:
+    """``np.unique(rows)`` for row numbers below ``n``, through a mask (no sort; rows repeat
+    little and n is the cluster size)."""
+    if len(rows) < 64:
+        return np.unique(rows)
+    seen = np.zeros(n, bool)
+    seen[rows] = True
+    return np.flatnonzero(seen)
+
+
 def take_rows(a: CardArrays, rows: np.ndarray) -> CardArrays:
     """Rows of ``a`` as a small :class:`CardArrays` (copies): fit/mask of a few changed nodes."""
     return CardArrays(**{f.name: getattr(a, f.name)[rows] for f in dataclasses.fields(CardArrays)})
@@ -146,10 +156,17 @@ class RowCache:
         ``rows``' content == ``reps[inverse]``'s; ``(rows, None)`` when deduplicating would not pay."""
         if len(rows) < DEDUP_MIN_ROWS:
             return rows, None
-        _, first, inverse = np.unique(self.signatures(model)[rows], return_index=True, return_inverse=True)
-        if len(first) == len(rows):
+        # Ids are small integers: tables indexed by id instead of np.unique's sort.
+        sig = self.signatures(model)[rows]
+        present = np.zeros(len(self._sig_ids), bool)
+        present[sig] = True
+        ids = np.flatnonzero(present)
+        if len(ids) == len(rows):
             return rows, None
-        return rows[first], inverse.ravel()
+        first = np.empty(len(present), np.int64)
+        first[sig[::-1]] = np.arange(len(rows) - 1, -1, -1)  # the last write wins: first occurrence
+        slot = np.cumsum(present) - 1                          # id -> position among ids
+        return rows[first[ids]], slot[sig]
 
     def fit(self, model: ClusterModel, req: GpuRequest, policy: PodPolicy) -> RowEntry:
         """The shape's entry with fit, mask and usable cards current for every row of ``model.a``."""
@@ -197,7 +214,7 @@ class RowCache:
                 e.placer_version = version
             need = rows[~e.raw_ok[rows]]
             if need.size:
-                need = np.unique(need)
+                need = sorted_unique(need, len(e.raw_ok))
                 self.scores_recomputed += int(need.size)
                 reps, inv = self.representatives(model, need)
                 self.rows_evaluated += int(reps.size)

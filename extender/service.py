@@ -26,7 +26,7 @@ from stowage.allocation import AllocationRecord, CardShare
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError, pod_gpu_request
 
 from . import scoring
-from .rowcache import DEFAULT_MAX_SHAPES, RowCache, cacheable
+from .rowcache import DEFAULT_MAX_SHAPES, RowCache, cacheable, sorted_unique
 from .errors import BindError  # noqa: F401  (re-exported: binders raise it)
 from .model import AllocationConflict, CardArrays, ClusterModel, PodAllocation
 from .policy import PACK, SPREAD, PodPolicy, PolicyError, parse_policy
@@ -288,7 +288,7 @@ class ExtenderService:
         got = e.reason[rows]
         missing = np.flatnonzero(np.equal(got, None))
         if missing.size:
-            new = np.unique(rows[missing])
+            new = sorted_unique(rows[missing], len(e.reason))
             # One row per distinct content: the text depends on the row's content only.
             reps, inv = self.row_cache.representatives(self.model, new)  # type: ignore[union-attr]
             texts = scoring.reasons(a, reps, req, e.mask)
