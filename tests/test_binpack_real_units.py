@@ -56,11 +56,12 @@ def test_whole_pods_pack_nodes_and_keep_big_nodes_whole(builtin):
         p.observe(r)
     nodes = [place(builtin, p, GpuRequest(gpus=1), f"w{n}")[0] for n in range(10)]
     per_node = {n: nodes.count(n) for n in nodes}
-    cap = {n: int(builtin.a.exists[builtin.index[n]].sum()) for n in per_node}
+    a = builtin.a
+    cap = {n: int((a.exists & a.healthy)[builtin.index[n]].sum()) for n in per_node}
     # Filled node by node: all nodes but one are full.
     assert sum(per_node[n] < cap[n] for n in per_node) <= 1, per_node
     # No 8-card node was broken by the 1-GPU pods, so every 8-GPU pod still finds one.
-    assert all(cap[n] < 8 for n in per_node), per_node
+    assert all(int(a.exists[builtin.index[n]].sum()) < 8 for n in per_node), per_node
     eight = [place(builtin, p, GpuRequest(gpus=8), f"e{n}") for n in range(16)]
     assert all(len(c) == 8 for _, c in eight)
 
@@ -106,3 +107,17 @@ def test_stranding_uses_each_nodes_card_size():
     # 24 GiB card: 12 GiB = 500 milli per 6 CPUs -> 6 CPUs feed 500 of 1000 idle;
     # 80 GiB card: 150 milli per 6 CPUs -> 6 CPUs feed 150.
     assert st == pytest.approx([500.0, 850.0])
+
+
+def test_fuller_node_wins_when_fragmentation_is_equal():
+    """Only 1-GPU pods seen: every free card is as good as another for the fragmentation measure,
+    so the tie-break decides, and it fills the started node (the empty one can be scaled away)."""
+    m = ClusterModel()
+    for name in ("empty", "started"):        # "empty" first: node order alone would pick it
+        cards = tuple(Card(index=k, uuid=f"{name}-{k}", model="M", memory_mib=24 * GIB) for k in range(4))
+        m.upsert_node(name, Inventory(cards=cards, source="simulated"))
+    p = placer_for("pack")
+    for _ in range(4):
+        p.observe(GpuRequest(gpus=1))
+    m.assign("first", "first", "started", [0], GpuRequest(gpus=1))
+    assert place(m, p, GpuRequest(gpus=1), "second")[0] == "started"
