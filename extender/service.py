@@ -30,7 +30,8 @@ from .rowcache import DEFAULT_MAX_SHAPES, RowCache, cacheable, sorted_unique
 from .errors import BindError  # noqa: F401  (re-exported: binders raise it)
 from .model import AllocationConflict, CardArrays, ClusterModel, PodAllocation
 from .policy import PACK, SPREAD, PodPolicy, PolicyError, parse_policy
-from .wire import BindingArgs, ExtenderArgs, FilterResult, encode_priority_list, filter_answer, priority_list
+from .wire import (BindingArgs, ExtenderArgs, FilterResult, encode_priority_list, filter_answer, priority_heads,
+                   priority_list)
 
 log = logging.getLogger("stowage.extender")
 
@@ -87,6 +88,48 @@ class PodInfo:
         return f"{self.namespace}/{self.name}"
 
 
+@dataclass
+class NamesEntry:
+    """A NodeNames list seen recently, its model rows, and (made on first use) its prioritize
+    answer pieces (:func:`extender.wire.priority_heads`)."""
+
+    names: list[str]
+    index_gen: int
+    rows: np.ndarray
+    heads: list[bytes] | None = None
+
+
+class NamesMemo:
+    """The last few NodeNames lists -> model rows (valid while ``model.index_gen`` is unchanged).
+
+    kube-scheduler sends the same lists again and again: the full node list to every filter,
+    and to prioritize the list the filter just passed. With several pods in flight these
+    interleave, so a handful are kept; finding one is a C-level list comparison (cheaper than
+    5,000 hash lookups), tried only on lists of the same length and ends."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self.entries: list[NamesEntry] = []  # newest first
+
+    def get(self, names: list[str], index_gen: int) -> NamesEntry | None:
+        n = len(names)
+        for j, e in enumerate(self.entries):
+            m = e.names
+            if (e.index_gen == index_gen and len(m) == n and (not n or (m[0] == names[0] and m[-1] == names[-1]))
+                    and m == names):
+                if j:
+                    self.entries.insert(0, self.entries.pop(j))
+                return e
+        return None
+
+    def put(self, names: list[str], index_gen: int, rows: np.ndarray) -> NamesEntry:
+        rows.flags.writeable = False  # shared between requests
+        e = NamesEntry(list(names), index_gen, rows)
+        self.entries.insert(0, e)
+        del self.entries[self.size:]
+        return e
+
+
 def row_view(a: CardArrays, i: int) -> CardArrays:
     """Node i alone as a 1-node :class:`CardArrays` (numpy views, no copy)."""
     return CardArrays(**{f.name: getattr(a, f.name)[i:i + 1] for f in dataclasses.fields(CardArrays)})
@@ -130,10 +173,8 @@ class ExtenderService:
         # Per-node results by pod shape, recomputed only for rows that changed (guarded by
         # model.lock). ``row_cache=False`` computes everything afresh: the tests' reference.
         self.row_cache: RowCache | None = RowCache(row_cache_shapes) if row_cache else None
-        # NodeNames -> rows of the last full list and of the last filter's passing list (what the
-        # next prioritize sends): kube-scheduler alternates the two, so one slot would always miss.
-        self._names_memo: tuple[list[str], int, np.ndarray] | None = None
-        self._passing_memo: tuple[list[str], int, np.ndarray] | None = None
+        # NodeNames -> rows of recent full lists and filters' passing lists (guarded by model.lock).
+        self._names = NamesMemo()
 
     def _row_gen_of(self, a: CardArrays) -> np.ndarray | None:
         """The model's per-row change counters when ``a`` is the model's arrays (placers call
@@ -191,23 +232,22 @@ class ExtenderService:
 
     # ----------------------------------------------------------------------------- filter
     def _indices(self, names: list[str]) -> np.ndarray:
-        """Model rows of ``names`` (-1: unknown). Called under ``model.lock``.
+        """Model rows of ``names`` (-1: unknown). Called under ``model.lock``."""
+        return self._names_entry(names).rows
 
-        kube-scheduler sends the same NodeNames list request after request: the rows of the
-        last list are kept and reused when the list is equal (one C-level comparison, cheaper
-        than 5,000 hash lookups) and no node was added or removed since."""
+    def _names_entry(self, names: list[str]) -> NamesEntry:
+        """``names`` with their model rows, from :class:`NamesMemo` when the list was seen since
+        the last node was added or removed. Called under ``model.lock``."""
         index_gen = self.model.index_gen
-        for memo in (self._names_memo, self._passing_memo):
-            if (memo is not None and memo[1] == index_gen and len(memo[0]) == len(names)
-                    and (not names or (memo[0][0] == names[0] and memo[0][-1] == names[-1]))
-                    and memo[0] == names):
-                return memo[2]
+        if self.row_cache is not None:
+            e = self._names.get(names, index_gen)
+            if e is not None:
+                return e
         # map() over dict.get runs in C: a third of the cost of a generator on 5,000 names.
         idx = np.fromiter(map(self.model.index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
-        idx.flags.writeable = False  # shared between requests
-        if self.row_cache is not None:
-            self._names_memo = (list(names), index_gen, idx)
-        return idx
+        if self.row_cache is None:
+            return NamesEntry(names, index_gen, idx)
+        return self._names.put(names, index_gen, idx)
 
     def _whole_only(self, a: CardArrays, rows: np.ndarray, names: list[str], texts: list[str]) -> list[str]:
         """:meth:`_reason`'s whole-only override for a shared pod, over many failing nodes at once."""
@@ -270,9 +310,8 @@ class ExtenderService:
         sel = np.flatnonzero(ok)
         passing = _take(names, sel)
         if self.row_cache is not None and passing:
-            rows_ok = idx[sel]
-            rows_ok.flags.writeable = False
-            self._passing_memo = (passing, index_gen, rows_ok)
+            with self.model.lock:  # what the next prioritize of this pod will send
+                self._names.put(passing, index_gen, idx[sel])
         passing_nodes = None
         if args.nodes is not None:
             if args.node_names is None:
@@ -308,22 +347,33 @@ class ExtenderService:
         ``as_json``: the answer already encoded (what the app sends), made without a dict per
         node, which on thousands of nodes costs more than the scoring of the simple placers.
         """
-        names, scores = self.prioritize_scores(args)
+        names, scores, entry = self._prioritize(args)
         if as_json:
-            return encode_priority_list(names, scores)
+            heads = None
+            if entry is not None:
+                heads = entry.heads
+                if heads is None:
+                    heads = entry.heads = priority_heads(entry.names)
+            return encode_priority_list(names, scores, heads)
         return priority_list(names, scores.tolist())
 
     def prioritize_scores(self, args: ExtenderArgs) -> tuple[list[str], np.ndarray]:
         """:meth:`prioritize` as (node names, int64 scores): what the app encodes without dicts."""
+        names, scores, _ = self._prioritize(args)
+        return names, scores
+
+    def _prioritize(self, args: ExtenderArgs) -> tuple[list[str], np.ndarray, NamesEntry | None]:
         names = args.names
         scores = np.zeros(len(names), np.int64)
+        entry: NamesEntry | None = None
         info = self.pod_info(args.pod)
         if info.req is not None and info.req.is_gpu and names:
             req, policy = info.req, info.policy
             assert policy is not None
             with self.model.lock:
                 a = self.model.a
-                idx = self._indices(names)
+                entry = self._names_entry(names)
+                idx = entry.rows
                 known = idx >= 0
                 placer = self.placers[policy.node]
                 if self.row_cache is not None:
@@ -341,7 +391,7 @@ class ExtenderService:
                     else:
                         raw = placer.score(a, req, fidx, usable)
                     scores[feasible] = scoring.to_extender_scores(raw)
-        return names, scores
+        return names, scores, (entry if self.row_cache is not None else None)
 
     # ------------------------------------------------------------------------------- bind
     def _pod_for_bind(self, args: BindingArgs) -> PodInfo | str:

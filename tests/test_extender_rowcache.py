@@ -330,3 +330,28 @@ def test_frag_index_synced_from_row_gen_equals_array_comparison(name):
             model.remove_node(rng.choice(model.node_names()))
         elif r < 0.52:
             wide_node(model, f"wide-{step}")
+
+
+def test_interleaved_pods_reuse_their_passing_lists_and_answer_as_fresh():
+    """Several pods in flight (filter A, filter B, prioritize A, prioritize B): each prioritize
+    finds its own filter's passing list in the memo, and the answers are those computed afresh."""
+    model = bench_model(60)
+    cached, fresh = two_services(model, "stowage", "least-allocated")
+    names = model.node_names()
+    pods = [bench_cluster.pod_object("ia", {"nvidia.com/gpu": "4"}, {}),
+            bench_cluster.pod_object("ib", {"nvidia.com/gpu-memory": "10", "nvidia.com/gpu-core": "30"},
+                                     {"stowage.io/gpu-model": "H100"}),
+            bench_cluster.pod_object("ic", {"nvidia.com/gpu": "1"}, {"stowage.io/gpu-model-exclude": "A10"})]
+    passing = []
+    for pod in pods:
+        body = encode({"Pod": pod, "Nodes": None, "NodeNames": names})
+        got = answer(cached, "filter", body)
+        assert got == answer(fresh, "filter", body)
+        passing.append(orjson.loads(got)["NodeNames"])
+    assert len({len(p) for p in passing}) == 3  # three different lists
+    memo = cached._names
+    for pod, ok in zip(pods, passing):
+        body = encode({"Pod": pod, "Nodes": None, "NodeNames": ok})
+        assert answer(cached, "prioritize", body) == answer(fresh, "prioritize", body)
+        assert len(memo.entries) == 4  # found, not added: full list + three passing lists
+        assert memo.entries[0].names == ok and memo.entries[0].heads is not None
