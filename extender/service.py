@@ -97,6 +97,23 @@ class NamesEntry:
     index_gen: int
     rows: np.ndarray
     heads: list[bytes] | None = None
+    # A filter's passing list: the request's list it was taken from, and which positions, so
+    # its heads are a selection of the (kept) heads of the full list.
+    parent: "NamesEntry | None" = None
+    sel: np.ndarray | None = None
+
+    def answer_heads(self) -> list[bytes]:
+        """:func:`extender.wire.priority_heads` of ``names``, made once."""
+        heads = self.heads
+        if heads is None:  # two threads may both make them: same result, no lock needed
+            parent, sel = self.parent, self.sel
+            if parent is not None and sel is not None:
+                heads = _take(parent.answer_heads(), sel)
+            else:
+                heads = priority_heads(self.names)
+            self.heads = heads
+            self.parent = None  # not needed any more
+        return heads
 
 
 class NamesMemo:
@@ -122,9 +139,13 @@ class NamesMemo:
                 return e
         return None
 
-    def put(self, names: list[str], index_gen: int, rows: np.ndarray) -> NamesEntry:
+    def put(self, names: list[str], index_gen: int, rows: np.ndarray, parent: NamesEntry | None = None,
+            sel: np.ndarray | None = None) -> NamesEntry:
+        """Remember ``names``; ``parent``/``sel``: names == parent.names[sel] (a filter's passing list)."""
         rows.flags.writeable = False  # shared between requests
-        e = NamesEntry(list(names), index_gen, rows)
+        if parent is not None and parent.parent is not None:
+            parent = None  # one level only: no chains of lists kept alive
+        e = NamesEntry(list(names), index_gen, rows, parent=parent, sel=None if parent is None else sel)
         self.entries.insert(0, e)
         del self.entries[self.size:]
         return e
@@ -277,7 +298,8 @@ class ExtenderService:
         unresolvable: dict[str, str] = {}
         with self.model.lock:
             a = self.model.a
-            idx = self._indices(names)
+            entry = self._names_entry(names)
+            idx = entry.rows
             index_gen = self.model.index_gen
             known = idx >= 0
             safe = np.where(known, idx, 0)
@@ -311,7 +333,7 @@ class ExtenderService:
         passing = _take(names, sel)
         if self.row_cache is not None and passing:
             with self.model.lock:  # what the next prioritize of this pod will send
-                self._names.put(passing, index_gen, idx[sel])
+                self._names.put(passing, index_gen, idx[sel], parent=entry, sel=sel)
         passing_nodes = None
         if args.nodes is not None:
             if args.node_names is None:
@@ -349,12 +371,7 @@ class ExtenderService:
         """
         names, scores, entry = self._prioritize(args)
         if as_json:
-            heads = None
-            if entry is not None:
-                heads = entry.heads
-                if heads is None:
-                    heads = entry.heads = priority_heads(entry.names)
-            return encode_priority_list(names, scores, heads)
+            return encode_priority_list(names, scores, None if entry is None else entry.answer_heads())
         return priority_list(names, scores.tolist())
 
     def prioritize_scores(self, args: ExtenderArgs) -> tuple[list[str], np.ndarray]:
