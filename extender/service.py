@@ -185,7 +185,7 @@ class ExtenderService:
         self.placers: dict[str, scoring.Placer] = {p: placer_factory(p) for p in (PACK, SPREAD)}
         for placer in self.placers.values():
             if hasattr(placer, "track_rows"):  # incremental indexes: changed rows from row_gen
-                placer.track_rows(self._row_gen_of)
+                placer.track_rows(self._row_gen_of, self._row_groups_of)
         self._pods: OrderedDict[str, PodInfo] = OrderedDict()  # uid -> info, LRU
         self._uid_by_key: dict[str, str] = {}
         self._pods_lock = threading.Lock()
@@ -201,6 +201,14 @@ class ExtenderService:
         """The model's per-row change counters when ``a`` is the model's arrays (placers call
         this under ``model.lock``); None for any other arrays (e.g. a planner's copy)."""
         return self.model.row_gen if a is self.model.a else None
+
+    def _row_groups_of(self, a: CardArrays) -> tuple[np.ndarray, np.ndarray] | None:
+        """The model's rows grouped by equal content (``(reps, inverse)``), for a placer's full
+        index build; None when ``a`` is not the model's arrays or no two rows are alike."""
+        if a is not self.model.a or self.row_cache is None:
+            return None
+        reps, inverse = self.row_cache.representatives(self.model, np.arange(a.shape[0]))
+        return None if inverse is None else (reps, inverse)
 
     # ------------------------------------------------------------------------------- pods
     def pod_info(self, pod: Mapping[str, Any]) -> PodInfo:

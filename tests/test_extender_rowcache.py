@@ -295,29 +295,55 @@ def test_passing_list_memo_is_not_reused_after_nodes_change():
 
 
 @pytest.mark.parametrize("name", ["stowage", "fgd"])
-def test_frag_index_synced_from_row_gen_equals_array_comparison(name):
+@pytest.mark.parametrize("kind", ["random", "bench"])
+def test_frag_index_synced_from_row_gen_equals_array_comparison(name, kind):
     """The fragmentation placers learn the changed rows from ClusterModel.row_gen (one [N]
-    comparison) instead of diffing the card arrays: same index state and scores as a placer
-    that diffs, through binds, releases, re-inventory, removals and array resizes."""
+    comparison) instead of diffing the card arrays, and build the index once per distinct row
+    content (RowCache groups): same index state and scores as a placer that diffs and builds
+    every row, through binds, releases, re-inventory, removals, array resizes and rebuilds."""
     rng = random.Random(21)
-    model = random_model(rng, 60)
+    model = random_model(rng, 60) if kind == "random" else bench_model(80)
     tracked, diffing = learned(name, 50, random.Random(1)), learned(name, 50, random.Random(1))
-    tracked.track_rows(lambda a: model.row_gen if a is model.a else None)
+    ungrouped = learned(name, 50, random.Random(1))   # row_gen, every row built
+    ungrouped.track_rows(lambda a: model.row_gen if a is model.a else None)
+    cache = RowCache()
+    groups_used = []
+
+    def groups(a):
+        reps, inv = cache.representatives(model, np.arange(a.shape[0]))
+        groups_used.append(inv is not None)
+        return None if inv is None else (reps, inv)
+
+    tracked.track_rows(lambda a: model.row_gen if a is model.a else None, groups)
     live: list[str] = []
     for step in range(80):
+        if step % 10 == 5:  # new learned state: the index is built afresh
+            for placer in (tracked, diffing, ungrouped):
+                placer.prime([(random_req(random.Random(step)), ())])
         req = random_req(rng)
         a = model.a
         f = scoring.fit(a, req, scoring.card_mask(a, model.models, PodPolicy(), req))
         idx = np.flatnonzero(f.ok)
         if idx.size:
-            got = np.round(np.asarray(tracked.score(a, req, idx, f.usable), float), scoring.RAW_DECIMALS)
-            want = np.round(np.asarray(diffing.score(a, req, idx, f.usable), float), scoring.RAW_DECIMALS)
-            assert np.array_equal(got, want, equal_nan=True), step
+            got = np.asarray(tracked.score(a, req, idx, f.usable), float)
+            # Grouped build: bit for bit the plain build (F included: FGD quantises it).
+            assert np.array_equal(got, np.asarray(ungrouped.score(a, req, idx, f.usable), float),
+                                  equal_nan=True), step
+            assert np.array_equal(tracked.index.frag, ungrouped.index.frag), step
+            # row_gen vs diffing the arrays: the same rows' state (F to float precision: rows
+            # are recomputed in other batches; the integer state is exact).
+            diffing.score(a, req, idx, f.usable)
             for arr in ("left", "idle", "cnt", "big", "fits"):
                 assert np.array_equal(getattr(tracked.index, arr), getattr(diffing.index, arr)), (step, arr)
+            assert np.allclose(tracked.index.frag, diffing.index.frag, rtol=1e-12, atol=1e-9)
+            if name == "stowage":  # exact scores compared at RAW_DECIMALS, as the extender does
+                want = np.asarray(diffing.score(a, req, idx, f.usable), float)
+                assert np.array_equal(np.round(got, scoring.RAW_DECIMALS), np.round(want, scoring.RAW_DECIMALS),
+                                      equal_nan=True), step
             assert tracked.index._snap is None  # no array snapshot kept: row_gen was used
             i = int(idx[rng.randrange(idx.size)])
             cards = tracked.choose_cards(a, i, req, f.usable[i], PodPolicy())
+            ungrouped.choose_cards(a, i, req, f.usable[i], PodPolicy())
             uid = f"u{step}"
             model.assign(uid, f"default/{uid}", model.names[i], cards, req, check=True)
             live.append(uid)
@@ -330,6 +356,7 @@ def test_frag_index_synced_from_row_gen_equals_array_comparison(name):
             model.remove_node(rng.choice(model.node_names()))
         elif r < 0.52:
             wide_node(model, f"wide-{step}")
+    assert any(groups_used)
 
 
 def test_interleaved_pods_reuse_their_passing_lists_and_answer_as_fresh():

@@ -29,7 +29,7 @@ Card capacity is in milli-cards: a card's idle share is ``min(core_free, 1000*me
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -243,15 +243,19 @@ class FragIndex:
         w = t.weight(cpu, hmem) * (cnt >= t.need[:, None])
         return t.p_all * idle - np.einsum("gn,gn->n", w, big)
 
-    def sync(self, a: CardArrays, gen: np.ndarray | None = None) -> None:
+    def sync(self, a: CardArrays, gen: np.ndarray | None = None,
+             groups: Callable[[], tuple[np.ndarray, np.ndarray] | None] | None = None) -> None:
         """Bring the state up to date with ``a``.
 
         ``gen``: per-row change counters of ``a`` (a row's counter moves whenever anything in
         the row changes, as ``ClusterModel.row_gen`` does); without them the arrays are
-        compared with a snapshot, which costs a few whole-array passes per call."""
+        compared with a snapshot, which costs a few whole-array passes per call.
+        ``groups``: called only for a full build, returns ``(reps, inverse)`` such that every
+        row of ``a`` has the same content as row ``reps[inverse[i]]`` (or None): the state is
+        a function of a row's content, so it is computed for the representatives and copied."""
         if gen is not None:
             if self._src is not a or self._gen is None or self._gen.shape != gen.shape:
-                self._rebuild(a)
+                self._rebuild(a, groups() if groups is not None else None)
             else:
                 rows = np.flatnonzero(self._gen != gen)
                 if rows.size:
@@ -273,7 +277,7 @@ class FragIndex:
         self._src = a
         self._snap = tuple(x.copy() for x in snap)
 
-    def _rebuild(self, a: CardArrays) -> None:
+    def _rebuild(self, a: CardArrays, groups: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         n, k = a.shape
         g = self.t.size
         self.left = np.zeros((n, k), np.int64)
@@ -282,7 +286,19 @@ class FragIndex:
         self.big = np.zeros((g, n), np.int64)
         self.frag = np.zeros(n)
         self.fits = np.zeros((g, n, k), bool)
-        self._compute(a, slice(None))
+        if groups is None:
+            self._compute(a, slice(None))
+            return
+        reps, inverse = groups
+        self._compute(a, reps)
+        src = reps[inverse]  # each row's representative (a row with the same content)
+        self.left, self.idle = self.left[src], self.idle[src]
+        # np.take keeps C order (a[:, src] would not): same layout, same float sums as a plain build.
+        self.cnt, self.big, self.fits = (np.take(self.cnt, src, axis=1), np.take(self.big, src, axis=1),
+                                         np.take(self.fits, src, axis=1))
+        # F over all rows in one call, exactly as the plain build computes it: a float sum's
+        # last bit depends on the batch, and the FGD placer's integer quantisation can see it.
+        self.frag = self.frag_of(a.cpu_free, a.hmem_free, self.idle, self.cnt, self.big)
 
     # ------------------------------------------------------------ what-ifs
     def after_cpu(self, a: CardArrays, rows: np.ndarray, cpu: int, hmem: int = 0) -> np.ndarray:
