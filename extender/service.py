@@ -320,6 +320,9 @@ class ExtenderService:
                 node_ok, node_unres = f.ok, f.unresolvable
             ok = known & node_ok[safe]
             fail = np.flatnonzero(known & ~ok)  # reasons for failing nodes only, all at once
+            fail_names: list[str] = []
+            texts: list[str] = []
+            unres = np.zeros(0, bool)
             if fail.size:
                 rows = idx[fail]
                 fail_names = _take(names, fail)
@@ -330,18 +333,17 @@ class ExtenderService:
                     if req.is_shared:
                         texts = self._whole_only(a, rows, fail_names, texts)
                 unres = node_unres[rows]
-                if unres.any():
-                    unresolvable = dict(zip(_take(fail_names, unres), _take(texts, unres)))
-                    failed = dict(zip(_take(fail_names, ~unres), _take(texts, ~unres)))
-                else:
-                    failed = dict(zip(fail_names, texts))
+            sel = np.flatnonzero(ok)
+            passing = _take(names, sel)
+            if self.row_cache is not None and passing:  # what the next prioritize of this pod will send
+                self._names.put(passing, index_gen, idx[sel], parent=entry, sel=sel)
+        if unres.any():
+            unresolvable = dict(zip(_take(fail_names, unres), _take(texts, unres)))
+            failed = dict(zip(_take(fail_names, ~unres), _take(texts, ~unres)))
+        else:
+            failed = dict(zip(fail_names, texts))
         for j in np.flatnonzero(~known):
             failed[names[j]] = UNKNOWN_NODE
-        sel = np.flatnonzero(ok)
-        passing = _take(names, sel)
-        if self.row_cache is not None and passing:
-            with self.model.lock:  # what the next prioritize of this pod will send
-                self._names.put(passing, index_gen, idx[sel], parent=entry, sel=sel)
         passing_nodes = None
         if args.nodes is not None:
             if args.node_names is None:
