@@ -55,3 +55,19 @@ def test_quick_run_writes_table_csv_and_json(tmp_path):
     with (out / "latency.csv").open() as fh:
         assert len(list(csv.DictReader(fh))) == len(rows)
     assert doc["meta"]["model_memory"]["cards"] == doc["meta"]["model_memory"]["nodes"] * 8
+
+
+def test_in_process_benchmark_places_every_pod_the_same_way_in_each_mode(tmp_path):
+    """benchmarks.latency.inproc replays the client's sequence without HTTP: every mode
+    (service calls, wire parse/encode, the Flask app as WSGI) sees the same requests, places
+    the same pods, and the profile file is written."""
+    from benchmarks.latency import inproc
+
+    results = [inproc.run(60, 12, 3, mode, str(tmp_path / "p.prof") if mode == "wsgi" else None)
+               for mode in ("service", "wire", "wsgi")]
+    for r in results:
+        assert r["filter"] is not None and r["bind"] is not None
+        assert r["ms_per_pod_total"] >= r["ms_per_pod_decisions"] > 0
+    assert (tmp_path / "p.prof").stat().st_size > 0
+    assert len(results[0]["placed"]) >= 10
+    assert results[0]["placed"] == results[1]["placed"] == results[2]["placed"]

@@ -91,6 +91,7 @@ def run(n: int, pods_n: int, seed: int, mode: str, profile: str | None = None) -
         return svc.prioritize(args, as_json=True)  # type: ignore[return-value]
 
     times: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
+    placed: dict[str, str] = {}
     prof = cProfile.Profile() if profile else None
     clock = time.perf_counter
     t_start = clock()
@@ -140,12 +141,13 @@ def run(n: int, pods_n: int, seed: int, mode: str, profile: str | None = None) -
                 err = orjson.loads(post("/bind", bind))["Error"]
                 times["bind"].append(clock() - t0)
             if not err:
+                placed[meta["name"]] = node
                 break
     if prof:
         prof.disable()
         prof.dump_stats(profile)
     total = clock() - t_start
-    out: dict[str, Any] = {"mode": mode, "nodes": n, "pods": pods_n}
+    out: dict[str, Any] = {"mode": mode, "nodes": n, "pods": pods_n, "placed": placed}
     for verb, ts in times.items():
         ms = np.array(ts) * 1e3
         out[verb] = (float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), float(ms.mean())) if len(ms) else None
