@@ -108,16 +108,3 @@ def test_stranding_uses_each_nodes_card_size():
     # 80 GiB card: 150 milli per 6 CPUs -> 6 CPUs feed 150.
     assert st == pytest.approx([500.0, 850.0])
 
-
-def test_fuller_node_wins_when_fragmentation_is_equal():
-    """Only 1-GPU pods seen: every free card is as good as another for the fragmentation measure,
-    so the tie-break decides, and it fills the started node (the empty one can be scaled away)."""
-    m = ClusterModel()
-    for name in ("empty", "started"):        # "empty" first: node order alone would pick it
-        cards = tuple(Card(index=k, uuid=f"{name}-{k}", model="M", memory_mib=24 * GIB) for k in range(4))
-        m.upsert_node(name, Inventory(cards=cards, source="simulated"))
-    p = placer_for("pack")
-    for _ in range(4):
-        p.observe(GpuRequest(gpus=1))
-    m.assign("first", "first", "started", [0], GpuRequest(gpus=1))
-    assert place(m, p, GpuRequest(gpus=1), "second")[0] == "started"

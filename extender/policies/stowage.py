@@ -12,7 +12,7 @@ belong where memory is plentiful.
 
 So the score of placing a pod on a node (higher is better) is::
 
-    (F_before - F_after)  -  w * (stranded_after - stranded_before)  -  0.001 * idle_after
+    (F_before - F_after)  -  w * (stranded_after - stranded_before)
 
 - ``F`` is FGD's fragmentation (:mod:`.frag`) over a typical workload *learned online* from the
   pods the extender has seen (``observe``; no look-ahead), with host memory counted in "does this
@@ -20,12 +20,10 @@ So the score of placing a pod on a node (higher is better) is::
 - ``stranded`` is the node's idle GPU-milli that its remaining CPU and memory could not feed at
   the workload's mean CPU and memory per GPU-milli (also learned online):
   ``max(0, idle - min(cpu_free / cpu_per_milli, mem_free / mem_per_milli))``;
-- ``w`` = 2 (chosen on seed 42 of the default trace; 1..4 are within 0.05 point on seeds 42-43);
-- ``idle_after``: the node's idle GPU-milli once the pod is on it, a tie-break toward fuller
-  nodes (``PACK_WEIGHT``).
+- ``w`` = 2 (chosen on seed 42 of the default trace; 1..3 are within 0.1 point).
 
-Scores are exact (not FGD's integer sigmoid), so remaining ties are real ties and go to the
-scheduler's node order. A share pod goes on the card of the chosen node with the best score; whole-GPU pods
+Scores are exact (not FGD's integer sigmoid), so ties are real ties and go to the scheduler's
+node order. A share pod goes on the card of the chosen node with the best score; whole-GPU pods
 take the first free cards. Cost per request: one vectorised evaluation over the feasible
 (node, card) pairs with per-node state kept incrementally (:class:`.frag.FragIndex`).
 """
@@ -41,18 +39,12 @@ from .frag import MILLI, PodClass
 from .reference import FragPlacerBase, first_free_cards, segment_max
 
 STRAND_WEIGHT = 2.0
-# Per idle GPU-milli left on the node after placing: a tie-break toward fuller nodes. Small
-# enough to change the trace's figures by < 0.01 point, large enough to decide between nodes
-# the fragmentation measure finds equal (which otherwise go by node order): in the elastic
-# scenario (pods leave) it places 14 more big jobs and frees a third more node-hours.
-PACK_WEIGHT = 1e-3
 
 
 class StowagePlacer(FragPlacerBase):
     name = "stowage"
     host_memory = True
     strand_weight = STRAND_WEIGHT
-    pack_weight = PACK_WEIGHT
 
     def __init__(self) -> None:
         super().__init__()
@@ -144,12 +136,11 @@ class StowagePlacer(FragPlacerBase):
         if rows is None:
             idle1 = ix.idle[idx] - (req.gpus * MILLI if req.is_whole else 0)
             st1 = self.stranded(idle1, cpu1, mem1, card)
-            return before - after - self.strand_weight * (st1 - st0) - self.pack_weight * idle1, None, None
+            return before - after - self.strand_weight * (st1 - st0), None, None
         ii = idx[rows]
         idle1 = ix.idle[ii] - ix.left[ii, kk] + ix.left_after_share(a, ii, kk, req)
         st1 = self.stranded(idle1, cpu1[rows], mem1[rows], card[rows])
-        return (before[rows] - after - self.strand_weight * (st1 - st0[rows]) - self.pack_weight * idle1,
-                rows, kk)
+        return before[rows] - after - self.strand_weight * (st1 - st0[rows]), rows, kk
 
     def score(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray) -> np.ndarray:
         s, rows, kk = self._pair_scores(a, req, idx, usable)
