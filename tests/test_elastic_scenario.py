@@ -130,3 +130,39 @@ def test_jobs_wait_in_the_queue_and_leave_at_their_deletion_time():
     assert (r.jobs, r.jobs_placed, r.jobs_never) == (3, 2, 1)
     assert r.timeline["pending_jobs"] == [0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
     assert r.job_wait_s == [0, 0]
+
+
+def test_each_gpu_pod_is_observed_once_like_the_extender(monkeypatch):
+    """The extender observes a pod the first time it sees it, and only GPU pods
+    (``ExtenderService.pod_info``): Pending pods retried step after step, and CPU-only pods,
+    must not be learned again (or at all)."""
+    from benchmarks.elastic import sim
+    from benchmarks.elastic.workload import Job
+
+    seen: list[GpuRequest] = []
+    real_get = sim.get_placer
+
+    def counting(name):
+        placer = real_get(name)
+        inner = placer.observe
+
+        def observe(req):
+            seen.append(req)
+            inner(req)
+        placer.observe = observe
+        return placer
+
+    monkeypatch.setattr(sim, "get_placer", counting)
+    dep = Deployment(name="svc", req=GpuRequest(gpus=1), models=(), demand=np.array([1, 6, 6, 6, 6, 6, 6, 6, 1, 1], float),
+                     trace_pods=1)
+    jobs = (Job(req=GpuRequest(gpus=8), models=(), start=1, end=8),           # Pending 7 steps, never fits
+            Job(req=GpuRequest(gpus=8), models=(), start=1, end=9),           # behind it in the same queue
+            Job(req=GpuRequest(cpu_milli=500), models=(), start=2, end=9))    # CPU-only: never observed
+    sc = Scenario(deployments=(dep,), jobs=jobs, t0=0, step_s=60, steps=10, scale=1.0, capacity_milli=4000,
+                  dropped_short=0)
+    r = run(sc, nodes(1), "stowage", 42, HpaSettings(scale_down_window_s=0))
+    assert r.replicas_delayed + r.replicas_never > 0 and r.pending_replica_hours > 0   # pods were retried
+    gpu_pods = 1 + r.replicas_created + 2      # the initial replica, every scale-out replica, the 8-GPU jobs
+    assert len(seen) == gpu_pods
+    assert all(req.is_gpu for req in seen)
+    assert sum(req.gpus == 8 for req in seen) == 2

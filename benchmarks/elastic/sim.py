@@ -10,7 +10,10 @@ Every ``step_s`` seconds (an HPA sync) the simulation:
    then those on the nodes holding most replicas of the deployment, newest first);
 3. schedules the queue in creation order, like kube-scheduler's FIFO: each pod goes where the
    extender's own ``card_mask``/``fit``/placer/card-choice code puts it (ties: the seed's fixed
-   node order, as in the binpack benchmark) or stays Pending and is retried next step;
+   node order, as in the binpack benchmark) or stays Pending and is retried next step. The
+   placer learns each GPU pod once, at its first scheduling attempt, as the extender does
+   (``ExtenderService.pod_info`` observes a pod the first time it sees it, and only pods that
+   ask for a GPU): retries of a Pending pod are not new pods;
 4. counts empty nodes: a node with no pod at all for ``unneeded_s`` (cluster-autoscaler's
    scale-down-unneeded-time, 10 min) is one the autoscaler could have released.
 
@@ -61,6 +64,7 @@ class Item:
     node: int = -1
     placed: int = -1                # step placed, -1 while pending
     dead: bool = False
+    seen: bool = False              # has met the extender (its placer observed it, if a GPU pod)
 
     @property
     def uid(self) -> str:
@@ -159,6 +163,12 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
     base = CARD_POLICY.get(policy, PodPolicy())
     policies: dict[tuple[str, ...], PodPolicy] = {}
     masks: dict[tuple, np.ndarray] = {}
+
+    def meet_extender(it: Item) -> None:
+        """A pod's first filter call: the extender observes GPU pods once, when first seen."""
+        it.seen = True
+        if it.req.is_gpu:
+            placer.observe(it.req)
 
     def pol_for(models: tuple[str, ...]) -> PodPolicy:
         p = policies.get(models)
@@ -294,10 +304,22 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
             mask = masks.get(key)
             if mask is None:
                 mask = masks[key] = card_mask(a, model.models, pol, req)
-            placer.observe(req)
+            if not it.seen:
+                meet_extender(it)
             f = fit(a, req, mask)
             idx = np.flatnonzero(f.ok)
             if not len(idx):
+                # kube-scheduler tries every queued pod this round, so the new pods behind this
+                # head (same shape, so they do not fit either) meet the extender now too. Seen
+                # pods form a prefix of the queue: the unseen ones are its tail.
+                new = []
+                for other in reversed(q):
+                    if other.seen:
+                        break
+                    new.append(other)
+                for other in reversed(new):
+                    if not other.dead:
+                        meet_extender(other)
                 continue
             i = pick(placer.score(a, req, idx, f.usable), idx, rank)
             cards = placer.choose_cards(a, i, req, f.usable[i], pol)
