@@ -86,6 +86,24 @@ def test_packing_leaves_whole_nodes_empty_for_the_autoscaler():
     assert packed.scale_outs == spread.scale_outs == 0   # demand met by the initial replicas
 
 
+def test_releasable_gpu_hours_weigh_an_empty_node_by_its_gpus():
+    # A 2-GPU and an 8-GPU node, 2 one-GPU replicas. Both policies leave one node empty (the same
+    # node-hours), but packing empties the 8-GPU node and spreading the 2-GPU one.
+    two_sizes = Nodes(names=("small", "big"), cpu_milli=np.full(2, 64000), memory_mib=np.full(2, 262144),
+                      gpus=np.array([2, 8]), model=("V100M16",) * 2)
+    dep = Deployment(name="svc", req=GpuRequest(gpus=1), models=(), demand=np.full(30, 2.0), trace_pods=1)
+    sc = Scenario(deployments=(dep,), jobs=(), t0=0, step_s=60, steps=30, scale=1.0, capacity_milli=10000,
+                  dropped_short=0)
+    packed = run(sc, two_sizes, "most-allocated", 42, unneeded_s=600)
+    spread = run(sc, two_sizes, "least-allocated", 42, unneeded_s=600)
+    hours = 20 * 60 / 3600                  # releasable from t=600 s: steps 10..29
+    assert packed.releasable_node_hours == spread.releasable_node_hours == pytest.approx(hours)
+    assert packed.releasable_gpu_hours == pytest.approx(8 * hours)
+    assert spread.releasable_gpu_hours == pytest.approx(2 * hours)
+    assert packed.gpu_hours == pytest.approx(10 * 30 * 60 / 3600)
+    assert packed.summary()["releasable_pct_of_gpu_hours"] == pytest.approx(100 * 8 * 20 / (10 * 30), abs=0.01)
+
+
 def test_default_policies_put_the_pack_default_first():
     pols = default_policies()
     assert pols[0] == scoring.POLICY_PLACER["pack"]
@@ -98,15 +116,17 @@ def test_quick_smoke_run_writes_table_csv_json_png(tmp_path, capsys):
     rc = main(["--quick", "--policies", "most-allocated,least-allocated", "--jobs", "1", "--out", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "scale-outs found room" in text and "releasable node-h" in text
+    assert "scale-outs found room" in text and "releasable node-h" in text and "releasable GPU-h" in text
     rows = list(csv.DictReader((out / "elastic.csv").open()))
     assert [r["policy"] for r in rows] == ["most-allocated", "least-allocated"]
     for r in rows:
         assert int(r["scale_outs"]) == int(r["scale_outs_found_room"]) + int(r["scale_outs_stayed_pending"]) > 0
+        assert 0 <= float(r["releasable_gpu_hours"]) and 0 <= float(r["releasable_pct_of_gpu_hours"]) <= 100
         assert int(r["replicas_created"]) == (int(r["replicas_placed_at_once"]) + int(r["replicas_placed_later"])
                                               + int(r["replicas_never_placed"]) + int(r["replicas_pending_at_end"]))
     doc = json.loads((out / "elastic.json").read_text())
     assert doc["meta"]["deployments"] == 8 and len(doc["results"]) == 2
+    assert all("releasable_gpu_hours" in res for res in doc["results"])
     assert (out / "elastic.png").stat().st_size > 10_000
 
 

@@ -16,6 +16,7 @@ COLUMNS = [
     ("pending replica-h", "pending_replica_hours"),
     ("jobs never placed", "jobs_never_placed"),
     ("releasable node-h", lambda s: f"{s['releasable_node_hours']:.0f} ({s['releasable_pct_of_node_hours']:.1f}%)"),
+    ("releasable GPU-h", lambda s: f"{s['releasable_gpu_hours']:.0f} ({s['releasable_pct_of_gpu_hours']:.1f}%)"),
     ("GPU alloc %", "mean_gpu_alloc_pct"),
     ("run s", "seconds"),
 ]
@@ -63,10 +64,10 @@ def plot(results: list[ElasticResult], meta: dict, path: Path) -> None:
         axes[0].plot(t["hour"], t["alloc_pct"], lw=0.8, label=label)
         pending = [r + j for r, j in zip(t["pending_replicas"], t.get("pending_jobs", [0.0] * len(t["hour"])))]
         axes[1].plot(t["hour"], pending, lw=0.8, label=label)
-        axes[2].plot(t["hour"], t["releasable_nodes"], lw=0.8, label=label)
+        axes[2].plot(t["hour"], t.get("releasable_gpus", t["releasable_nodes"]), lw=0.8, label=label)
     axes[0].set_ylabel("GPU allocated %")
     axes[1].set_ylabel("Pending pods\n(replicas + trace jobs)")
-    axes[2].set_ylabel("nodes empty >= 10 min")
+    axes[2].set_ylabel("GPUs on nodes\nempty >= 10 min")
     axes[2].set_xlabel("hours into the window")
     axes[0].set_title(f"Elastic scenario: {meta.get('deployments')} HPA deployments + trace jobs on "
                       f"{meta.get('nodes')} nodes / {meta.get('gpus')} GPUs ({meta.get('trace')} trace, "

@@ -15,7 +15,9 @@ Every ``step_s`` seconds (an HPA sync) the simulation:
    (``ExtenderService.pod_info`` observes a pod the first time it sees it, and only pods that
    ask for a GPU): retries of a Pending pod are not new pods;
 4. counts empty nodes: a node with no pod at all for ``unneeded_s`` (cluster-autoscaler's
-   scale-down-unneeded-time, 10 min) is one the autoscaler could have released.
+   scale-down-unneeded-time, 10 min) is one the autoscaler could have released. Counted in
+   node-hours and in GPU-hours (its GPUs x hours): node-hours alone would rate emptying a
+   2-GPU node as high as emptying an 8-GPU one.
 
 Only the cluster and the pod source are simulated; placement is the production code.
 """
@@ -93,6 +95,8 @@ class ElasticResult:
     job_wait_s: list[float] = field(default_factory=list)
     releasable_node_hours: float = 0.0
     gpu_node_hours: float = 0.0
+    releasable_gpu_hours: float = 0.0   # GPUs on releasable nodes x hours
+    gpu_hours: float = 0.0              # every GPU x the window
     mean_alloc_pct: float = 0.0
     seconds: float = 0.0
     timeline: dict[str, list[float]] = field(default_factory=dict)
@@ -128,6 +132,9 @@ class ElasticResult:
             "releasable_node_hours": round(self.releasable_node_hours, 1),
             "releasable_pct_of_node_hours": round(100.0 * self.releasable_node_hours / self.gpu_node_hours, 2)
             if self.gpu_node_hours else 0.0,
+            "releasable_gpu_hours": round(self.releasable_gpu_hours, 1),
+            "releasable_pct_of_gpu_hours": round(100.0 * self.releasable_gpu_hours / self.gpu_hours, 2)
+            if self.gpu_hours else 0.0,
             "mean_gpu_alloc_pct": round(self.mean_alloc_pct, 2),
             "seconds": round(self.seconds, 2),
         }
@@ -252,11 +259,13 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
     cpu_total = a.cpu_free[:n_nodes].copy()
     empty_since = np.full(n_nodes, -1.0)
     gpu_nodes = a.exists[:n_nodes].any(axis=1)
+    node_gpus = a.exists[:n_nodes].sum(axis=1)
     releasable_steps = 0
+    releasable_gpu_steps = 0
     alloc_sum = 0.0
     pend_jobs = 0
     tl: dict[str, list[float]] = {"hour": [], "pending_replicas": [], "pending_jobs": [], "releasable_nodes": [],
-                                  "alloc_pct": []}
+                                  "releasable_gpus": [], "alloc_pct": []}
 
     for s in range(sc.steps):
         now = float(s * sc.step_s)
@@ -354,8 +363,11 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
         empty = gpu_nodes & (a.pods[:n_nodes].sum(axis=1) == 0) & (a.cpu_free[:n_nodes] >= cpu_total)
         empty_since[~empty] = -1.0
         empty_since[empty & (empty_since < 0)] = now
-        releasable = int((empty & (now - empty_since >= unneeded_s)).sum())
+        gone = empty & (now - empty_since >= unneeded_s)
+        releasable = int(gone.sum())
+        releasable_gpus = int(node_gpus[gone].sum())
         releasable_steps += releasable
+        releasable_gpu_steps += releasable_gpus
         alloc_pct = 100.0 * placed_milli / sc.capacity_milli
         alloc_sum += alloc_pct
         if s % timeline_every == 0:
@@ -363,6 +375,7 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
             tl["pending_replicas"].append(float(pending_reps))
             tl["pending_jobs"].append(float(pend_jobs))
             tl["releasable_nodes"].append(float(releasable))
+            tl["releasable_gpus"].append(float(releasable_gpus))
             tl["alloc_pct"].append(alloc_pct)
         if progress is not None:
             progress(s)
@@ -371,6 +384,8 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
     res.replicas_pending_at_end = sum(1 for live in reps for r in live if r.placed < 0 and r.event >= 0)
     res.releasable_node_hours = releasable_steps * sc.step_s / 3600.0
     res.gpu_node_hours = int(gpu_nodes.sum()) * sc.steps * sc.step_s / 3600.0
+    res.releasable_gpu_hours = releasable_gpu_steps * sc.step_s / 3600.0
+    res.gpu_hours = int(node_gpus.sum()) * sc.steps * sc.step_s / 3600.0
     res.mean_alloc_pct = alloc_sum / max(sc.steps, 1)
     res.timeline = tl
     res.seconds = time.perf_counter() - t_start
