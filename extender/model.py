@@ -133,6 +133,8 @@ class ClusterModel:
         self.row_gen = np.zeros(capacity, np.int64)
         self._row_tick = 0
         self.index_gen = 0  # bumped when a node name is added to or removed from ``index``
+        # GPU pods whose cards were given back (never decreases): tells placers pods come and go.
+        self.gpu_releases = 0
 
     # ----------------------------------------------------------------- nodes
     def model_id(self, model: str) -> int:
@@ -331,6 +333,8 @@ class ClusterModel:
             if i is not None and alloc.applied:
                 self._apply(i, alloc, -1)
             self.generation += 1
+            if alloc.cards:
+                self.gpu_releases += 1
             return alloc
 
     def card_uuid(self, node: str, k: int) -> str:

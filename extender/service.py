@@ -186,6 +186,8 @@ class ExtenderService:
         for placer in self.placers.values():
             if hasattr(placer, "track_rows"):  # incremental indexes: changed rows from row_gen
                 placer.track_rows(self._row_gen_of, self._row_groups_of)
+            if hasattr(placer, "watch_releases"):  # pods leaving switch a placer's churn mode
+                placer.watch_releases(lambda: self.model.gpu_releases)
         self._pods: OrderedDict[str, PodInfo] = OrderedDict()  # uid -> info, LRU
         self._uid_by_key: dict[str, str] = {}
         self._pods_lock = threading.Lock()

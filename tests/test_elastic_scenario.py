@@ -186,3 +186,20 @@ def test_each_gpu_pod_is_observed_once_like_the_extender(monkeypatch):
     assert len(seen) == gpu_pods
     assert all(req.is_gpu for req in seen)
     assert sum(req.gpus == 8 for req in seen) == 2
+
+
+def test_stowage_switches_to_churn_mode_when_a_gpu_pod_leaves(monkeypatch):
+    from benchmarks.elastic import sim
+    from benchmarks.elastic.workload import Job
+
+    made = []
+    real_get = sim.get_placer
+    monkeypatch.setattr(sim, "get_placer", lambda name: made.append(real_get(name)) or made[-1])
+    steady = scenario([2] * 6)
+    run(steady, nodes(2), "stowage", 42)
+    assert not made[-1].churn                       # nothing left: the static behaviour
+    jobs = (Job(req=GpuRequest(gpus=2), models=(), start=1, end=3),)
+    leaving = Scenario(deployments=steady.deployments, jobs=jobs, t0=0, step_s=60, steps=6, scale=1.0,
+                       capacity_milli=8000, dropped_short=0)
+    run(leaving, nodes(2), "stowage", 42)
+    assert made[-1].churn

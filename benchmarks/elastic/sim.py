@@ -162,6 +162,8 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
         placer.reseed(seed)
     if hasattr(placer, "bind_models"):
         placer.bind_models(model.models)
+    if hasattr(placer, "watch_releases"):  # as the extender does: the model's count of GPU releases
+        placer.watch_releases(lambda: model.gpu_releases)
     if getattr(placer, "knows_workload", False):
         copies = max(1, round(sc.scale))
         pairs = [(d.req, d.models) for d in sc.deployments for _ in range(d.trace_pods * copies)]

@@ -22,12 +22,25 @@ So the score of placing a pod on a node (higher is better) is::
   ``max(0, idle - min(cpu_free / cpu_per_milli, mem_free / mem_per_milli))``;
 - ``w`` = 2 (chosen on seed 42 of the default trace; 1..3 are within 0.1 point).
 
+Churn mode. In a cluster where pods come and go, an empty node is worth more than any
+fragmentation gain: the cluster autoscaler can remove it (and a node that stays empty keeps
+room for the biggest pods). So once the placer learns that GPU pods have LEFT the cluster
+(:meth:`watch_releases`: the extender hands it the model's count of GPU releases; the elastic
+benchmark the same), it switches for good to preferring nodes that already run a GPU pod:
+placing a GPU pod on a node with none costs :data:`CHURN_COST` (1e5, far above any fragmentation
+delta), so the score orders nodes lexicographically — used nodes first, then the fragmentation
+score above. The switch bumps :attr:`version` (cached scores are dropped). Scores stay
+row-local: the cost reads only the node's own ``pods`` row. Where pods never leave (the static
+trace replay) the mode never switches on, so those results are unchanged by construction.
+
 Scores are exact (not FGD's integer sigmoid), so ties are real ties and go to the scheduler's
 node order. A share pod goes on the card of the chosen node with the best score; whole-GPU pods
 take the first free cards. Cost per request: one vectorised evaluation over the feasible
 (node, card) pairs with per-node state kept incrementally (:class:`.frag.FragIndex`).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 
@@ -39,6 +52,7 @@ from .frag import MILLI, PodClass
 from .reference import FragPlacerBase, first_free_cards, segment_max
 
 STRAND_WEIGHT = 2.0
+CHURN_COST = 1e5   # churn mode: placing a GPU pod on a node that runs no GPU pod (see the module doc)
 
 
 class StowagePlacer(FragPlacerBase):
@@ -47,6 +61,10 @@ class StowagePlacer(FragPlacerBase):
     strand_weight = STRAND_WEIGHT
 
     def __init__(self) -> None:
+        self._version = 0
+        self._churn = False                     # churn mode on (GPU pods have left the cluster)
+        self._release_count: Callable[[], int] | None = None
+        self._release_base = 0
         super().__init__()
         self.seen = 0
         self._next = 1
@@ -60,6 +78,55 @@ class StowagePlacer(FragPlacerBase):
         self._share_mem: list[int] = []
         self._milli_on: dict[float, tuple[int, float]] = {}
 
+    # ------------------------------------------------------------------ churn mode
+    @property
+    def version(self) -> int:  # type: ignore[override]
+        """Changes whenever learned state changes scores. Reading it first checks for churn, so
+        a row cache (which reads the version before trusting cached scores) drops its scores
+        the moment a release is known, whichever rows it was about to score."""
+        self._poll_churn()
+        return self._version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self._version = value
+
+    @property
+    def churn(self) -> bool:
+        """Whether churn mode is on (checks the release count first)."""
+        self._poll_churn()
+        return self._churn
+
+    def watch_releases(self, count: Callable[[], int]) -> None:
+        """Read the cluster's count of GPU pods released (never decreasing, cheap to read:
+        ``ClusterModel.gpu_releases``) before every score, card choice and version read; churn
+        mode switches on once it moves past its value now. A cluster-wide counter, not the
+        rows being scored: the row cache asks for a subset of rows, and a bind elsewhere can
+        hide a release in any per-row or total pod count."""
+        self._release_count = count
+        self._release_base = count()
+
+    def note_release(self) -> None:
+        """A GPU pod left (for callers without a model counter to watch)."""
+        self._set_churn()
+
+    def _poll_churn(self) -> None:
+        if not self._churn and self._release_count is not None and self._release_count() > self._release_base:
+            self._set_churn()
+
+    def _set_churn(self) -> None:
+        if not self._churn:
+            self._churn = True
+            self._version += 1
+
+    def churn_cost(self, a: CardArrays, req: GpuRequest, idx: np.ndarray) -> np.ndarray | float:
+        """[n] cost of placing ``req`` on nodes ``idx``: CHURN_COST on a node with no GPU pod, in
+        churn mode and for GPU pods only (a CPU-only pod does not keep a node's GPUs busy)."""
+        if not self._churn or not req.is_gpu:
+            return 0.0
+        return np.where((a.pods[idx] > 0).any(axis=1), 0.0, CHURN_COST)
+
+    # ------------------------------------------------------------------ learning
     def observe(self, req: GpuRequest) -> None:
         """Learn the workload: class counts and host resources per GPU-milli. The typical-pod
         table is rebuilt at 1, 2, 4, ... 256 pods, then every 128 pods (a full recompute)."""
@@ -143,11 +210,15 @@ class StowagePlacer(FragPlacerBase):
         return before[rows] - after - self.strand_weight * (st1 - st0[rows]), rows, kk
 
     def score(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray) -> np.ndarray:
+        self._poll_churn()
         s, rows, kk = self._pair_scores(a, req, idx, usable)
-        return s if rows is None else segment_max(s, rows, len(idx))
+        s = s if rows is None else segment_max(s, rows, len(idx))
+        return s - self.churn_cost(a, req, idx)
 
     def choose_cards(self, a: CardArrays, i: int, req: GpuRequest, usable_row: np.ndarray,
                      policy: PodPolicy) -> list[int]:
+        # The churn cost is the same for every card of the node: it never changes the card.
+        self._poll_churn()
         if not req.is_shared:
             return first_free_cards(a, i, req, usable_row)
         u = np.zeros(a.shape, bool)

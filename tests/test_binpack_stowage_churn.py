@@ -1,0 +1,231 @@
+"""Stowage's churn mode: once GPU pods have left the cluster, fill nodes that already run a GPU pod
+first (an empty node is one the cluster autoscaler can remove). Checked on real ClusterModels and
+a real ExtenderService: the switch (after a release, never before), the version bump the row cache
+relies on, the ranking before and after, row-locality in churn mode, cached answers equal to fresh
+ones on a churning cluster, and the static replay (no pod ever leaves) unchanged."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import orjson
+import pytest
+
+from benchmarks.binpack.replay import replay
+from benchmarks.latency import cluster as bench_cluster
+from extender import scoring
+from extender.model import ClusterModel
+from extender.policies.stowage import CHURN_COST, StowagePlacer
+from extender.policy import PACK, SPREAD, PodPolicy
+from extender.service import ExtenderService
+from extender.wire import encode, parse_binding_args, parse_extender_args
+from stowage.inventory import Card, Inventory
+from stowage.resources import GpuRequest
+
+from conftest import SHARED
+from test_latency_equivalence import POD_LIMITS, random_model
+
+scoring.get_placer("most-allocated")  # registers the policy modules
+MODEL = "NVIDIA A100-SXM4-80GB"
+
+
+def eight_gpu_node(model: ClusterModel, name: str) -> None:
+    cards = tuple(Card(index=k, uuid=f"{name}-{k}", model=MODEL, memory_mib=81920) for k in range(8))
+    model.upsert_node(name, Inventory(cards=cards, source="simulated"))
+
+
+def two_nodes() -> ClusterModel:
+    """'used' runs a 4-GPU pod (4 cards free), 'empty' runs nothing."""
+    model = ClusterModel()
+    eight_gpu_node(model, "used")
+    eight_gpu_node(model, "empty")
+    model.assign("big", "default/big", "used", [0, 1, 2, 3], GpuRequest(gpus=4))
+    return model
+
+
+def four_gpu_workload(model: ClusterModel) -> StowagePlacer:
+    """A placer that has learned a workload of 4-GPU pods: a 1-GPU pod on 'used' leaves 3 free
+    cards no typical pod fits (fragmentation), on 'empty' 7 that still take one."""
+    placer = StowagePlacer()
+    placer.bind_models(model.models)
+    placer.watch_releases(lambda: model.gpu_releases)
+    for _ in range(40):
+        placer.observe(GpuRequest(gpus=4))
+    return placer
+
+
+def scores(placer: StowagePlacer, model: ClusterModel, req: GpuRequest) -> dict[str, float]:
+    a = model.a
+    f = scoring.fit(a, req, scoring.card_mask(a, model.models, PodPolicy(), req))
+    idx = np.flatnonzero(f.ok)
+    return {model.names[i]: float(s) for i, s in zip(idx, placer.score(a, req, idx, f.usable))}
+
+
+def test_fresh_placer_prefers_the_fragmentation_best_node_even_if_empty():
+    model = two_nodes()
+    placer = four_gpu_workload(model)
+    s = scores(placer, model, GpuRequest(gpus=1))
+    assert s["empty"] > s["used"]
+    assert not placer.churn
+
+
+def test_a_release_switches_churn_mode_once_and_bumps_the_version():
+    model = two_nodes()
+    placer = four_gpu_workload(model)
+    model.assign("cpu", "default/cpu", "empty", (), GpuRequest(cpu_milli=500), check=False)
+    model.release("cpu")                          # a CPU-only pod leaving is not GPU churn
+    v0 = placer.version
+    assert not placer.churn and placer.version == v0
+    model.assign("x", "default/x", "empty", [7], GpuRequest(gpus=1))
+    assert placer.version == v0                   # binds do not switch it
+    model.release("x")
+    v1 = placer.version                           # read before any score: the row cache sees it first
+    assert placer.churn and v1 != v0
+    model.assign("y", "default/y", "empty", [7], GpuRequest(gpus=1))
+    model.release("y")
+    assert placer.version == v1                   # switched once, for good
+
+
+def test_churned_placer_fills_a_used_node_before_an_empty_one():
+    model = two_nodes()
+    placer = four_gpu_workload(model)
+    model.assign("x", "default/x", "empty", [0], GpuRequest(gpus=1))
+    model.release("x")
+    s = scores(placer, model, GpuRequest(gpus=1))
+    assert placer.churn and s["used"] > s["empty"]
+    fresh = four_gpu_workload(model)              # same learned state, no release seen since
+    f = scores(fresh, model, GpuRequest(gpus=1))
+    assert s["used"] == pytest.approx(f["used"]) and s["empty"] == pytest.approx(f["empty"] - CHURN_COST)
+    cpu = scores(placer, model, GpuRequest(cpu_milli=1000))   # CPU-only pods pay no churn cost
+    assert cpu == pytest.approx(scores(fresh, model, GpuRequest(cpu_milli=1000)))
+
+
+def test_the_extender_service_switches_its_pack_placer_on_a_release():
+    model = two_nodes()
+    service = ExtenderService(model)
+    placer = service.placers[PACK]
+    assert isinstance(placer, StowagePlacer) and not placer.churn
+    model.release("big")                          # e.g. the pod watch saw the pod deleted
+    assert placer.churn
+
+
+def random_req(rng: random.Random) -> GpuRequest:
+    if rng.random() < 0.5:
+        return GpuRequest(mem_mib=rng.choice([4096, 10240, 30720]), core_milli=rng.choice([0, 250, 500]))
+    return GpuRequest(gpus=rng.choice([1, 1, 2, 4, 8]))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_churn_mode_scores_stay_row_local(seed):
+    """score(subset) == score(all)[subset]: what lets the extender cache scores per row."""
+    rng = random.Random(seed)
+    model = random_model(rng, 80)
+    for j in range(60):
+        node = rng.choice(model.node_names())
+        free = np.flatnonzero(model.a.free_whole()[model.index[node]])
+        if free.size:
+            model.assign(f"u{j}", f"default/p{j}", node, [int(free[0])], GpuRequest(gpus=1), check=False)
+    placer = scoring.get_placer("stowage")
+    placer.watch_releases(lambda: model.gpu_releases)
+    for _ in range(40):
+        placer.observe(random_req(rng))
+    model.release("u0")
+    assert placer.churn
+    a = model.a
+    checked = 0
+    for _ in range(12):
+        req = random_req(rng)
+        f = scoring.fit(a, req, scoring.card_mask(a, model.models, PodPolicy(), req))
+        idx = np.flatnonzero(f.ok)
+        if idx.size < 4:
+            continue
+        whole = np.round(np.asarray(placer.score(a, req, idx, f.usable), float), scoring.RAW_DECIMALS)
+        sub = np.array(sorted(rng.sample(range(idx.size), idx.size // 3)))
+        part = np.round(np.asarray(placer.score(a, req, idx[sub], f.usable), float), scoring.RAW_DECIMALS)
+        assert np.array_equal(part, whole[sub], equal_nan=True), req
+        used = (a.pods[idx] > 0).any(axis=1)
+        if used.any() and (~used).any():      # the churn cost is in the scores: used nodes rank first
+            assert whole[used].min() > whole[~used].max()
+            checked += 1
+    assert checked
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_cached_answers_equal_fresh_ones_while_pods_come_and_go(seed):
+    """Two services over one model, one with the row cache: byte-identical prioritize answers
+    through binds and releases, including across the switch."""
+    rng = random.Random(100 + seed)
+    model = random_model(rng, 40)
+    make = (lambda v: scoring.get_placer({PACK: "stowage", SPREAD: "least-allocated"}[v]))
+    cached = ExtenderService(model, placer_factory=make, row_cache=True)
+    fresh = ExtenderService(model, placer_factory=make, row_cache=False)
+    names = model.node_names()
+    live: list[str] = []
+    for step in range(120):
+        pod = bench_cluster.pod_object(f"c{seed}-{step}", rng.choice(POD_LIMITS[:7]))
+        body = encode({"Pod": pod, "Nodes": None, "NodeNames": names})
+        got = cached.filter(parse_extender_args(body)).to_json()
+        fresh.filter(parse_extender_args(body))
+        passing = got["NodeNames"] or []
+        if not passing:
+            continue
+        sub = rng.sample(passing, rng.randint(1, len(passing)))   # a subset of rows, as kube-scheduler may ask
+        body = encode({"Pod": pod, "Nodes": None, "NodeNames": sub})
+        assert cached.prioritize(parse_extender_args(body), as_json=True) == \
+            fresh.prioritize(parse_extender_args(body), as_json=True), step
+        md = pod["metadata"]
+        if rng.random() < 0.6:
+            bind = {"PodName": md["name"], "PodNamespace": md["namespace"], "PodUID": md["uid"], "Node": rng.choice(sub)}
+            if cached.bind(parse_binding_args(bind)) == "" and md["uid"] in model.allocations:
+                live.append(md["uid"])
+        elif live and rng.random() < 0.5:
+            model.release(live.pop(rng.randrange(len(live))))
+    assert cached.placers[PACK].churn and fresh.placers[PACK].churn
+
+
+@pytest.mark.skipif(not (SHARED / "openb" / "openb_pod_list_default.csv").exists(), reason="needs ../shared/openb")
+def test_static_replay_is_unchanged_because_no_pod_leaves(monkeypatch):
+    """The trace replay never releases a pod, so churn mode never switches on and the replay
+    places every pod where a placer without churn mode does; forcing it on does move pods
+    (the check can fail)."""
+    from benchmarks.binpack import replay as replay_mod
+    from benchmarks.binpack.cli import _load
+
+    class NoChurn(StowagePlacer):
+        def churn_cost(self, a, req, idx):
+            return 0.0
+
+    class AlwaysChurn(StowagePlacer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.note_release()
+
+    nodes, pods = _load(str(SHARED / "openb"), "default", 1)
+    made: list[StowagePlacer] = []
+    real_get = replay_mod.get_placer
+
+    def spy(name):
+        placer = real_get(name)
+        made.append(placer)
+        return placer
+
+    chosen: list[int] = []
+    real_pick = replay_mod.pick
+
+    def record(*args):
+        i = real_pick(*args)
+        chosen.append(i)
+        return i
+
+    def placements(policy: str) -> list[int]:
+        chosen.clear()
+        replay(nodes, pods, policy, 42, limit=1500)
+        return list(chosen)
+
+    monkeypatch.setattr(replay_mod, "pick", record)
+    monkeypatch.setattr(replay_mod, "get_placer", spy)
+    base = placements("stowage")
+    assert not made[-1].churn
+    monkeypatch.setattr(replay_mod, "get_placer", lambda name: {"no": NoChurn, "yes": AlwaysChurn}[name]())
+    assert placements("no") == base
+    assert placements("yes") != base
