@@ -406,16 +406,27 @@ def get_placer(name: str) -> Placer:
 def to_extender_scores(raw: np.ndarray) -> np.ndarray:
     """Map raw scores (higher better) to kube-scheduler's 0..MaxExtenderPriority integers.
 
-    Min-max over the candidates so the best node always gets 10 and the worst 0; equal raw
-    scores give equal integers; a single candidate gets 10.
+    By dense rank from the top: the best raw score gets 10, the next distinct one 9, ... the
+    tenth 1, the rest 0; equal raw scores get equal integers. Why not min-max: placers score in
+    tiers (Stowage's churn mode puts a 1e5 cost on opening an empty node; fragmentation deltas
+    are tiny beside it), and a linear stretch would round every node of the top tier to 10,
+    losing the order the placer chose. Rank keeps the placer's best node strictly first, which
+    is what kube-scheduler needs from us (it adds our score x weight to its own).
     """
     # Raw scores equal up to float noise are equal: the fragmentation placers' sums come out a
     # last bit different depending on which other nodes were evaluated in the same call (numpy
     # sums short axes in a shape-dependent order), and a per-node cache must not change answers.
-    raw = np.round(np.asarray(raw, float), RAW_DECIMALS)
-    if raw.size == 0:
-        return raw.astype(np.int64)
-    lo, hi = float(np.min(raw)), float(np.max(raw))
-    if not np.isfinite(lo) or not np.isfinite(hi) or hi - lo < 1e-12:
-        return np.full(raw.shape, MAX_EXTENDER_PRIORITY, np.int64)
-    return np.rint((raw - lo) / (hi - lo) * MAX_EXTENDER_PRIORITY).astype(np.int64)
+    raw = np.round(np.nan_to_num(np.asarray(raw, float), nan=-np.inf), RAW_DECIMALS)
+    n = raw.size
+    if n == 0:
+        return np.zeros(0, np.int64)
+    levels = MAX_EXTENDER_PRIORITY + 1
+    neg = -raw
+    # The `levels` best distinct values, without sorting all n (prioritize sees thousands of nodes).
+    k = min(n, 4 * levels)
+    top = np.unique(np.partition(neg, k - 1)[:k] if k < n else neg)
+    if top.size < levels and k < n:
+        top = np.unique(neg)
+    top = top[:levels]
+    rank = np.searchsorted(top, neg)  # dense rank among the top values; >= levels below them
+    return np.maximum(MAX_EXTENDER_PRIORITY - rank, 0).astype(np.int64)

@@ -195,9 +195,10 @@ def test_pack_and_spread_rank_opposite():
     take_whole(svc.model, "full", [0, 1, 2, 3], "y")
     p = pod("p", {"nvidia.com/gpu": "1"})
     s = scores(svc, p)
-    assert s == {"busy": 10, "idle": 0, "full": 0}
+    # By rank: the best feasible node 10, the next 9; a node that cannot take the pod 0.
+    assert s == {"busy": 10, "idle": 9, "full": 0}
     s = scores(svc, pod("q", {"nvidia.com/gpu": "1"}, {"stowage.io/node-policy": "spread"}))
-    assert s == {"busy": 0, "idle": 10, "full": 0}
+    assert s == {"busy": 9, "idle": 10, "full": 0}
     spread_default = service(nodes, default_policy=PodPolicy(node="spread"))
     take_whole(spread_default.model, "busy", [0, 1], "x")
     assert scores(spread_default, pod("r", {"nvidia.com/gpu": "1"}))["idle"] == 10
@@ -240,3 +241,19 @@ def test_placers_observe_each_new_pod_once():
     run_filter(svc, pod("q", {"nvidia.com/gpu-memory": "3"}))
     run_filter(svc, pod("r", {"cpu": "1"}))  # no GPU: nothing to learn
     assert sorted(seen) == sorted([("pack", 2, 0), ("spread", 2, 0), ("pack", 0, 3 * GIB), ("spread", 0, 3 * GIB)])
+
+
+def test_extender_scores_keep_the_placers_order_across_tiers():
+    """A placer scoring in tiers (a 1e5 cost on opening an empty node beside tiny fragmentation
+    deltas) still gets its best node strictly first: scores go by rank, not a linear stretch."""
+    import numpy as np
+
+    from extender.scoring import to_extender_scores
+
+    raw = np.array([-1e5 - 0.5, 0.003, 0.001, -1e5, 0.002, 0.003])
+    assert to_extender_scores(raw).tolist() == [6, 10, 8, 7, 9, 10]
+    many = np.arange(5000, dtype=float)
+    s = to_extender_scores(many)
+    assert s[-1] == 10 and s[-11] == 0 and (s[:-11] == 0).all() and s[-10] == 1
+    assert to_extender_scores(np.array([3.0, 3.0])).tolist() == [10, 10]
+    assert to_extender_scores(np.array([])).tolist() == []
