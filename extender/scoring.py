@@ -14,14 +14,14 @@ Three steps, each a function:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
 from stowage.inventory import model_matches
 from stowage.resources import CORE_MILLI_PER_CARD, GpuRequest, fmt_mib
 
-from .model import CardArrays
+from .model import CardArrays, ClusterModel
 from .policy import PACK, PREFER_LOCAL, SPREAD, PodPolicy
 
 MAX_EXTENDER_PRIORITY = 10
@@ -364,6 +364,24 @@ PLACERS: dict[str, Callable[[], Placer]] = {
 }
 # Which placer serves each node-level policy value; "pack" is Stowage's own default policy.
 POLICY_PLACER: dict[str, str] = {PACK: "most-allocated", SPREAD: "least-allocated"}
+
+
+def attach_placer(placer: Placer, model: ClusterModel, *, seed: int | None = None,
+                  workload: Iterable[tuple[GpuRequest, Sequence[str]]] | None = None) -> Placer:
+    """Connect a placer to the cluster model it will serve, as every user of placers must
+    (the benchmarks, `stowage plan`): its tie-break seed, the model's GPU model names, the
+    model's count of GPU pods released (churn mode), and — only for a reference placer that
+    is defined as knowing its workload up front (the paper's FGD) — that workload. Optional
+    hooks: a placer without one simply does not need it."""
+    if seed is not None and hasattr(placer, "reseed"):
+        placer.reseed(seed)
+    if hasattr(placer, "bind_models"):
+        placer.bind_models(model.models)
+    if hasattr(placer, "watch_releases"):
+        placer.watch_releases(lambda: model.gpu_releases)
+    if workload is not None and getattr(placer, "knows_workload", False):
+        placer.prime(workload)
+    return placer
 
 
 def placer_for(policy_value: str) -> Placer:

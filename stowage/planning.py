@@ -28,7 +28,7 @@ import numpy as np
 
 from extender.model import CardArrays, ClusterModel, PodAllocation
 from extender.policy import PodPolicy
-from extender.scoring import Placer, card_mask, fit, get_placer, placer_for, reason
+from extender.scoring import Placer, attach_placer, card_mask, fit, get_placer, placer_for, reason
 from stowage.resources import CORE_MILLI_PER_CARD, GpuRequest, RequestError, parse_quantity
 
 DEFAULT_LIMIT = 10_000
@@ -179,11 +179,8 @@ def _prime(placer: Placer, model: ClusterModel) -> None:
     """Give the placer what the live extender's placer has: the model's GPU model names (the
     fragmentation-aware placers need them) and the pods already running (a learning placer
     has seen them; one that is given its workload up front gets them as that workload)."""
-    if hasattr(placer, "bind_models"):
-        placer.bind_models(list(model.models))
     reqs = [shape_of_allocation(al) for al in model.allocations.values()]
-    if reqs and getattr(placer, "knows_workload", False) and hasattr(placer, "prime"):
-        placer.prime([(r, ()) for r in reqs])
+    attach_placer(placer, model, workload=[(r, ()) for r in reqs] if reqs else None)
     for r in reqs:
         placer.observe(r)
 

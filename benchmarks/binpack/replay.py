@@ -20,7 +20,7 @@ import numpy as np
 
 from extender.model import ClusterModel
 from extender.policy import SPREAD, PodPolicy
-from extender.scoring import card_mask, fit, get_placer
+from extender.scoring import attach_placer, card_mask, fit, get_placer
 from stowage.inventory import Card, Inventory
 
 from .trace import Nodes, Pods
@@ -109,13 +109,8 @@ def replay(nodes: Nodes, pods: Pods, policy: str, seed: int, *, limit: int | Non
     if limit is not None:
         order = order[:limit]
     rank = node_rank(len(nodes.names), seed)
-    placer = get_placer(policy)
-    if hasattr(placer, "reseed"):
-        placer.reseed(seed)
-    if hasattr(placer, "bind_models"):
-        placer.bind_models(model.models)
-    if getattr(placer, "knows_workload", False):
-        placer.prime((pods.request(j), pods.models(j)) for j in range(len(pods)))
+    placer = attach_placer(get_placer(policy), model, seed=seed,
+                           workload=((pods.request(j), pods.models(j)) for j in range(len(pods))))
     base = CARD_POLICY.get(policy, PodPolicy())
     requests = {}
     names = model.names

@@ -35,7 +35,7 @@ import numpy as np
 from benchmarks.binpack.replay import CARD_POLICY, build_cluster, node_rank, pick
 from benchmarks.binpack.trace import Nodes
 from extender.policy import PodPolicy
-from extender.scoring import card_mask, fit, get_placer
+from extender.scoring import attach_placer, card_mask, fit, get_placer
 from stowage.resources import CORE_MILLI_PER_CARD, GpuRequest
 
 from .hpa import Hpa, HpaSpec
@@ -157,18 +157,10 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
     names = model.names
     n_nodes = len(nodes.names)
     rank = node_rank(len(names), seed)
-    placer = get_placer(policy)
-    if hasattr(placer, "reseed"):
-        placer.reseed(seed)
-    if hasattr(placer, "bind_models"):
-        placer.bind_models(model.models)
-    if hasattr(placer, "watch_releases"):  # as the extender does: the model's count of GPU releases
-        placer.watch_releases(lambda: model.gpu_releases)
-    if getattr(placer, "knows_workload", False):
-        copies = max(1, round(sc.scale))
-        pairs = [(d.req, d.models) for d in sc.deployments for _ in range(d.trace_pods * copies)]
-        pairs += [(j.req, j.models) for j in sc.jobs]
-        placer.prime(pairs)
+    copies = max(1, round(sc.scale))
+    workload = [(d.req, d.models) for d in sc.deployments for _ in range(d.trace_pods * copies)]
+    workload += [(j.req, j.models) for j in sc.jobs]
+    placer = attach_placer(get_placer(policy), model, seed=seed, workload=workload)
     base = CARD_POLICY.get(policy, PodPolicy())
     policies: dict[tuple[str, ...], PodPolicy] = {}
     masks: dict[tuple, np.ndarray] = {}
