@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full-pods", type=int, default=30, help="pods scheduled with full Node objects (nodeCacheCapable: false)")
     p.add_argument("--full-max", type=int, default=5000, help="largest size also run with full Node objects")
     p.add_argument("--churn-rate", type=float, default=300.0, help="pod watch events per second in the churn variant (0: skip)")
-    p.add_argument("--memory-nodes", type=int, default=10000, help="cluster size of the model memory measurement")
+    p.add_argument("--memory-nodes", type=int, default=10000, help="cluster size of the model memory measurement (0: skip it)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", default="results/latency", help="output folder (CSV, JSON)")
     p.add_argument("--quick", action="store_true", help="smoke run: 200 nodes, a few dozen pods (seconds)")
@@ -150,12 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         for n in sizes:
             rows += run_size(n, a, Path(tmpdir))
     add_ratios(rows)
-    mem = measure_in_subprocess(a.memory_nodes)
+    mem = measure_in_subprocess(a.memory_nodes) if a.memory_nodes > 0 else None
     meta["model_memory"] = mem
     print()
     print(format_table(rows))
-    print(f"\nModel memory for {mem['nodes']} nodes / {mem['cards']} cards: {mem['model_mib']:.1f} MiB "
-          f"(card arrays {mem['arrays_mib']:.1f} MiB; peak while loading {mem['peak_while_building_mib']:.1f} MiB)")
+    if mem is not None:
+        print(f"\nModel memory for {mem['nodes']} nodes / {mem['cards']} cards: {mem['model_mib']:.1f} MiB "
+              f"(card arrays {mem['arrays_mib']:.1f} MiB; peak while loading {mem['peak_while_building_mib']:.1f} MiB)")
     paths = write_outputs(rows, meta, Path(a.out))
     print("wrote " + ", ".join(str(p) for p in paths))
     errors = [e for r in rows for e in r["errors"]]
