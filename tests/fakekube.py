@@ -191,6 +191,23 @@ class _Fault:
     method: str | None
 
 
+def kubeconfig_file(directory: Any, server: str) -> str:
+    """Write a kubeconfig for ``server`` (no auth) into ``directory``; return its path. Lets the
+    code under test go through the real kubeconfig loading, as a user's ``--kubeconfig`` does."""
+    import os
+
+    import yaml
+
+    doc = {"apiVersion": "v1", "kind": "Config", "current-context": "fake",
+           "clusters": [{"name": "fake", "cluster": {"server": server}}],
+           "users": [{"name": "u", "user": {"token": "t"}}],
+           "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}]}
+    path = os.path.join(str(directory), "kubeconfig")
+    with open(path, "w") as f:
+        f.write(yaml.safe_dump(doc))
+    return path
+
+
 @dataclass
 class FakeKube:
     """The fake API server. Thread-safe; every mutation (HTTP or test hook) emits watch events."""

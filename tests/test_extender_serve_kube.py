@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import requests
-import yaml
 
 from extender.demo import ExtenderProcess
 from extender.simcluster import node_objects, parse_cluster
-from fakekube import FakeKube, make_pod
+from fakekube import FakeKube, make_pod, kubeconfig_file as kubeconfig
 from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
 
 CLUSTER = {"nodes": [
@@ -16,16 +15,6 @@ CLUSTER = {"nodes": [
                                "nvlink": [[0, 1], [2, 3]]}},
     {"name": "gpu-2", "gpus": {"model": "Tesla T4", "count": 2, "memory": "16Gi"}},
 ]}
-
-
-def kubeconfig(tmp_path, server: str) -> str:
-    doc = {"apiVersion": "v1", "kind": "Config", "current-context": "fake",
-           "clusters": [{"name": "fake", "cluster": {"server": server}}],
-           "users": [{"name": "u", "user": {"token": "t"}}],
-           "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}]}
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(doc))
-    return str(path)
 
 
 @pytest.fixture

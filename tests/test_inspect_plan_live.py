@@ -5,25 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 from click.testing import CliRunner
-from fakekube import FakeKube, make_node, make_pod
+from fakekube import FakeKube, make_node, make_pod, kubeconfig_file as kubeconfig
 
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, encode_allocation
 from stowage.cli import main
 from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
 
 GiB = 1024
-
-
-def kubeconfig(tmp_path, server: str) -> str:
-    doc = {"apiVersion": "v1", "kind": "Config", "current-context": "fake",
-           "clusters": [{"name": "fake", "cluster": {"server": server}}],
-           "users": [{"name": "u", "user": {"token": "t"}}],
-           "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}]}
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(doc))
-    return str(path)
 
 
 def alloc(node: str, cards: list[tuple[int, int, int]], whole: bool) -> dict[str, str]:
