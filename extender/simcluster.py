@@ -141,14 +141,19 @@ def _nvlink(value: Any, count: int, where: str) -> list[set[int]]:
     return peers
 
 
+def _known_keys(entry: dict, known: set[str], where: str) -> None:
+    """A misspelled key is an error, not silently ignored."""
+    unknown = set(entry) - known
+    if unknown:
+        raise SimClusterError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+
+
 def _cards(node: str, gpus: Any, where: str) -> tuple[Card, ...]:
     if gpus is None:
         return ()
     if not isinstance(gpus, dict):
         raise SimClusterError(f"{where}: expected a mapping with model, count, memory")
-    unknown = set(gpus) - {"model", "count", "memory", "numa", "nvlink", "unhealthy"}
-    if unknown:
-        raise SimClusterError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    _known_keys(gpus, {"model", "count", "memory", "numa", "nvlink", "unhealthy"}, where)
     model = gpus.get("model")
     if not isinstance(model, str) or not model.strip():
         raise SimClusterError(f"{where}.model: expected a GPU model name")
@@ -184,9 +189,7 @@ def parse_cluster(doc: Any, src: str = "<cluster>") -> SimCluster:
         where = _where(src, f"nodes[{e}]")
         if not isinstance(entry, dict):
             raise SimClusterError(f"{where}: expected a mapping")
-        unknown = set(entry) - {"name", "count", "cpu", "memory", "labels", "gpus"}
-        if unknown:
-            raise SimClusterError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+        _known_keys(entry, {"name", "count", "cpu", "memory", "labels", "gpus"}, where)
         pattern = entry.get("name")
         if not isinstance(pattern, str) or not pattern:
             raise SimClusterError(f"{where}.name: expected a node name (with {{i}} when count > 1)")
