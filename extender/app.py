@@ -24,8 +24,8 @@ from prometheus_client.core import GaugeMetricFamily
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from .service import ExtenderService
-from .wire import (WireError, binding_result, encode, filter_answer, parse_binding_args,
-                   parse_extender_args)
+from .wire import WireError, binding_result, encode, encode_filter_result, filter_answer, parse_binding_args
+from .wirememo import NodeNamesMemo
 
 log = logging.getLogger("stowage.extender")
 
@@ -81,7 +81,8 @@ def create_app(service: ExtenderService, *, url_prefix: str = "", ready: ReadyFn
     # werkzeug without an error, so reading limit+1 bytes is how we see that it was too long.
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes + 1
     metrics = Metrics(service)
-    app.extensions["stowage"] = {"service": service, "metrics": metrics}
+    names_memo = NodeNamesMemo()  # NodeNames arrays decoded before: recognised by their bytes
+    app.extensions["stowage"] = {"service": service, "metrics": metrics, "names_memo": names_memo}
     ready_fn: ReadyFn = ready or (lambda: (True, "ready"))
     prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
     bp = Blueprint("extender", __name__, url_prefix=prefix or None)
@@ -112,12 +113,16 @@ def create_app(service: ExtenderService, *, url_prefix: str = "", ready: ReadyFn
     def filter_view() -> Response:
         def run() -> tuple[Response, str]:
             try:
-                args = parse_extender_args(body())
+                args = names_memo.parse(body())
             except WireError as exc:
                 log.warning("filter: bad request: %s", exc)
                 return _json({"Error": str(exc)}, 400), "bad_request"
             try:
-                return _json(service.filter(args).to_json()), "ok"
+                res = service.filter(args)
+                data, names_json = encode_filter_result(res)
+                if names_json is not None and res.node_names:  # what this pod's prioritize will send
+                    names_memo.remember(names_json, res.node_names)
+                return Response(data, mimetype="application/json"), "ok"
             except Exception:
                 log.exception("filter: internal error; answering every node as failed")
                 msg = "Stowage extender internal error (see extender logs); will retry"
@@ -128,7 +133,7 @@ def create_app(service: ExtenderService, *, url_prefix: str = "", ready: ReadyFn
     def prioritize_view() -> Response:
         def run() -> tuple[Response, str]:
             try:
-                args = parse_extender_args(body())
+                args = names_memo.parse(body())
             except WireError as exc:
                 log.warning("prioritize: bad request: %s", exc)
                 return _json({"Error": str(exc)}, 400), "bad_request"

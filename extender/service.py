@@ -101,6 +101,17 @@ class NamesEntry:
     # its heads are a selection of the (kept) heads of the full list.
     parent: "NamesEntry | None" = None
     sel: np.ndarray | None = None
+    _arr: np.ndarray | None = None        # names as an object array (made on first take)
+    _heads_arr: np.ndarray | None = None  # answer_heads() as an object array (made on first use)
+
+    def take(self, sel: np.ndarray) -> list[str]:
+        """``names[sel]`` as a list; the object array behind it is made once per list."""
+        arr = self._arr
+        if arr is None:
+            arr = np.empty(len(self.names), dtype=object)
+            arr[:] = self.names
+            self._arr = arr
+        return arr[sel].tolist()
 
     def answer_heads(self) -> list[bytes]:
         """:func:`extender.wire.priority_heads` of ``names``, made once."""
@@ -108,12 +119,22 @@ class NamesEntry:
         if heads is None:  # two threads may both make them: same result, no lock needed
             parent, sel = self.parent, self.sel
             if parent is not None and sel is not None:
-                heads = _take(parent.answer_heads(), sel)
+                heads = parent.take_heads(sel)
             else:
                 heads = priority_heads(self.names)
             self.heads = heads
             self.parent = None  # not needed any more
         return heads
+
+    def take_heads(self, sel: np.ndarray) -> list[bytes]:
+        """``answer_heads()[sel]`` (a passing list's heads from its full list's)."""
+        arr = self._heads_arr
+        if arr is None:
+            heads = self.answer_heads()
+            arr = np.empty(len(heads), dtype=object)
+            arr[:] = heads
+            self._heads_arr = arr
+        return arr[sel].tolist()
 
 
 class NamesMemo:
@@ -145,7 +166,8 @@ class NamesMemo:
         rows.flags.writeable = False  # shared between requests
         if parent is not None and parent.parent is not None:
             parent = None  # one level only: no chains of lists kept alive
-        e = NamesEntry(list(names), index_gen, rows, parent=parent, sel=None if parent is None else sel)
+        # Not copied: request lists are fresh per request or shared read-only (wirememo).
+        e = NamesEntry(names, index_gen, rows, parent=parent, sel=None if parent is None else sel)
         self.entries.insert(0, e)
         del self.entries[self.size:]
         return e
@@ -327,7 +349,7 @@ class ExtenderService:
             unres = np.zeros(0, bool)
             if fail.size:
                 rows = idx[fail]
-                fail_names = _take(names, fail)
+                fail_names = entry.take(fail)
                 if self.row_cache is not None:
                     texts = self._cached_reasons(e, a, rows, req)
                 else:
@@ -336,7 +358,7 @@ class ExtenderService:
                         texts = self._whole_only(a, rows, fail_names, texts)
                 unres = node_unres[rows]
             sel = np.flatnonzero(ok)
-            passing = _take(names, sel)
+            passing = entry.take(sel) if len(sel) < len(names) else names
             if self.row_cache is not None and passing:  # what the next prioritize of this pod will send
                 self._names.put(passing, index_gen, idx[sel], parent=entry, sel=sel)
         if unres.any():

@@ -217,6 +217,18 @@ def encode(doc: Any) -> bytes:
     return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
+def encode_filter_result(res: FilterResult) -> tuple[bytes, bytes | None]:
+    """``encode(res.to_json())``, byte for byte, and the JSON of its ``NodeNames`` array (None
+    when it is null) as a piece of it: the passing list kube-scheduler sends to prioritize
+    next, which :class:`extender.wirememo.NodeNamesMemo` can then recognise without decoding."""
+    names_json = None if res.node_names is None else encode(res.node_names)
+    nodes = None if res.nodes is None else {"metadata": {}, "items": res.nodes}
+    body = b"".join((b'{"Nodes":', encode(nodes), b',"NodeNames":', names_json or b"null",
+                     b',"FailedNodes":', encode(res.failed), b',"FailedAndUnresolvableNodes":',
+                     encode(res.unresolvable), b',"Error":', encode(res.error), b"}"))
+    return body, names_json
+
+
 def priority_list(hosts: Sequence[str], scores: Sequence[int]) -> list[dict[str, Any]]:
     """A ``HostPriorityList``: ``[{"Host": name, "Score": 0..10}, ...]``."""
     return [{"Host": h, "Score": int(s)} for h, s in zip(hosts, scores)]
