@@ -82,6 +82,7 @@ class PodInfo:
     req: GpuRequest | None  # None when the request or policy is invalid
     policy: PodPolicy | None
     error: str = ""         # the user-facing message when req/policy is invalid
+    resource_version: str = ""  # metadata.resourceVersion of the object parsed ("" if none)
 
     @property
     def key(self) -> str:
@@ -241,19 +242,33 @@ class ExtenderService:
         name = str(meta.get("name") or "")
         namespace = str(meta.get("namespace") or "default")
         uid = str(meta.get("uid") or f"{namespace}/{name}")
+        rv = meta.get("resourceVersion")
+        rv = rv if isinstance(rv, str) and meta.get("uid") else ""
+        if rv:
+            # The API server gives every change of an object a new resourceVersion, so the same
+            # uid at the same version is the object parsed before (prioritize sends the pod that
+            # filter just had): no need to parse its containers and annotations again.
+            with self._pods_lock:
+                known = self._pods.get(uid)
+                if (known is not None and known.resource_version == rv and known.name == name
+                        and known.namespace == namespace):
+                    self._pods.move_to_end(uid)
+                    self._uid_by_key[known.key] = uid
+                    return known
         try:
             req = pod_gpu_request(pod, self.memory_unit_mib)
             ann = meta.get("annotations")
             if ann is not None and not isinstance(ann, Mapping):
                 raise PolicyError("metadata.annotations must be an object")
             policy = parse_policy(ann, self.default_policy)
-            info = PodInfo(uid=uid, namespace=namespace, name=name, req=req, policy=policy)
+            info = PodInfo(uid=uid, namespace=namespace, name=name, req=req, policy=policy, resource_version=rv)
         except (RequestError, PolicyError) as exc:
             info = PodInfo(uid=uid, namespace=namespace, name=name, req=None, policy=None,
-                           error=f"Stowage cannot schedule this pod: {exc}")
+                           error=f"Stowage cannot schedule this pod: {exc}", resource_version=rv)
         except (TypeError, AttributeError, ValueError) as exc:  # a Pod object of the wrong shape
             info = PodInfo(uid=uid, namespace=namespace, name=name, req=None, policy=None,
-                           error=f"Stowage cannot schedule this pod: malformed pod object ({exc})")
+                           error=f"Stowage cannot schedule this pod: malformed pod object ({exc})",
+                           resource_version=rv)
         with self._pods_lock:
             new = uid not in self._pods
             self._pods[uid] = info
