@@ -90,3 +90,27 @@ def test_cli_usage_errors(argv, msg):
 def test_cli_help_mentions_single_worker():
     res = CliRunner().invoke(serve, ["--help"])
     assert res.exit_code == 0 and "ONE gunicorn worker process" in res.output
+
+
+def test_gunicorn_body_limits_and_chunked_bodies(tmp_path, wire):
+    """Bodies are read straight from gunicorn's input when their length is known: the limit,
+    empty bodies and chunked (length-less) bodies still behave as under werkzeug's reader."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(CLUSTER))
+    proc = ExtenderProcess(str(path), threads=2, extra_args=("--max-body-mib", "1"), log_dir=str(tmp_path))
+    http = requests.Session()
+    try:
+        proc.wait_ready(http, timeout=60)
+        big = b'{"Pod":{},"NodeNames":["' + b"n" * (1 << 20) + b'"]}'
+        r = http.post(proc.url + "/filter", data=big, headers={"Content-Type": "application/json"}, timeout=30)
+        assert r.status_code == 413 and "larger than 1048576 bytes" in r.json()["Error"]
+        r = http.post(proc.url + "/filter", data=iter([big[:1000], big[1000:]]), timeout=30)  # chunked
+        assert r.status_code == 413
+        r = http.post(proc.url + "/filter", data=b"", timeout=30)
+        assert r.status_code == 400 and "empty request body" in r.json()["Error"]
+        body = __import__("orjson").dumps(wire("node-cache", "01-filter"))
+        r = http.post(proc.url + "/filter", data=iter([body[:100], body[100:]]), timeout=30)  # chunked, valid
+        assert r.status_code == 200 and r.json()["NodeNames"] == ["node-b", "node-c"]
+    finally:
+        http.close()
+        proc.stop()
