@@ -439,12 +439,14 @@ class KubeFeeder:
             self.node_errors.pop(name, None)
         self.model.remove_node(name)
 
-    def _forget_pod(self, uid: str) -> None:
+    def _forget_pod(self, uid: str, departed: bool = True) -> None:
+        """Drop the pod; ``departed``: it left the cluster (deleted, finished), rather than its
+        record being rolled back (see :meth:`ClusterModel.release`)."""
         with self._lock:
             self._records.pop(uid, None)
             self._pod_errors.pop(uid, None)
             self._unrecorded.pop(uid, None)
-        self.model.release(uid)
+        self.model.release(uid, departed=departed)
 
     def _apply_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
         try:
@@ -489,7 +491,7 @@ class KubeFeeder:
             return
         if known is not None:
             # The record we applied was removed (a failed bind rolled it back): the cards are free.
-            self._forget_pod(v.uid)
+            self._forget_pod(v.uid, departed=False)
             return
         if v.node:
             self._note_unrecorded(pod, v.uid, v.key, v.node)

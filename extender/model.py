@@ -133,7 +133,9 @@ class ClusterModel:
         self.row_gen = np.zeros(capacity, np.int64)
         self._row_tick = 0
         self.index_gen = 0  # bumped when a node name is added to or removed from ``index``
-        # GPU pods whose cards were given back (never decreases): tells placers pods come and go.
+        # GPU pods that LEFT (deleted, finished) and gave their cards back; never decreases. It
+        # tells placers that pods come and go; a reservation taken back (a failed bind, a stale
+        # or replaced record) is not a pod leaving and is not counted.
         self.gpu_releases = 0
 
     # ----------------------------------------------------------------- nodes
@@ -273,7 +275,7 @@ class ClusterModel:
                     return prev
                 if check:
                     raise AllocationConflict(f"pod {name} already holds cards {list(prev.cards)} on {prev.node}")
-                self.release(uid)
+                self.release(uid, departed=False)  # replaced by the new record
             i = self.index.get(node)
             a = self.a
             if req.is_whole and mem_mib is not None:  # replaying a record: it holds each card's total
@@ -320,8 +322,10 @@ class ClusterModel:
                     f"card {k} on {node} has {a.mem_free[i, k]} MiB / {a.core_free[i, k] / 10:g}% free now, "
                     f"pod needs {mem} MiB / {core / 10:g}%")
 
-    def release(self, uid: str) -> PodAllocation | None:
-        """The pod is gone (deleted, finished): give its cards back."""
+    def release(self, uid: str, *, departed: bool = True) -> PodAllocation | None:
+        """Give the pod's cards back: it is gone (deleted, finished), or with ``departed=False``
+        its reservation is taken back without the pod having run (not counted in
+        :attr:`gpu_releases`)."""
         with self.lock:
             alloc = self.allocations.pop(uid, None)
             if alloc is None:
@@ -333,7 +337,7 @@ class ClusterModel:
             if i is not None and alloc.applied:
                 self._apply(i, alloc, -1)
             self.generation += 1
-            if alloc.cards:
+            if alloc.cards and departed:
                 self.gpu_releases += 1
             return alloc
 

@@ -557,7 +557,7 @@ class ExtenderService:
                 with self.model.lock:
                     self._inflight.discard(uid)
                     if self.model.allocations.get(uid) is reserved:
-                        self.model.release(uid)
+                        self.model.release(uid, departed=False)  # the pod never ran
             # The binder's message is meant for the user (BindError); anything else is shown as is.
             msg = str(exc) or repr(exc)
             log.warning("bind %s -> %s failed%s: %s", key, node,
@@ -607,7 +607,7 @@ class ExtenderService:
             if self.model.allocations.get(uid) is prev and uid not in self._inflight:
                 log.warning("pod %s held cards %s on %s but is unbound and being bound to %s: "
                             "releasing the stale reservation", key, list(prev.cards), prev.node, node)
-                self.model.release(uid)
+                self.model.release(uid, departed=False)
         return ""
 
     # ------------------------------------------------------------------------------ views

@@ -229,3 +229,30 @@ def test_static_replay_is_unchanged_because_no_pod_leaves(monkeypatch):
     monkeypatch.setattr(replay_mod, "get_placer", lambda name: {"no": NoChurn, "yes": AlwaysChurn}[name]())
     assert placements("no") == base
     assert placements("yes") != base
+
+
+class _FailingBinder:
+    def bind(self, namespace, name, uid, node, record):
+        from extender.errors import BindError
+        raise BindError("the API server said no")
+
+
+def test_a_failed_bind_is_not_a_pod_leaving():
+    """A reservation taken back after a failed Binding (or replaced by a new record) gives the
+    cards back without switching churn mode; a pod that really leaves switches it."""
+    model = two_nodes()
+    svc = ExtenderService(model, binder=_FailingBinder())
+    placer = svc.placers[PACK]
+    pod = bench_cluster.pod_object("p1", {"nvidia.com/gpu": "1"})
+    names = model.node_names()
+    svc.filter(parse_extender_args({"Pod": pod, "NodeNames": names}))
+    m = pod["metadata"]
+    err = svc.bind(parse_binding_args({"PodName": m["name"], "PodNamespace": m["namespace"],
+                                       "PodUID": m["uid"], "Node": "used"}))
+    assert "the API server said no" in err and m["uid"] not in model.allocations
+    # a record replaced by a different one (the feeder re-reading an annotation) is not a leave either
+    model.assign("r", "default/r", "empty", [0], GpuRequest(gpus=1), check=False)
+    model.assign("r", "default/r", "empty", [1], GpuRequest(gpus=1), check=False)
+    assert model.gpu_releases == 0 and not placer.churn
+    model.release("big")  # the 4-GPU pod finished
+    assert model.gpu_releases == 1 and placer.churn

@@ -132,6 +132,12 @@ def test_record_removed_by_a_rolled_back_bind_frees_the_cards(kube, feeders):
     kube.patch_pod("default", "p", {"metadata": {"annotations": {ALLOCATION_ANNOTATION: None}}})
     kube.wait_for(lambda: p["metadata"]["uid"] not in f.model.allocations)
     assert row(f.model, "n1")["mem_free"] == [40 * GiB]
+    assert f.model.gpu_releases == 0  # a rollback is not a pod leaving (no churn mode for placers)
+    kube.patch_pod("default", "p", {"metadata": {"annotations": {ALLOCATION_ANNOTATION: rec("n1", [(0, 10 * GiB, 0)])}}})
+    kube.wait_for(lambda: p["metadata"]["uid"] in f.model.allocations)
+    kube.delete_pod("default", "p")
+    kube.wait_for(lambda: p["metadata"]["uid"] not in f.model.allocations)
+    assert f.model.gpu_releases == 1
 
 
 def test_unannotated_allocation_made_by_bind_is_not_dropped_by_the_feed(kube, feeders):
