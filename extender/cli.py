@@ -38,9 +38,40 @@ class ServeConfig:
     default_policy: PodPolicy = PodPolicy()
     memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    metrics_bind: str | None = None         # HOST:PORT serving /metrics only
+
+
+def parse_host_port(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::]:9888`` for IPv6) -> (host, port); ValueError with a clear message."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT (e.g. 0.0.0.0:9888), got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def serve_metrics(app: Flask, bind: str) -> None:
+    """Serve the app's Prometheus registry alone on ``bind`` (a thread of this worker).
+
+    Why a second listener: in the sidecar layout the extender's verbs listen on the pod's
+    loopback only (nothing but kube-scheduler may call bind), so Prometheus could not reach
+    /metrics there; this port serves nothing but the metrics."""
+    from prometheus_client import start_http_server
+
+    host, port = parse_host_port(bind)
+    server, _thread = start_http_server(port, addr=host, registry=app.extensions["stowage"]["metrics"].registry)
+    register_exit(server.shutdown)
+    log.info("metrics on http://%s:%d/metrics", host, port)
 
 
 def build_app(cfg: ServeConfig) -> Flask:
+    """The extender app for ``cfg`` (with its metrics listener, if asked for)."""
+    app = _build_app(cfg)
+    if cfg.metrics_bind:
+        serve_metrics(app, cfg.metrics_bind)
+    return app
+
+
+def _build_app(cfg: ServeConfig) -> Flask:
     """The extender app for ``cfg``, with its model fed (simulated) or being fed (kube)."""
     model = ClusterModel()
     if cfg.cluster is not None:
@@ -70,6 +101,15 @@ def run_server(cfg: ServeConfig, bind: str, threads: int, log_level: str,
     ExtenderServer(lambda: factory(cfg), options).run()
 
 
+def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        try:
+            parse_host_port(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
 @click.command("extender")
 @click.option("--bind", default="0.0.0.0:8888", show_default=True,
               help="Address to listen on: HOST:PORT, unix:PATH or fd://FD.")
@@ -90,13 +130,16 @@ def run_server(cfg: ServeConfig, bind: str, threads: int, log_level: str,
               help="MiB per unit of nvidia.com/gpu-memory (must match the device plugin).")
 @click.option("--max-body-mib", type=click.IntRange(1), default=DEFAULT_MAX_BODY_BYTES // (1 << 20),
               show_default=True, help="Largest request body accepted (HTTP 413 above).")
+@click.option("--metrics-bind", metavar="HOST:PORT", default=None, callback=_check_metrics_bind,
+              help="Also serve /metrics (only) on this address, e.g. 0.0.0.0:9888: for Prometheus when "
+                   "--bind is the pod's loopback (the sidecar layout). Default: /metrics on --bind only.")
 @click.option("--timeout", type=click.IntRange(5), default=60, show_default=True,
               help="Seconds a request may run before gunicorn restarts the worker.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 def serve(bind: str, threads: int, url_prefix: str, simulated: str | None, kubeconfig: str | None,
           in_cluster: bool, default_node_policy: str, default_card_policy: str, memory_unit_mib: int,
-          max_body_mib: int, timeout: int, log_level: str) -> None:
+          max_body_mib: int, metrics_bind: str | None, timeout: int, log_level: str) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, /healthz, /readyz, /metrics).
 
     Runs ONE gunicorn worker process with threads: the card model lives in that process, and
@@ -129,7 +172,8 @@ def serve(bind: str, threads: int, url_prefix: str, simulated: str | None, kubec
             raise click.ClickException(f"cannot load the Kubernetes configuration: {exc}") from None
     cfg = ServeConfig(url_prefix=url_prefix, cluster=cluster, kubeconfig=kubeconfig, in_cluster=in_cluster,
                       default_policy=PodPolicy(node=default_node_policy, card=default_card_policy),
-                      memory_unit_mib=memory_unit_mib, max_body_bytes=max_body_mib << 20)
+                      memory_unit_mib=memory_unit_mib, max_body_bytes=max_body_mib << 20,
+                      metrics_bind=metrics_bind)
     run_server(cfg, bind=bind, threads=threads, log_level=log_level, timeout=timeout)
 
 

@@ -277,8 +277,31 @@ def test_extender_sidecar_listens_where_the_scheduler_calls_it():
     cmd = container(spec, "extender")["command"]
     assert cmd[:2] == ["stowage", "extender"] and "--in-cluster" in cmd
     assert cmd[cmd.index("--bind") + 1] == f"{url.hostname}:{url.port}"
-    # Not exposed as a container port: nothing outside the pod is meant to reach /bind.
-    assert "ports" not in container(spec, "extender")
+    # The verbs' port is not exposed: nothing outside the pod is meant to reach /bind. The one
+    # container port is the metrics-only listener.
+    (port,) = container(spec, "extender")["ports"]
+    host, mport = cmd[cmd.index("--metrics-bind") + 1].rsplit(":", 1)
+    assert (port["name"], port["containerPort"]) == ("metrics", int(mport)) and host == "0.0.0.0"
+    assert int(mport) != url.port
+
+
+def test_service_and_servicemonitor_reach_the_extender_metrics():
+    dep = scheduler_deployment()
+    svc = one("scheduler.yaml", "Service", "stowage-scheduler-metrics")
+    sm = one("monitoring/servicemonitor.yaml", "ServiceMonitor", "stowage-extender")
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert svc["spec"]["clusterIP"] == "None"  # every replica, not a load-balanced one
+    (sp,) = svc["spec"]["ports"]
+    (cp,) = container(dep["spec"]["template"]["spec"], "extender")["ports"]
+    assert sp["targetPort"] == cp["name"] and sp["port"] == cp["containerPort"]
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    # ... and no other Service of ours (e.g. the exporter's) matches it
+    others = [d for rel in ("exporter.yaml", "device-plugin.yaml", "scheduler.yaml") for d in docs(rel)
+              if d.kind == "Service" and d.name != "stowage-scheduler-metrics"]
+    assert not any(sm["spec"]["selector"]["matchLabels"].items() <= d.body["metadata"].get("labels", {}).items()
+                   for d in others)
+    (ep,) = sm["spec"]["endpoints"]
+    assert ep["port"] == sp["name"] and ep["path"] == "/metrics"
 
 
 def test_scheduler_reads_the_config_file_we_ship():
