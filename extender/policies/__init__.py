@@ -14,6 +14,7 @@ from extender.scoring import register_placer
 from .reference import BestFitPlacer, FgdPlacer, RandomPlacer
 from .stowage import StowagePlacer
 from .vendors import GpushareBinpackPlacer, HamiBinpackPlacer
+from .experimental import SumOfSquaresPlacer
 
 register_placer("random", RandomPlacer)
 register_placer("bestfit", BestFitPlacer)
@@ -21,6 +22,7 @@ register_placer("fgd", FgdPlacer)
 register_placer("gpushare-binpack", GpushareBinpackPlacer)
 register_placer("hami-binpack", HamiBinpackPlacer)
 register_placer("stowage", StowagePlacer, as_pack_default=True)
+register_placer("stowage-ss", SumOfSquaresPlacer)  # experimental: Stowage + Sum-of-Squares share packing
 
 __all__ = ["BestFitPlacer", "FgdPlacer", "RandomPlacer", "StowagePlacer",
            "GpushareBinpackPlacer", "HamiBinpackPlacer"]

@@ -1,0 +1,117 @@
+"""The experimental Sum-of-Squares placer ("stowage-ss") on a hand-made card state.
+
+One node, eight 1000-milli cards: card 0 holds 470 (gap 530), card 1 holds 500 (gap 500),
+cards 2-4 hold 470 + 500 (gap 30), cards 5-7 are empty. A 470-milli share arrives. With every
+gap live, SS's change of sum N(g)^2 is, by hand (N(30) = 3, N(500) = N(530) = 1):
+
+- card 0: 530 -> 60:   (2*0 + 1) - (2*1 - 1) = 0
+- card 1: 500 -> 30:   (2*3 + 1) - (2*1 - 1) = 6
+- card 5-7: new -> 530: (2*1 + 1)            = 3
+
+so SS takes card 0, where Best Fit would close the tighter gap of card 1.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks.binpack.replay import build_cluster
+from benchmarks.binpack.trace import Nodes
+from extender.policies.experimental import SumOfSquaresPlacer, ss_delta
+from extender.policy import PodPolicy
+from extender.scoring import card_mask, fit, get_placer
+from stowage.resources import GpuRequest
+
+
+def share(m: int) -> GpuRequest:
+    return GpuRequest(mem_mib=m, core_milli=m)
+
+
+def hand_made_cluster():
+    nodes = Nodes(names=("n0",), cpu_milli=np.array([96000]), memory_mib=np.array([786432]),
+                  gpus=np.array([8]), model=("G2",))
+    model = build_cluster(nodes)
+    model.assign("a", "a", "n0", [0], share(470))
+    model.assign("b", "b", "n0", [1], share(500))
+    for k in (2, 3, 4):
+        model.assign(f"c{k}", f"c{k}", "n0", [k], share(470))
+        model.assign(f"d{k}", f"d{k}", "n0", [k], share(500))
+    return model
+
+
+def learned(name: str, mix: dict[int, int], model):
+    placer = get_placer(name)
+    placer.bind_models(model.models)
+    for size, count in mix.items():
+        for _ in range(count):
+            placer.observe(share(size))
+    return placer
+
+
+def pair_scores(placer, model, req):
+    a = model.a
+    f = fit(a, req, card_mask(a, model.models, PodPolicy(), req))
+    s, rows, kk = placer._pair_scores(a, req, np.array([0]), f.usable)
+    return dict(zip(kk.tolist(), s.tolist())), f
+
+
+def test_ss_delta_by_hand():
+    n = np.zeros(1001, np.int64)
+    n[30], n[500], n[530] = 3, 1, 1
+    live = np.ones(1001, bool)
+    live[0] = live[1000] = False
+    got = ss_delta(n, live, np.array([530, 500, 1000, 30]), np.array([60, 30, 530, 0]))
+    assert got.tolist() == [0.0, 6.0, 3.0, -5.0]      # the last: a gap closed exactly
+    live[30] = live[60] = False                         # dead gaps count like full cards
+    got = ss_delta(n, live, np.array([530, 500]), np.array([60, 30]))
+    assert got.tolist() == [-1.0, -1.0]
+
+
+def test_live_gaps_follow_the_learned_mix():
+    placer = SumOfSquaresPlacer()
+    assert placer.live_gaps()[1:1000].all()            # nothing seen: every gap is live
+    for size, count in {30: 1, 470: 99, 500: 100}.items():
+        for _ in range(count):
+            placer.observe(share(size))
+    live = placer.live_gaps()
+    # 1 share in 200 fits a gap of 30..469: 0.5 % < dead_below (0.7 %) -> dead; 470 and up live.
+    assert not live[30:470].any() and live[470:1000].all() and not live[0] and not live[1000]
+    placer.observe(share(30))                           # 2 in 201 = 1.0 %: gaps from 30 come alive
+    live = placer.live_gaps()
+    assert not live[:30].any() and live[30:1000].all()
+
+
+def test_ss_term_is_the_hand_computed_delta_and_picks_the_balancing_card():
+    model = hand_made_cluster()
+    mix = {30: 3, 470: 100, 500: 100}                  # 3/203 = 1.5 %: gaps 30 and 60 are live
+    ss = learned("stowage-ss", mix, model)
+    plain = learned("stowage", mix, model)
+    req = share(470)
+    with_ss, f = pair_scores(ss, model, req)
+    without, _ = pair_scores(plain, model, req)
+    assert sorted(with_ss) == [0, 1, 5, 6, 7]            # cards that can hold 470
+    expected = {0: 0.0, 1: 6.0, 5: 3.0, 6: 3.0, 7: 3.0}
+    for k, d in expected.items():
+        assert np.isclose(with_ss[k] - without[k], -ss.ss_weight * d), k
+
+    class SsFirst(SumOfSquaresPlacer):
+        ss_weight = 1e9                                 # SS decides, Stowage only breaks its ties
+    first = SsFirst()
+    first.bind_models(model.models)
+    for size, count in mix.items():
+        for _ in range(count):
+            first.observe(share(size))
+    assert first.choose_cards(model.a, 0, req, f.usable[0], PodPolicy()) == [0]
+
+
+def test_version_moves_when_a_share_bind_changes_the_gaps():
+    model = hand_made_cluster()
+    placer = learned("stowage-ss", {470: 10, 500: 10}, model)
+    req = share(470)
+    pair_scores(placer, model, req)                     # index built over the model's arrays
+    v0 = placer.version
+    assert placer.version == v0                         # nothing changed: cached scores stay valid
+    model.assign("e", "e", "n0", [5], req)              # a new gap of 530: the SS term changes
+    assert placer.version != v0
+    v1 = placer.version
+    placer.observe(GpuRequest(gpus=1))                  # not a share: gaps and live mask unchanged
+    assert placer.version[1] == v1[1]
