@@ -85,6 +85,11 @@ class RowEntry:
     raw: np.ndarray        # [N] float: placer's raw score
     raw_ok: np.ndarray     # [N] bool
     placer_version: Any = None
+    # Placers with a request-time global term (see RowCache.scores): each distinct row
+    # content's row-local (node, card) pair scores, by content id ([ids, K]; -inf: no pair).
+    pair_local: np.ndarray | None = None
+    pair_known: np.ndarray | None = None
+    pair_epoch: int = -1
 
     @classmethod
     def new(cls, a: CardArrays) -> "RowEntry":
@@ -110,6 +115,7 @@ class RowCache:
         self._sig_gen = np.zeros(0, np.int64)
         self._sig = np.zeros(0, np.int64)
         self._sig_ids: dict[bytes, int] = {}
+        self._sig_epoch = 0  # bumped whenever content ids are renumbered
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -142,6 +148,7 @@ class RowCache:
         if self._sig_src is not a or len(self._sig) != n or len(self._sig_ids) > 4 * n + 1024:
             self._sig_src = a
             self._sig_ids = {}
+            self._sig_epoch += 1
             self._sig = np.zeros(n, np.int64)
             self._sig_gen = np.full(n, -1, np.int64)
         stale = np.flatnonzero(self._sig_gen != gen)
@@ -202,11 +209,16 @@ class RowCache:
                rows: np.ndarray) -> np.ndarray:
         """The placer's raw scores of the feasible ``rows`` (any order, repeats allowed).
 
+        A placer whose share-pod score has a cluster-wide part (``global_pairs``, e.g. a term
+        over the histogram of every card's gap) goes through :meth:`_pair_scores` instead.
+
         Rows are scored only when missing, one row per distinct content (a cacheable placer's
         score of a row depends on the row's content and its learned state only); the placer's
         version is read before and after scoring, because a placer may rebuild its learned
         state inside ``score`` (first use)."""
         a = model.a
+        if req.is_shared and hasattr(placer, "global_pairs") and len(rows):
+            return self._pair_scores(e, placer, model, req, rows)
         for _ in range(3):
             version = placer.version  # type: ignore[attr-defined]
             if e.placer_version != version:
@@ -225,6 +237,56 @@ class RowCache:
                 return e.raw[rows]
         # The placer changes its state on every call: do not trust the cache for it.
         return np.asarray(placer.score(a, req, rows, e.usable), float)
+
+
+    def _pair_scores(self, e: RowEntry, placer: Any, model: ClusterModel, req: GpuRequest,
+                     rows: np.ndarray) -> np.ndarray:
+        """Raw scores of a placer whose share score is max over a node's usable cards of
+        ``local_pairs`` (a function of the row's content and the placer's learned state: cached
+        here per content id) + ``global_pairs`` (cluster-wide, e.g. the gap histogram: computed
+        now, for one row per distinct content). Equal to ``placer.score`` by construction."""
+        a = model.a
+        k = a.shape[1]
+        sig = self.signatures(model)
+        u = sorted_unique(rows, len(sig))
+        reps, inv = self.representatives(model, u)
+        ids = sig[reps]
+        for _ in range(3):
+            version = placer.version  # type: ignore[attr-defined]
+            if e.placer_version != version or e.pair_epoch != self._sig_epoch or e.pair_local is None:
+                e.raw_ok[:] = False
+                e.placer_version = version
+                e.pair_epoch = self._sig_epoch
+                e.pair_local = np.full((max(64, 2 * len(self._sig_ids)), k), -np.inf)
+                e.pair_known = np.zeros(len(e.pair_local), bool)
+            if len(e.pair_known) < len(self._sig_ids):  # new contents since: grow
+                grow = 2 * len(self._sig_ids) - len(e.pair_known)
+                e.pair_local = np.vstack([e.pair_local, np.full((grow, k), -np.inf)])
+                e.pair_known = np.r_[e.pair_known, np.zeros(grow, bool)]
+            missing = ~e.pair_known[ids]
+            if missing.any():
+                new_ids, first = np.unique(ids[missing], return_index=True)
+                new_rows = reps[missing][first]
+                self.scores_recomputed += int(len(new_rows))
+                self.rows_evaluated += int(len(new_rows))
+                s, prow, kk = placer.local_pairs(a, req, new_rows, e.usable)
+                local = np.full((len(new_rows), k), -np.inf)
+                local[prow, kk] = s
+                e.pair_local[new_ids] = local
+                e.pair_known[new_ids] = True
+            if placer.version == version:  # type: ignore[attr-defined]
+                break
+        else:  # the placer changes its state on every call: do not trust the cache for it
+            return np.asarray(placer.score(a, req, rows, e.usable), float)
+        loc = e.pair_local[ids]                               # [R, K]
+        r, kk = np.nonzero(loc > -np.inf)                     # pairs, grouped by rep (row-major)
+        best = np.full(len(reps), -np.inf)
+        if len(r):
+            tot = loc[r, kk] + placer.global_pairs(a, req, reps[r], kk)
+            starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+            best[r[starts]] = np.maximum.reduceat(tot, starts)
+        raw_u = best if inv is None else best[inv]
+        return raw_u[np.searchsorted(u, rows)]
 
 
 def cacheable(placer: Any) -> bool:

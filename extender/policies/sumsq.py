@@ -1,4 +1,5 @@
-"""Experimental: Stowage's score plus a Sum-of-Squares (SS) bin-packing term for share pods.
+"""Stowage's placement policy: Stowage's fragmentation score plus a Sum-of-Squares (SS) term
+that decides how share pods fill the cluster's partly used cards.
 
 SS (Csirik, Johnson, Kenyon, Orlin, Shor, Weber, "On the Sum-of-Squares algorithm for bin
 packing") keeps N(g), the number of partly used bins with gap g, and puts each item where
@@ -9,26 +10,19 @@ counted. Placing a share on a card moves it from gap g0 to gap g1 (g0 = 1000 for
 
     dSS = live(g1) * (2 N(g1) + 1)  -  live(g0) * (2 N(g0) - 1)
 
-A pair's score is Stowage's score - ``ss_weight * dSS``. Plain SS counts every gap and, on the
-openb mix, does badly (a gap next to an 810-milli pod is 190, which almost no pod fits: SS
-keeps "balancing" such gaps instead of accepting them). So, adapting SS to the discrete size
-distribution learned online from the share pods seen so far, a gap is *live* only if at least
-``dead_below`` of those pods would fit in it; a dead gap counts like a full card (it is waste
-whatever we do).
+A (node, card) pair's score is Stowage's score (:class:`.stowage.StowagePlacer`: FGD's
+fragmentation over the workload learned online, host-resource stranding, churn mode) minus
+``ss_weight * dSS``. Plain SS counts every gap and, on the openb mix, does badly (a gap next to an
+810-milli pod is 190, which almost no pod fits: SS keeps "balancing" such gaps instead of
+accepting them). So, adapting SS to the discrete size distribution learned online from the share
+pods seen so far, a gap is *live* only if at least ``dead_below`` of those pods would fit in it;
+a dead gap counts like a full card (it is waste whatever we do). Whole-GPU and CPU-only pods are
+scored by Stowage's score alone.
 
-Replay (``python -m benchmarks.binpack --policies stowage-ss,stowage,...``, seeds 42-51),
-unallocated % at 100 % arrived, stowage-ss vs stowage: default 3.89 vs 4.16, cpu100 3.93 vs
-4.18, gpushare40 5.33 vs 5.63, gpuspec10 5.26 vs 5.24 (3.87 vs 4.12 at 110 %), multigpu20
-3.41 vs 3.57; about 20 % more replay time than stowage.
-
-Global state: N is the whole cluster's. This module recomputes it per call from the per-card
-gaps the placer's ``FragIndex`` already keeps (``index.left``: one bincount). The extender's
-row cache (extender/rowcache.py) keeps raw scores per row while the placer's ``version`` is
-unchanged, so here ``version`` also carries the gap histogram and the count of share pods seen
-(what the SS term reads): any share bind or share pod seen drops the cached scores, correct but
-with little caching for share pods. A cache-friendly form would keep Stowage's per-(node, card)
-pair scores and each pair's (g0, g1) per row, and add the SS term at request time from the
-current histogram before the per-node max.
+N is the whole cluster's, so the SS term is not a function of the scored node's row: the
+extender's row cache (extender/rowcache.py) caches :meth:`local_pairs` (row-local) per row
+content and adds :meth:`global_pairs` (the SS term from the current histogram) at request time,
+before the per-node max; :meth:`score` is exactly that max. Results: docs/binpack.md.
 """
 from __future__ import annotations
 
@@ -61,41 +55,16 @@ def ss_delta(n: np.ndarray, live: np.ndarray, g0: np.ndarray, g1: np.ndarray) ->
     return np.where(live[g1], 2.0 * n[g1] + 1.0, 0.0) - np.where(live[g0], 2.0 * n[g0] - 1.0, 0.0)
 
 
-class _Version(tuple):
-    """(learned version, cluster gap key): compares as a tuple (what the row cache does), and
-    ``v + k`` is the learned version + k, so StowagePlacer's own ``self.version += 1`` works."""
-
-    def __add__(self, k):  # type: ignore[override]
-        return self[0] + k
-
-
 class SumOfSquaresPlacer(StowagePlacer):
     """Stowage + ss_weight * (-dSS) per (node, card) pair for share pods (see the module doc)."""
 
-    name = "stowage-ss"
+    name = "stowage"
     ss_weight = SS_WEIGHT
     dead_below = DEAD_BELOW
 
     def __init__(self) -> None:
         super().__init__()
         self._live: dict[float, tuple[int, np.ndarray]] = {}
-
-    @property
-    def version(self):  # type: ignore[override]
-        """Stowage's learned version plus what the global SS term reads (see the module doc)."""
-        return _Version((StowagePlacer.version.fget(self), self._gap_key()))
-
-    @version.setter
-    def version(self, value: int) -> None:
-        StowagePlacer.version.fset(self, value)
-
-    def _gap_key(self) -> tuple | None:
-        ix = self.index
-        if ix is None or getattr(ix, "_src", None) is None:
-            return None
-        ix = self._index(ix._src)   # bring the per-card gaps up to date with the arrays
-        hist = np.bincount(ix.left.ravel().clip(0, MILLI), minlength=MILLI + 1)
-        return len(self._share_core), hist.tobytes()
 
     def live_gaps(self, card_mem_mib: float = MILLI) -> np.ndarray:
         """[1001] bool: gaps (milli-cards of a card of ``card_mem_mib``) that at least
@@ -119,23 +88,38 @@ class SumOfSquaresPlacer(StowagePlacer):
         self._live[card_mem_mib] = (n, live)
         return live
 
-    def _pair_scores(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray):
-        s, rows, kk = super()._pair_scores(a, req, idx, usable)
-        if rows is None or not len(rows) or self.ss_weight == 0:
-            return s, rows, kk
-        ix = self.index
-        ii = idx[rows]
+    # ------------------------------------------------------------------ scores
+    def local_pairs(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray):
+        """(score, row, card) per usable (node, card) pair of a share pod, WITHOUT the SS term:
+        Stowage's pair score minus the node's churn cost. A function of each row's content and
+        the learned state (``version``) only, so the row cache may keep it."""
+        self._poll_churn()
+        s, rows, kk = StowagePlacer._pair_scores(self, a, req, idx, usable)
+        churn = self.churn_cost(a, req, idx)
+        return s - (churn[rows] if np.ndim(churn) else churn), rows, kk
+
+    def global_pairs(self, a: CardArrays, req: GpuRequest, ii: np.ndarray, kk: np.ndarray) -> np.ndarray:
+        """-ss_weight * dSS of putting the share on card kk[q] of node ii[q], for the cluster's
+        gap histogram now."""
+        if self.ss_weight == 0 or not len(ii):
+            return np.zeros(len(ii))
+        ix = self._index(a)  # per-card gaps brought up to date with the arrays
         g0 = ix.left[ii, kk]
         g1 = ix.left_after_share(a, ii, kk, req)
         hist = np.bincount(ix.left.ravel().clip(0, MILLI), minlength=MILLI + 1)
         card = a.mem_total[ii, kk]
         sizes = np.unique(card)
         if len(sizes) == 1:
-            live = self.live_gaps(float(sizes[0]))
-            d = ss_delta(hist, live, g0, g1)
+            d = ss_delta(hist, self.live_gaps(float(sizes[0])), g0, g1)
         else:  # mixed card sizes: each pair judged by its own card size's live gaps
             d = np.empty(len(ii))
             for c in sizes:
                 m = card == c
                 d[m] = ss_delta(hist, self.live_gaps(float(c)), g0[m], g1[m])
-        return s - self.ss_weight * d, rows, kk
+        return -self.ss_weight * d
+
+    def _pair_scores(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray):
+        s, rows, kk = StowagePlacer._pair_scores(self, a, req, idx, usable)
+        if rows is None or not len(rows):
+            return s, rows, kk
+        return s + self.global_pairs(a, req, idx[rows], kk), rows, kk

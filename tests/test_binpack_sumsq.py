@@ -1,4 +1,4 @@
-"""The experimental Sum-of-Squares placer ("stowage-ss") on a hand-made card state.
+"""Stowage's Sum-of-Squares share packing (extender/policies/sumsq.py) on a hand-made card state.
 
 One node, eight 1000-milli cards: card 0 holds 470 (gap 530), card 1 holds 500 (gap 500),
 cards 2-4 hold 470 + 500 (gap 30), cards 5-7 are empty. A 470-milli share arrives. With every
@@ -16,7 +16,7 @@ import numpy as np
 
 from benchmarks.binpack.replay import build_cluster
 from benchmarks.binpack.trace import Nodes
-from extender.policies.experimental import SumOfSquaresPlacer, ss_delta
+from extender.policies.sumsq import SumOfSquaresPlacer, ss_delta
 from extender.policy import PodPolicy
 from extender.scoring import card_mask, fit, get_placer
 from stowage.resources import GpuRequest
@@ -83,8 +83,8 @@ def test_live_gaps_follow_the_learned_mix():
 def test_ss_term_is_the_hand_computed_delta_and_picks_the_balancing_card():
     model = hand_made_cluster()
     mix = {30: 3, 470: 100, 500: 100}                  # 3/203 = 1.5 %: gaps 30 and 60 are live
-    ss = learned("stowage-ss", mix, model)
-    plain = learned("stowage", mix, model)
+    ss = learned("stowage", mix, model)
+    plain = learned("stowage-frag", mix, model)          # the fragmentation score alone
     req = share(470)
     with_ss, f = pair_scores(ss, model, req)
     without, _ = pair_scores(plain, model, req)
@@ -103,15 +103,28 @@ def test_ss_term_is_the_hand_computed_delta_and_picks_the_balancing_card():
     assert first.choose_cards(model.a, 0, req, f.usable[0], PodPolicy()) == [0]
 
 
-def test_version_moves_when_a_share_bind_changes_the_gaps():
-    model = hand_made_cluster()
-    placer = learned("stowage-ss", {470: 10, 500: 10}, model)
+def test_local_part_is_row_local_and_the_global_part_follows_the_cluster():
+    """What the extender's row cache relies on: ``local_pairs`` of a node depends on its row
+    only (cached), ``global_pairs`` on the whole cluster's gaps (computed per request), and
+    ``score`` is the per-node max of their sum minus nothing else."""
+    nodes = Nodes(names=("n0", "n1"), cpu_milli=np.array([96000, 96000]),
+                  memory_mib=np.array([786432, 786432]), gpus=np.array([8, 8]), model=("G2", "G2"))
+    model = build_cluster(nodes)
+    model.assign("a", "a", "n0", [0], share(470))
+    placer = learned("stowage", {470: 10, 500: 10}, model)
     req = share(470)
-    pair_scores(placer, model, req)                     # index built over the model's arrays
-    v0 = placer.version
-    assert placer.version == v0                         # nothing changed: cached scores stay valid
-    model.assign("e", "e", "n0", [5], req)              # a new gap of 530: the SS term changes
-    assert placer.version != v0
-    v1 = placer.version
-    placer.observe(GpuRequest(gpus=1))                  # not a share: gaps and live mask unchanged
-    assert placer.version[1] == v1[1]
+    a = model.a
+    f = fit(a, req, card_mask(a, model.models, PodPolicy(), req))
+    both = np.array([0, 1])
+    s, rows, kk = placer.local_pairs(a, req, both, f.usable)
+    s0, rows0, kk0 = placer.local_pairs(a, req, np.array([0]), f.usable)
+    assert np.allclose(s0, s[rows == 0]) and (kk0 == kk[rows == 0]).all()
+    g_before = placer.global_pairs(a, req, both[rows], kk)
+    raw = placer.score(a, req, both, f.usable)
+    for node in (0, 1):
+        assert np.isclose(raw[node], (s + g_before)[rows == node].max())
+    model.assign("b", "b", "n1", [3], share(470))      # a share elsewhere: n0 row unchanged
+    s0_again, _, _ = placer.local_pairs(a, req, np.array([0]), f.usable)
+    assert np.allclose(s0_again, s0)
+    g_after = placer.global_pairs(a, req, np.zeros(len(kk0), np.int64), kk0)
+    assert not np.allclose(g_after, g_before[rows == 0])  # ... but the cluster's gaps moved
