@@ -285,8 +285,9 @@ class RowCache:
             tot = loc[r, kk] + placer.global_pairs(a, req, reps[r], kk)
             starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
             best[r[starts]] = np.maximum.reduceat(tot, starts)
-        raw_u = best if inv is None else best[inv]
-        return raw_u[np.searchsorted(u, rows)]
+        out = np.empty(len(sig))
+        out[u] = best if inv is None else best[inv]
+        return out[rows]
 
 
 def cacheable(placer: Any) -> bool:

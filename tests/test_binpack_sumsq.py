@@ -128,3 +128,34 @@ def test_local_part_is_row_local_and_the_global_part_follows_the_cluster():
     assert np.allclose(s0_again, s0)
     g_after = placer.global_pairs(a, req, np.zeros(len(kk0), np.int64), kk0)
     assert not np.allclose(g_after, g_before[rows == 0])  # ... but the cluster's gaps moved
+
+
+def test_the_index_keeps_the_gap_histogram_row_by_row():
+    """FragIndex.gap_hist (what the SS term reads) equals a fresh bincount of the per-card gaps
+    through binds, releases and re-syncs, with and without the model's row_gen."""
+    import random
+
+    from test_latency_equivalence import random_model
+
+    rng = random.Random(5)
+    model = random_model(rng, 30)
+    placer = get_placer("stowage")
+    placer.watch_releases(lambda: model.gpu_releases)
+    for _ in range(20):
+        placer.observe(share(rng.choice([200, 470, 810])))
+    live = []
+    for step in range(120):
+        req = share(rng.choice([100, 250, 470])) if rng.random() < 0.7 else GpuRequest(gpus=1)
+        a = model.a
+        f = fit(a, req, card_mask(a, model.models, PodPolicy(), req))
+        ok = np.flatnonzero(f.ok)
+        if len(ok):
+            i = int(rng.choice(ok.tolist()))
+            placer.score(a, req, ok, f.usable)                   # syncs the index
+            cards = placer.choose_cards(a, i, req, f.usable[i], PodPolicy())
+            model.assign(f"u{step}", f"u{step}", model.names[i], cards, req, check=False)
+            live.append(f"u{step}")
+        if live and rng.random() < 0.3:
+            model.release(live.pop(rng.randrange(len(live))))
+        ix = placer._index(model.a)
+        assert (ix.gap_hist == np.bincount(np.clip(ix.left, 0, 1000).ravel(), minlength=1001)).all(), step

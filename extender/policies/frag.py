@@ -227,6 +227,9 @@ class FragIndex:
     def _compute(self, a: CardArrays, rows) -> None:
         left = card_left(a, rows)
         fits = self._fits(a, rows, left)
+        if not isinstance(rows, slice):  # a few rows: move their cards in the gap histogram
+            np.subtract.at(self.gap_hist, np.clip(self.left[rows], 0, MILLI).ravel(), 1)
+            np.add.at(self.gap_hist, np.clip(left, 0, MILLI).ravel(), 1)
         self.left[rows] = left
         # einsum / popcount instead of .sum over the 8-card axis: numpy's short-axis reductions
         # made a full recompute (after every workload-table rebuild) tens of ms on 5,000 nodes.
@@ -286,8 +289,10 @@ class FragIndex:
         self.big = np.zeros((g, n), np.int64)
         self.frag = np.zeros(n)
         self.fits = np.zeros((g, n, k), bool)
+        self.gap_hist = np.zeros(MILLI + 1, np.int64)
         if groups is None:
             self._compute(a, slice(None))
+            self._count_gaps()
             return
         reps, inverse = groups
         self._compute(a, reps)
@@ -299,6 +304,12 @@ class FragIndex:
         # F over all rows in one call, exactly as the plain build computes it: a float sum's
         # last bit depends on the batch, and the FGD placer's integer quantisation can see it.
         self.frag = self.frag_of(a.cpu_free, a.hmem_free, self.idle, self.cnt, self.big)
+        self._count_gaps()
+
+    def _count_gaps(self) -> None:
+        """``gap_hist[g]``: how many card slots have ``g`` idle milli (clipped to 0..1000), over
+        every slot of the arrays; kept up to date row by row by :meth:`_compute`."""
+        self.gap_hist = np.bincount(np.clip(self.left, 0, MILLI).ravel(), minlength=MILLI + 1)
 
     # ------------------------------------------------------------ what-ifs
     def after_cpu(self, a: CardArrays, rows: np.ndarray, cpu: int, hmem: int = 0) -> np.ndarray:

@@ -44,15 +44,22 @@ SS_WEIGHT = 100.0
 DEAD_BELOW = 0.007
 
 
-def ss_delta(n: np.ndarray, live: np.ndarray, g0: np.ndarray, g1: np.ndarray) -> np.ndarray:
+def ss_delta(n: np.ndarray, live: np.ndarray, g0: np.ndarray, g1: np.ndarray,
+             which: np.ndarray | None = None) -> np.ndarray:
     """Change of sum_g live(g) N(g)^2 when one card moves from gap g0 to gap g1 (per pair).
 
     ``n``: [1001] cards per gap; ``live``: [1001] bool (False at 0 and 1000: full and empty
-    cards are not bins); ``g0``/``g1``: gaps in milli-cards, g1 < g0."""
+    cards are not bins), or [S, 1001] with ``which[q]`` the row pair q is judged by (cards of
+    different sizes); ``g0``/``g1``: gaps in milli-cards, g1 < g0."""
     g0 = np.clip(g0, 0, MILLI)
     g1 = np.clip(g1, 0, MILLI)
     n = np.asarray(n, np.float64)
-    return np.where(live[g1], 2.0 * n[g1] + 1.0, 0.0) - np.where(live[g0], 2.0 * n[g0] - 1.0, 0.0)
+    # Per gap value first (1001 entries), then one lookup per pair.
+    gain = np.where(live, 2.0 * n + 1.0, 0.0)   # a card arriving at gap g
+    loss = np.where(live, 2.0 * n - 1.0, 0.0)   # a card leaving gap g
+    if which is None:
+        return gain[g1] - loss[g0]
+    return gain[which, g1] - loss[which, g0]
 
 
 class SumOfSquaresPlacer(StowagePlacer):
@@ -64,28 +71,30 @@ class SumOfSquaresPlacer(StowagePlacer):
 
     def __init__(self) -> None:
         super().__init__()
-        self._live: dict[float, tuple[int, np.ndarray]] = {}
+        # Per card size: (share pods counted, their sizes' histogram in milli-cards, live mask).
+        self._live: dict[float, tuple[int, np.ndarray, np.ndarray]] = {}
 
     def live_gaps(self, card_mem_mib: float = MILLI) -> np.ndarray:
         """[1001] bool: gaps (milli-cards of a card of ``card_mem_mib``) that at least
         ``dead_below`` of the share pods seen would fit; never 0 or 1000. Share sizes are
-        converted to the card's size as :meth:`gpu_milli_on` does; cached per card size and
-        recomputed only when share pods were seen since."""
+        converted to the card's size as :meth:`gpu_milli_on` does; the sizes' histogram is kept
+        per card size and brought up to date with only the share pods seen since the last call."""
         n = len(self._share_core)
         got = self._live.get(card_mem_mib)
         if got is not None and got[0] == n:
-            return got[1]
-        live = np.zeros(MILLI + 1, bool)
-        if n:
-            core = np.asarray(self._share_core, np.float64)
-            mem = np.asarray(self._share_mem, np.float64) * MILLI / max(card_mem_mib, 1.0)
+            return got[2]
+        counted, counts = (got[0], got[1]) if got is not None else (0, np.zeros(MILLI + 1, np.int64))
+        if counted < n:
+            core = np.asarray(self._share_core[counted:], np.float64)
+            mem = np.asarray(self._share_mem[counted:], np.float64) * MILLI / max(card_mem_mib, 1.0)
             size = np.minimum(MILLI, np.ceil(np.maximum(core, mem))).astype(np.int64)
-            frac = np.cumsum(np.bincount(size, minlength=MILLI + 1)) / n   # frac[g]: shares <= g
-            live = frac >= self.dead_below
+            counts = counts + np.bincount(size, minlength=MILLI + 1)
+        if n:
+            live = np.cumsum(counts) / n >= self.dead_below   # cumsum/n at g: share of pods <= g
         else:
-            live[:] = True
+            live = np.ones(MILLI + 1, bool)
         live[0] = live[MILLI] = False
-        self._live[card_mem_mib] = (n, live)
+        self._live[card_mem_mib] = (n, counts, live)
         return live
 
     # ------------------------------------------------------------------ scores
@@ -96,7 +105,20 @@ class SumOfSquaresPlacer(StowagePlacer):
         self._poll_churn()
         s, rows, kk = StowagePlacer._pair_scores(self, a, req, idx, usable)
         churn = self.churn_cost(a, req, idx)
-        return s - (churn[rows] if np.ndim(churn) else churn), rows, kk
+        s = s - (churn[rows] if np.ndim(churn) else churn)
+        if len(rows) > 1:
+            # A card identical to the node's previous usable card (free cards usually are) has
+            # the same local score, the same gaps and so the same SS term: it cannot change the
+            # node's max, so it is left out (fewer pairs to add the SS term to per request).
+            ii = idx[rows]
+            dup = rows[1:] == rows[:-1]
+            for arr in (a.mem_free, a.core_free, a.mem_total, a.model, a.exists, a.healthy):
+                col = arr[ii, kk]
+                dup &= col[1:] == col[:-1]
+            if dup.any():
+                keep = np.r_[True, ~dup]
+                s, rows, kk = s[keep], rows[keep], kk[keep]
+        return s, rows, kk
 
     def global_pairs(self, a: CardArrays, req: GpuRequest, ii: np.ndarray, kk: np.ndarray) -> np.ndarray:
         """-ss_weight * dSS of putting the share on card kk[q] of node ii[q], for the cluster's
@@ -106,16 +128,14 @@ class SumOfSquaresPlacer(StowagePlacer):
         ix = self._index(a)  # per-card gaps brought up to date with the arrays
         g0 = ix.left[ii, kk]
         g1 = ix.left_after_share(a, ii, kk, req)
-        hist = np.bincount(ix.left.ravel().clip(0, MILLI), minlength=MILLI + 1)
+        hist = ix.gap_hist  # kept row by row by the index (a bincount of ix.left)
         card = a.mem_total[ii, kk]
-        sizes = np.unique(card)
-        if len(sizes) == 1:
-            d = ss_delta(hist, self.live_gaps(float(sizes[0])), g0, g1)
+        if (card == card[0]).all():
+            d = ss_delta(hist, self.live_gaps(float(card[0])), g0, g1)
         else:  # mixed card sizes: each pair judged by its own card size's live gaps
-            d = np.empty(len(ii))
-            for c in sizes:
-                m = card == c
-                d[m] = ss_delta(hist, self.live_gaps(float(c)), g0[m], g1[m])
+            sizes, which = np.unique(card, return_inverse=True)
+            table = np.stack([self.live_gaps(float(c)) for c in sizes])
+            d = ss_delta(hist, table, g0, g1, which=which.ravel())
         return -self.ss_weight * d
 
     def _pair_scores(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray):
