@@ -45,7 +45,8 @@ from typing import Callable
 import numpy as np
 
 from extender.model import CardArrays
-from extender.policy import PodPolicy
+from extender.policy import SPREAD, PodPolicy
+from extender.scoring import choose_cards_default, choose_whole_cards
 from stowage.resources import GpuRequest
 
 from .frag import MILLI, PodClass
@@ -219,8 +220,15 @@ class StowagePlacer(FragPlacerBase):
                      policy: PodPolicy) -> list[int]:
         # The churn cost is the same for every card of the node: it never changes the card.
         self._poll_churn()
+        if req.is_whole:
+            # Which free cards a whole-GPU pod takes does not change the node's fragmentation
+            # (free cards are interchangeable for it), so NVLink/NUMA locality and the card
+            # policy decide, as for every placer (on the trace, without topology: the lowest).
+            return choose_whole_cards(a, i, req.gpus, np.flatnonzero(usable_row), policy)
         if not req.is_shared:
             return first_free_cards(a, i, req, usable_row)
+        if policy.card == SPREAD:  # the pod asked for the emptiest card (stowage.io/card-policy)
+            return choose_cards_default(a, i, req, usable_row, policy)
         u = np.zeros(a.shape, bool)
         u[i] = usable_row
         s, rows, kk = self._pair_scores(a, req, np.array([i]), u)
