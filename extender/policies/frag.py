@@ -185,6 +185,16 @@ class FragTable:
         return self.m @ ok
 
 
+def same_as_previous_card(a: CardArrays, ii: np.ndarray, kk: np.ndarray) -> np.ndarray:
+    """[P-1] bool: pair q+1 is on the same node as pair q and its card is identical (free memory
+    and compute, size, model, presence, health): every what-if of a share on it is the same."""
+    same = ii[1:] == ii[:-1]
+    for arr in (a.mem_free, a.core_free, a.mem_total, a.model, a.exists, a.healthy):
+        col = arr[ii, kk]
+        same &= col[1:] == col[:-1]
+    return same
+
+
 def card_left(a: CardArrays, rows: np.ndarray | slice) -> np.ndarray:
     """[n, K] idle milli per card (0 for missing/unhealthy cards)."""
     valid = a.exists[rows] & a.healthy[rows]
@@ -364,10 +374,7 @@ class FragIndex:
         are) gives the same F, so each run of identical cards is computed once and copied out:
         on a half-empty cluster that is a fraction of the pairs."""
         if len(ii) > 1:
-            same = ii[1:] == ii[:-1]
-            for arr in (a.mem_free, a.core_free, a.mem_total, a.model, a.exists, a.healthy):
-                col = arr[ii, kk]
-                same &= col[1:] == col[:-1]
+            same = same_as_previous_card(a, ii, kk)
             if same.any():
                 first = np.r_[True, ~same]
                 return self.after_share(a, ii[first], kk[first], req)[np.cumsum(first) - 1]

@@ -31,7 +31,7 @@ import numpy as np
 from extender.model import CardArrays
 from stowage.resources import GpuRequest
 
-from .frag import MILLI
+from .frag import MILLI, same_as_previous_card
 from .stowage import StowagePlacer
 
 # Screened on seeds 42-47 of the openb default trace: weights 0.01..1000 (100 best; SS then
@@ -110,11 +110,7 @@ class SumOfSquaresPlacer(StowagePlacer):
             # A card identical to the node's previous usable card (free cards usually are) has
             # the same local score, the same gaps and so the same SS term: it cannot change the
             # node's max, so it is left out (fewer pairs to add the SS term to per request).
-            ii = idx[rows]
-            dup = rows[1:] == rows[:-1]
-            for arr in (a.mem_free, a.core_free, a.mem_total, a.model, a.exists, a.healthy):
-                col = arr[ii, kk]
-                dup &= col[1:] == col[:-1]
+            dup = same_as_previous_card(a, idx[rows], kk)
             if dup.any():
                 keep = np.r_[True, ~dup]
                 s, rows, kk = s[keep], rows[keep], kk[keep]
