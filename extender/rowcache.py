@@ -238,7 +238,6 @@ class RowCache:
         # The placer changes its state on every call: do not trust the cache for it.
         return np.asarray(placer.score(a, req, rows, e.usable), float)
 
-
     def _pair_scores(self, e: RowEntry, placer: Any, model: ClusterModel, req: GpuRequest,
                      rows: np.ndarray) -> np.ndarray:
         """Raw scores of a placer whose share score is max over a node's usable cards of
