@@ -159,3 +159,29 @@ def test_the_index_keeps_the_gap_histogram_row_by_row():
             model.release(live.pop(rng.randrange(len(live))))
         ix = placer._index(model.a)
         assert (ix.gap_hist == np.bincount(np.clip(ix.left, 0, 1000).ravel(), minlength=1001)).all(), step
+
+
+def test_in_churn_mode_a_used_node_still_ranks_above_an_empty_one():
+    """The SS term orders nodes within churn mode's tiers, never across them: a used node whose
+    only card would join a gap value shared by 600 cards (SS penalty ~1.2e5 > the 1e5 cost of an
+    empty node) still ranks above the empty node."""
+    n = 77
+    nodes = Nodes(names=tuple(f"n{j}" for j in range(n)), cpu_milli=np.full(n, 96000),
+                  memory_mib=np.full(n, 786432), gpus=np.full(n, 8), model=("G2",) * n)
+    model = build_cluster(nodes)
+    model.assign("small", "small", "n0", [0], share(60))                 # n0: gap 940 on card 0
+    model.assign("whole", "whole", "n0", [1, 2, 3, 4, 5, 6, 7], GpuRequest(gpus=7))
+    for j in range(2, n):                                                 # 600 cards with gap 470
+        for k in range(8):
+            model.assign(f"s{j}-{k}", "s", f"n{j}", [k], share(530))
+    placer = learned("stowage", {60: 5, 470: 50, 530: 50}, model)
+    req = share(470)
+    a = model.a
+    f = fit(a, req, card_mask(a, model.models, PodPolicy(), req))
+    two = np.array([0, 1])
+    assert f.ok[two].all()
+    calm = placer.score(a, req, two, f.usable)
+    assert calm[1] > calm[0]                       # without churn mode SS prefers the empty node
+    placer.note_release()                          # a GPU pod left: churn mode
+    busy = placer.score(a, req, two, f.usable)
+    assert busy[0] > busy[1]

@@ -32,7 +32,7 @@ from extender.model import CardArrays
 from stowage.resources import GpuRequest
 
 from .frag import MILLI, same_as_previous_card
-from .stowage import StowagePlacer
+from .stowage import CHURN_COST, StowagePlacer
 
 # Screened on seeds 42-47 of the openb default trace: weights 0.01..1000 (100 best; SS then
 # decides the card and node of a share pod wherever dSS differs, Stowage's score elsewhere).
@@ -132,7 +132,13 @@ class SumOfSquaresPlacer(StowagePlacer):
             sizes, which = np.unique(card, return_inverse=True)
             table = np.stack([self.live_gaps(float(c)) for c in sizes])
             d = ss_delta(hist, table, g0, g1, which=which.ravel())
-        return -self.ss_weight * d
+        g = -self.ss_weight * d
+        if self._churn:
+            # Churn mode ranks nodes that run a GPU pod first (an empty node costs CHURN_COST):
+            # the SS term, which can reach that size where hundreds of cards share a gap value,
+            # only orders nodes within a tier. (Never reached in the static trace replay.)
+            g = np.clip(g, -CHURN_COST / 4, CHURN_COST / 4)
+        return g
 
     def _pair_scores(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray):
         s, rows, kk = StowagePlacer._pair_scores(self, a, req, idx, usable)
