@@ -1,4 +1,6 @@
-"""Stowage's placement policy: what ``stowage.io/node-policy: pack`` means.
+"""Stowage's fragmentation score: the part of ``stowage.io/node-policy: pack`` that scores every
+pod (registered alone as ``stowage-frag``). The ``pack`` default (``stowage``,
+:mod:`.sumsq`) adds the Sum-of-Squares share packing on top of it.
 
 Why not plain FGD: on the Alibaba openb trace the paper's best policy (FGD) still leaves ~4.8 %
 of the GPUs unallocated when the arrived workload equals the cluster, and replaying it shows why:
@@ -34,8 +36,9 @@ row-local: the cost reads only the node's own ``pods`` row. Where pods never lea
 trace replay) the mode never switches on, so those results are unchanged by construction.
 
 Scores are exact (not FGD's integer sigmoid), so ties are real ties and go to the scheduler's
-node order. A share pod goes on the card of the chosen node with the best score; whole-GPU pods
-take the first free cards. Cost per request: one vectorised evaluation over the feasible
+node order. A share pod goes on the card of the chosen node with the best score (the card
+policy ``spread`` asks for the emptiest card instead); whole-GPU pods take free cards that keep
+NVLink/NUMA locality. Cost per request: one vectorised evaluation over the feasible
 (node, card) pairs with per-node state kept incrementally (:class:`.frag.FragIndex`).
 """
 from __future__ import annotations
@@ -57,7 +60,7 @@ CHURN_COST = 1e5   # churn mode: placing a GPU pod on a node that runs no GPU po
 
 
 class StowagePlacer(FragPlacerBase):
-    name = "stowage"
+    name = "stowage-frag"
     host_memory = True
     strand_weight = STRAND_WEIGHT
 
