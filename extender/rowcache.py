@@ -282,7 +282,7 @@ class RowCache:
         best = np.full(len(reps), -np.inf)
         if len(r):
             tot = loc[r, kk] + placer.global_pairs(a, req, reps[r], kk)
-            starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+            starts = np.flatnonzero(np.concatenate(([True], r[1:] != r[:-1])))
             best[r[starts]] = np.maximum.reduceat(tot, starts)
         out = np.empty(len(sig))
         out[u] = best if inv is None else best[inv]

@@ -376,7 +376,7 @@ class FragIndex:
         if len(ii) > 1:
             same = same_as_previous_card(a, ii, kk)
             if same.any():
-                first = np.r_[True, ~same]
+                first = np.concatenate(([True], ~same))
                 return self.after_share(a, ii[first], kk[first], req)[np.cumsum(first) - 1]
         t = self.t
         mem1 = a.mem_free[ii, kk] - req.mem_mib
@@ -392,7 +392,7 @@ class FragIndex:
         cnt = self.cnt[:, ii] - fit0 + fit1
         big = self.big[:, ii] - fit0 * left0[None] + fit1 * left1[None]
         idle = self.idle[ii] - left0 + left1
-        new = np.r_[True, ii[1:] != ii[:-1]]                    # pairs come grouped by node
+        new = np.concatenate(([True], ii[1:] != ii[:-1]))                    # pairs come grouped by node
         nodes = ii[new]
         w = t.weight(a.cpu_free[nodes] - req.cpu_milli, a.hmem_free[nodes] - req.host_mem_mib)
         w = w[:, np.cumsum(new) - 1] * (cnt >= t.need[:, None])

@@ -178,7 +178,7 @@ class FragPlacerBase:
 
 def segment_max(values: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
     """[n] max of values per row id (rows sorted ascending, every row present)."""
-    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+    starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
     out = np.full(n, -np.inf)
     out[rows[starts]] = np.maximum.reduceat(values, starts)
     return out

@@ -112,7 +112,7 @@ class SumOfSquaresPlacer(StowagePlacer):
             # node's max, so it is left out (fewer pairs to add the SS term to per request).
             dup = same_as_previous_card(a, idx[rows], kk)
             if dup.any():
-                keep = np.r_[True, ~dup]
+                keep = np.concatenate(([True], ~dup))
                 s, rows, kk = s[keep], rows[keep], kk[keep]
         return s, rows, kk
 
