@@ -253,7 +253,6 @@ class RowCache:
         for _ in range(3):
             version = placer.version  # type: ignore[attr-defined]
             if e.placer_version != version or e.pair_epoch != self._sig_epoch or e.pair_local is None:
-                e.raw_ok[:] = False
                 e.placer_version = version
                 e.pair_epoch = self._sig_epoch
                 e.pair_local = np.full((max(64, 2 * len(self._sig_ids)), k), -np.inf)

@@ -107,12 +107,9 @@ class NamesEntry:
 
     def take(self, sel: np.ndarray) -> list[str]:
         """``names[sel]`` as a list; the object array behind it is made once per list."""
-        arr = self._arr
-        if arr is None:
-            arr = np.empty(len(self.names), dtype=object)
-            arr[:] = self.names
-            self._arr = arr
-        return arr[sel].tolist()
+        if self._arr is None:
+            self._arr = _object_array(self.names)
+        return self._arr[sel].tolist()
 
     def answer_heads(self) -> list[bytes]:
         """:func:`extender.wire.priority_heads` of ``names``, made once."""
@@ -129,13 +126,9 @@ class NamesEntry:
 
     def take_heads(self, sel: np.ndarray) -> list[bytes]:
         """``answer_heads()[sel]`` (a passing list's heads from its full list's)."""
-        arr = self._heads_arr
-        if arr is None:
-            heads = self.answer_heads()
-            arr = np.empty(len(heads), dtype=object)
-            arr[:] = heads
-            self._heads_arr = arr
-        return arr[sel].tolist()
+        if self._heads_arr is None:
+            self._heads_arr = _object_array(self.answer_heads())
+        return self._heads_arr[sel].tolist()
 
 
 class NamesMemo:
@@ -179,11 +172,16 @@ def row_view(a: CardArrays, i: int) -> CardArrays:
     return CardArrays(**{f.name: getattr(a, f.name)[i:i + 1] for f in dataclasses.fields(CardArrays)})
 
 
-def _take(items: list, sel: np.ndarray) -> list:
-    """items[sel] for a list, through a numpy object array (no Python loop per element)."""
+def _object_array(items: list) -> np.ndarray:
+    """A 1-D numpy object array of ``items`` (selections from it run in C)."""
     arr = np.empty(len(items), dtype=object)
     arr[:] = items
-    return arr[sel].tolist()
+    return arr
+
+
+def _take(items: list, sel: np.ndarray) -> list:
+    """items[sel] for a list, through a numpy object array (no Python loop per element)."""
+    return _object_array(items)[sel].tolist()
 
 
 class ExtenderService:
@@ -404,8 +402,7 @@ class ExtenderService:
             texts = scoring.reasons(a, reps, req, e.mask)
             if req.is_shared:
                 texts = self._whole_only(a, reps, [self.model.names[r] for r in reps.tolist()], texts)
-            filled = np.empty(len(texts), dtype=object)
-            filled[:] = texts
+            filled = _object_array(texts)
             e.reason[new] = filled if inv is None else filled[inv]
             got = e.reason[rows]
         return got.tolist()
