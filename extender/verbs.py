@@ -1,0 +1,150 @@
+"""The three verbs on raw bytes: decode the request, decide, encode the answer, count it.
+
+This is everything the HTTP face does for filter, prioritize and bind except reading the body
+off the connection, kept free of any web framework so that the two serving layouts run the very
+same code: the one-process layout calls it from the Flask views (:mod:`extender.app`), the
+split layout from the decision process's relay server (:mod:`extender.relay`), with the HTTP
+handled by the gunicorn workers in front. Why the answers on errors are what they are
+(observed on kube-scheduler v1.28.7, see ``../shared/wire/README.md``):
+
+- filter: ANY error (5xx, bad JSON, ``Error`` set, timeout) parks the pod for up to 5 minutes,
+  so filter always answers 200 with an ``ExtenderFilterResult``; an internal failure puts every
+  node in ``FailedNodes`` with a message (the pod is retried on the next cluster event). Only a
+  body that is not an extender request at all gets a 400 (and an oversized one a 413).
+- prioritize: errors are ignored by the scheduler; on an internal failure we answer ``[]``.
+- bind: an ``Error`` makes the scheduler retry within seconds, the right answer to a lost race.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from .service import ExtenderService
+from .wire import WireError, binding_result, encode, encode_filter_result, filter_answer, parse_binding_args
+from .wirememo import NodeNamesMemo
+
+log = logging.getLogger("stowage.extender")
+
+JSON = "application/json"
+VERBS = ("filter", "prioritize", "bind")
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An HTTP answer, framework-free: status, body bytes, content type, and the metrics outcome."""
+
+    status: int
+    body: bytes
+    outcome: str = "ok"
+    content_type: str = JSON
+
+
+def json_reply(doc: Any, status: int = 200, outcome: str = "ok") -> Reply:
+    return Reply(status, encode(doc), outcome)
+
+
+class _ModelCollector:
+    """Gauges read from the model at scrape time (never stale, no bookkeeping on the hot path)."""
+
+    def __init__(self, service: ExtenderService) -> None:
+        self.service = service
+
+    def collect(self):
+        s = self.service.stats()
+        for key, help_text in (("nodes", "GPU nodes in the model"),
+                               ("cards", "GPU cards on schedulable nodes"),
+                               ("healthy_cards", "healthy GPU cards on schedulable nodes"),
+                               ("free_whole_cards", "healthy cards with no pod on them"),
+                               ("allocations", "GPU pods holding cards")):
+            yield GaugeMetricFamily(f"stowage_extender_{key}", help_text, value=s[key])
+
+
+class Metrics:
+    """Per-app Prometheus registry (one per app, so several apps can live in one test process)."""
+
+    def __init__(self, service: ExtenderService) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("stowage_extender_requests", "Extender requests by verb and outcome",
+                                ["verb", "outcome"], registry=self.registry)
+        self.latency = Histogram("stowage_extender_request_duration_seconds", "Extender request latency by verb",
+                                 ["verb"], registry=self.registry,
+                                 buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5))
+        self.registry.register(_ModelCollector(service))  # type: ignore[arg-type]
+
+
+class Verbs:
+    """filter / prioritize / bind of one service, on request bytes.
+
+    ``handle(verb, None)`` is the answer to a body over ``max_body_bytes`` (the caller decides
+    that while reading, so an oversized body is never read whole): a 413, counted like any other
+    outcome.
+    """
+
+    def __init__(self, service: ExtenderService, metrics: Metrics, max_body_bytes: int) -> None:
+        self.service = service
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self.names_memo = NodeNamesMemo()  # NodeNames arrays decoded before: recognised by their bytes
+        self._latency = {v: metrics.latency.labels(v) for v in VERBS}  # looked up once
+        self._run: dict[str, Callable[[bytes], Reply]] = {
+            "filter": self._filter, "prioritize": self._prioritize, "bind": self._bind}
+
+    def too_large(self) -> Reply:
+        return json_reply({"Error": f"request body larger than {self.max_body_bytes} bytes "
+                                    "(raise the extender's --max-body-mib)"}, 413, "too_large")
+
+    def handle(self, verb: str, body: bytes | None) -> Reply:
+        """The answer to ``verb`` with request ``body`` (None: the body was too large)."""
+        t0 = time.perf_counter()
+        reply = self.too_large() if body is None else self._run[verb](body)
+        self._latency[verb].observe(time.perf_counter() - t0)
+        self.metrics.requests.labels(verb, reply.outcome).inc()
+        return reply
+
+    def _filter(self, body: bytes) -> Reply:
+        try:
+            args = self.names_memo.parse(body)
+        except WireError as exc:
+            log.warning("filter: bad request: %s", exc)
+            return json_reply({"Error": str(exc)}, 400, "bad_request")
+        try:
+            res = self.service.filter(args)
+            data, names_json = encode_filter_result(res)
+            if names_json is not None and res.node_names:  # what this pod's prioritize will send
+                self.names_memo.remember(names_json, res.node_names)
+            return Reply(200, data)
+        except Exception:
+            log.exception("filter: internal error; answering every node as failed")
+            msg = "Stowage extender internal error (see extender logs); will retry"
+            return json_reply(filter_answer(args, failed={n: msg for n in args.names}).to_json(),
+                              outcome="internal_error")
+
+    def _prioritize(self, body: bytes) -> Reply:
+        try:
+            args = self.names_memo.parse(body)
+        except WireError as exc:
+            log.warning("prioritize: bad request: %s", exc)
+            return json_reply({"Error": str(exc)}, 400, "bad_request")
+        try:
+            return Reply(200, self.service.prioritize(args, as_json=True))  # type: ignore[arg-type]
+        except Exception:
+            log.exception("prioritize: internal error; answering no scores")
+            return json_reply([], outcome="internal_error")
+
+    def _bind(self, body: bytes) -> Reply:
+        try:
+            args = parse_binding_args(body)
+        except WireError as exc:
+            log.warning("bind: bad request: %s", exc)
+            return json_reply(binding_result(str(exc)), 400, "bad_request")
+        try:
+            err = self.service.bind(args)
+        except Exception as exc:
+            log.exception("bind: internal error for %s -> %s", args.key, args.node)
+            return json_reply(binding_result(f"Stowage extender internal error: {exc!r}"), outcome="internal_error")
+        return json_reply(binding_result(err), outcome="refused" if err else "bound")
