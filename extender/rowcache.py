@@ -89,6 +89,7 @@ class RowEntry:
     # content's row-local (node, card) pair scores, by content id ([ids, K]; -inf: no pair).
     pair_local: np.ndarray | None = None
     pair_known: np.ndarray | None = None
+    pair_keys: np.ndarray | None = None   # [ids, K, ...] the placer's pair_keys, if it has them
     pair_epoch: int = -1
 
     @classmethod
@@ -207,10 +208,19 @@ class RowCache:
 
     def scores(self, e: RowEntry, placer: scoring.Placer, model: ClusterModel, req: GpuRequest,
                rows: np.ndarray) -> np.ndarray:
-        """The placer's raw scores of the feasible ``rows`` (any order, repeats allowed).
+        """The placer's raw scores of the feasible ``rows`` (any order, repeats allowed)."""
+        values, inverse = self.score_values(e, placer, model, req, rows)
+        return values if inverse is None else values[inverse]
+
+    def score_values(self, e: RowEntry, placer: scoring.Placer, model: ClusterModel, req: GpuRequest,
+                     rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(values, inverse): the placer's raw scores of the feasible ``rows`` are
+        ``values[inverse]`` (``values`` itself when ``inverse`` is None). For a placer with a
+        global term, ``values`` has one score per distinct row content among ``rows``: the
+        caller ranks those few instead of every node (ranks depend on the values alone).
 
         A placer whose share-pod score has a cluster-wide part (``global_pairs``, e.g. a term
-        over the histogram of every card's gap) goes through :meth:`_pair_scores` instead.
+        over the histogram of every card's gap) goes through :meth:`_pair_values`.
 
         Rows are scored only when missing, one row per distinct content (a cacheable placer's
         score of a row depends on the row's content and its learned state only); the placer's
@@ -218,7 +228,7 @@ class RowCache:
         state inside ``score`` (first use)."""
         a = model.a
         if req.is_shared and hasattr(placer, "global_pairs") and len(rows):
-            return self._pair_scores(e, placer, model, req, rows)
+            return self._pair_values(e, placer, model, req, rows)
         for _ in range(3):
             version = placer.version  # type: ignore[attr-defined]
             if e.placer_version != version:
@@ -234,58 +244,98 @@ class RowCache:
                 e.raw[need] = raw if inv is None else raw[inv]
                 e.raw_ok[need] = True
             if placer.version == version:  # type: ignore[attr-defined]
-                return e.raw[rows]
+                return e.raw[rows], None
         # The placer changes its state on every call: do not trust the cache for it.
-        return np.asarray(placer.score(a, req, rows, e.usable), float)
+        return np.asarray(placer.score(a, req, rows, e.usable), float), None
 
     def _pair_scores(self, e: RowEntry, placer: Any, model: ClusterModel, req: GpuRequest,
                      rows: np.ndarray) -> np.ndarray:
+        values, inverse = self._pair_values(e, placer, model, req, rows)
+        return values if inverse is None else values[inverse]
+
+    def _pair_values(self, e: RowEntry, placer: Any, model: ClusterModel, req: GpuRequest,
+                     rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Raw scores of a placer whose share score is max over a node's usable cards of
         ``local_pairs`` (a function of the row's content and the placer's learned state: cached
         here per content id) + ``global_pairs`` (cluster-wide, e.g. the gap histogram: computed
-        now, for one row per distinct content). Equal to ``placer.score`` by construction."""
+        now, once per distinct content). Equal to ``placer.score`` by construction.
+
+        A placer that also has ``pair_keys`` (row-local per-pair inputs of its global term,
+        cached here with the local scores) and ``global_of_keys`` (the term from those keys) is
+        asked only for the latter per request: no per-request gathering of each pair's inputs
+        from the arrays. Returns (one score per content id among ``rows``, ``rows``' position
+        in it)."""
         a = model.a
         k = a.shape[1]
         sig = self.signatures(model)
-        u = sorted_unique(rows, len(sig))
-        reps, inv = self.representatives(model, u)
-        ids = sig[reps]
+        s = sig[rows]
+        nids = len(self._sig_ids)
+        present = np.zeros(nids, bool)
+        present[s] = True
+        ids = np.flatnonzero(present)
+        slot = np.empty(nids, np.int64)
+        slot[ids] = np.arange(len(ids))
+        keyed = hasattr(placer, "pair_keys") and hasattr(placer, "global_of_keys")
+        at: np.ndarray | None = None  # a row holding each content id (made when needed)
         for _ in range(3):
             version = placer.version  # type: ignore[attr-defined]
             if e.placer_version != version or e.pair_epoch != self._sig_epoch or e.pair_local is None:
                 e.placer_version = version
                 e.pair_epoch = self._sig_epoch
-                e.pair_local = np.full((max(64, 2 * len(self._sig_ids)), k), -np.inf)
+                e.pair_local = np.full((max(64, 2 * nids), k), -np.inf)
                 e.pair_known = np.zeros(len(e.pair_local), bool)
-            if len(e.pair_known) < len(self._sig_ids):  # new contents since: grow
-                grow = 2 * len(self._sig_ids) - len(e.pair_known)
+                e.pair_keys = None
+            if len(e.pair_known) < nids:  # new contents since: grow
+                grow = 2 * nids - len(e.pair_known)
                 e.pair_local = np.vstack([e.pair_local, np.full((grow, k), -np.inf)])
-                e.pair_known = np.r_[e.pair_known, np.zeros(grow, bool)]
+                e.pair_known = np.concatenate([e.pair_known, np.zeros(grow, bool)])
+                if e.pair_keys is not None:
+                    e.pair_keys = np.concatenate(
+                        [e.pair_keys, np.zeros((grow,) + e.pair_keys.shape[1:], e.pair_keys.dtype)])
             missing = ~e.pair_known[ids]
             if missing.any():
-                new_ids, first = np.unique(ids[missing], return_index=True)
-                new_rows = reps[missing][first]
+                if at is None:
+                    at = np.empty(nids, np.int64)
+                    at[s[::-1]] = rows[::-1]  # the last write wins: the first row of each id
+                new_ids = ids[missing]
+                new_rows = at[new_ids]
                 self.scores_recomputed += int(len(new_rows))
                 self.rows_evaluated += int(len(new_rows))
-                s, prow, kk = placer.local_pairs(a, req, new_rows, e.usable)
+                sc, prow, kk = placer.local_pairs(a, req, new_rows, e.usable)
                 local = np.full((len(new_rows), k), -np.inf)
-                local[prow, kk] = s
+                local[prow, kk] = sc
                 e.pair_local[new_ids] = local
+                if keyed:
+                    keys = np.asarray(placer.pair_keys(a, req, new_rows[prow], kk))
+                    if e.pair_keys is None:
+                        e.pair_keys = np.zeros((len(e.pair_local), k) + keys.shape[1:], keys.dtype)
+                    block = np.zeros((len(new_rows), k) + keys.shape[1:], keys.dtype)
+                    block[prow, kk] = keys
+                    e.pair_keys[new_ids] = block
                 e.pair_known[new_ids] = True
             if placer.version == version:  # type: ignore[attr-defined]
                 break
         else:  # the placer changes its state on every call: do not trust the cache for it
-            return np.asarray(placer.score(a, req, rows, e.usable), float)
-        loc = e.pair_local[ids]                               # [R, K]
-        r, kk = np.nonzero(loc > -np.inf)                     # pairs, grouped by rep (row-major)
-        best = np.full(len(reps), -np.inf)
-        if len(r):
-            tot = loc[r, kk] + placer.global_pairs(a, req, reps[r], kk)
-            starts = np.flatnonzero(np.concatenate(([True], r[1:] != r[:-1])))
-            best[r[starts]] = np.maximum.reduceat(tot, starts)
-        out = np.empty(len(sig))
-        out[u] = best if inv is None else best[inv]
-        return out[rows]
+            return np.asarray(placer.score(a, req, rows, e.usable), float), None
+        loc = e.pair_local[ids]                               # [R, K]; -inf: no pair
+        if keyed and e.pair_keys is not None:
+            # Every slot of the [R, K] block at once (slots without a pair hold zero keys, and
+            # -inf + a finite term stays -inf), then the per-content max.
+            keys = e.pair_keys[ids]
+            glob = np.asarray(placer.global_of_keys(a, req, keys.reshape((-1,) + keys.shape[2:])), float)
+            best = (loc + glob.reshape(loc.shape)).max(axis=1)
+        else:
+            if at is None:
+                at = np.empty(nids, np.int64)
+                at[s[::-1]] = rows[::-1]
+            reps = at[ids]
+            r, kk = np.nonzero(loc > -np.inf)                 # pairs, grouped by content (row-major)
+            best = np.full(len(ids), -np.inf)
+            if len(r):
+                tot = loc[r, kk] + placer.global_pairs(a, req, reps[r], kk)
+                starts = np.flatnonzero(np.concatenate(([True], r[1:] != r[:-1])))
+                best[r[starts]] = np.maximum.reduceat(tot, starts)
+        return best, slot[s]
 
 
 def cacheable(placer: Any) -> bool:

@@ -449,11 +449,15 @@ class ExtenderService:
                 feasible = known & node_ok[np.where(known, idx, 0)]
                 fidx = idx[feasible]
                 if fidx.size:
+                    inverse = None
                     if self.row_cache is not None and cacheable(placer):
-                        raw = self.row_cache.scores(e, placer, self.model, req, fidx)
+                        # Ranks depend on the raw values alone: rank one value per distinct
+                        # row content where the cache has them that way, then spread.
+                        raw, inverse = self.row_cache.score_values(e, placer, self.model, req, fidx)
                     else:
                         raw = placer.score(a, req, fidx, usable)
-                    scores[feasible] = scoring.to_extender_scores(raw)
+                    ranked = scoring.to_extender_scores(raw)
+                    scores[feasible] = ranked if inverse is None else ranked[inverse]
         return names, scores, (entry if self.row_cache is not None else None)
 
     # ------------------------------------------------------------------------------- bind

@@ -73,6 +73,9 @@ class SumOfSquaresPlacer(StowagePlacer):
         super().__init__()
         # Per card size: (share pods counted, their sizes' histogram in milli-cards, live mask).
         self._live: dict[float, tuple[int, np.ndarray, np.ndarray]] = {}
+        # Card sizes (MiB) seen by pair_keys, each with a fixed slot (see _size_slots).
+        self._sizes: list[float] = []
+        self._size_slot: dict[float, int] = {}
 
     def live_gaps(self, card_mem_mib: float = MILLI) -> np.ndarray:
         """[1001] bool: gaps (milli-cards of a card of ``card_mem_mib``) that at least
@@ -121,18 +124,46 @@ class SumOfSquaresPlacer(StowagePlacer):
         gap histogram now."""
         if self.ss_weight == 0 or not len(ii):
             return np.zeros(len(ii))
+        return self.global_of_keys(a, req, self.pair_keys(a, req, ii, kk))
+
+    def pair_keys(self, a: CardArrays, req: GpuRequest, ii: np.ndarray, kk: np.ndarray) -> np.ndarray:
+        """[P, 2] what the SS term of pair q reads besides the cluster's histogram: the flat
+        positions ``size * 1001 + gap`` of the card's gap after (column 0) and before (column 1)
+        the share, ``size`` the card size's slot in :meth:`_size_slots`. A function of the
+        row's content only, so the row cache keeps it with :meth:`local_pairs` and each request
+        only looks the pairs up in the histogram (:meth:`global_of_keys`)."""
         ix = self._index(a)  # per-card gaps brought up to date with the arrays
-        g0 = ix.left[ii, kk]
-        g1 = ix.left_after_share(a, ii, kk, req)
-        hist = ix.gap_hist  # kept row by row by the index (a bincount of ix.left)
-        card = a.mem_total[ii, kk]
-        if (card == card[0]).all():
-            d = ss_delta(hist, self.live_gaps(float(card[0])), g0, g1)
-        else:  # mixed card sizes: each pair judged by its own card size's live gaps
-            sizes, which = np.unique(card, return_inverse=True)
-            table = np.stack([self.live_gaps(float(c)) for c in sizes])
-            d = ss_delta(hist, table, g0, g1, which=which.ravel())
-        g = -self.ss_weight * d
+        g0 = np.clip(ix.left[ii, kk], 0, MILLI)
+        g1 = np.clip(ix.left_after_share(a, ii, kk, req), 0, MILLI)
+        base = self._size_slots(a.mem_total[ii, kk]) * (MILLI + 1)
+        return np.stack([base + g1, base + g0], axis=1)
+
+    def _size_slots(self, card: np.ndarray) -> np.ndarray:
+        """Each card size's slot in ``self._sizes`` (sizes get a slot the first time they are
+        seen and keep it: cached keys stay valid)."""
+        sizes = self._sizes
+        if len(sizes) == 1 and (card == sizes[0]).all():
+            return np.zeros(len(card), np.int64)
+        uniq, which = np.unique(card, return_inverse=True)
+        slots = []
+        for c in uniq.tolist():
+            c = float(c)
+            if c not in self._size_slot:
+                self._size_slot[c] = len(sizes)
+                sizes.append(c)
+            slots.append(self._size_slot[c])
+        return np.asarray(slots, np.int64)[which.ravel()]
+
+    def global_of_keys(self, a: CardArrays, req: GpuRequest, keys: np.ndarray) -> np.ndarray:
+        """-ss_weight * dSS per pair of :meth:`pair_keys`, for the cluster's gap histogram now
+        (the histogram is kept row by row by the fragmentation index)."""
+        if self.ss_weight == 0 or not len(keys):
+            return np.zeros(len(keys))
+        hist = np.asarray(self._index(a).gap_hist, np.float64)
+        table = np.stack([self.live_gaps(c) for c in self._sizes])     # [S, 1001]
+        gain = np.where(table, 2.0 * hist + 1.0, 0.0).ravel()           # a card arriving at gap g
+        loss = np.where(table, 2.0 * hist - 1.0, 0.0).ravel()           # a card leaving gap g
+        g = -self.ss_weight * (gain[keys[:, 0]] - loss[keys[:, 1]])
         if self._churn:
             # Churn mode ranks nodes that run a GPU pod first (an empty node costs CHURN_COST):
             # the SS term, which can reach that size where hundreds of cards share a gap value,
