@@ -95,8 +95,15 @@ def _build_app(cfg: ServeConfig) -> Flask:
 
 
 def run_server(cfg: ServeConfig, bind: str, threads: int, log_level: str,
-               factory: Callable[[ServeConfig], Flask] = build_app, **extra: Any) -> None:
-    """Run gunicorn in this process until SIGTERM/SIGINT."""
+               factory: Callable[[ServeConfig], Flask] = build_app, workers: int = 1, **extra: Any) -> None:
+    """Run gunicorn in this process until SIGTERM/SIGINT: one worker holding the model, or with
+    ``workers`` > 1 the split layout (HTTP workers in front of one decision process)."""
+    if workers > 1:
+        from .split import run_split
+
+        run_split(lambda: factory(cfg), bind=bind, workers=workers, threads=threads, log_level=log_level,
+                  url_prefix=cfg.url_prefix, max_body_bytes=cfg.max_body_bytes, **extra)
+        return
     options = gunicorn_options(bind=bind, threads=threads, log_level=log_level, **extra)
     ExtenderServer(lambda: factory(cfg), options).run()
 
@@ -113,8 +120,12 @@ def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str |
 @click.command("extender")
 @click.option("--bind", default="0.0.0.0:8888", show_default=True,
               help="Address to listen on: HOST:PORT, unix:PATH or fd://FD.")
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="HTTP worker processes. 1: one process holds the model and serves the HTTP. "
+                   "More: the split layout, N HTTP-only workers in front of ONE decision process that "
+                   "holds the model (the HTTP work then uses several cores; answers are the same).")
 @click.option("--threads", type=click.IntRange(1, 256), default=8, show_default=True,
-              help="Request threads in the single worker process.")
+              help="Request threads per worker process.")
 @click.option("--url-prefix", default="", show_default=True,
               help="Path prefix of the verbs, e.g. /stowage for /stowage/filter (the scheduler's urlPrefix path).")
 @click.option("--simulated", metavar="FILE|builtin",
@@ -137,13 +148,13 @@ def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str |
               help="Seconds a request may run before gunicorn restarts the worker.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
-def serve(bind: str, threads: int, url_prefix: str, simulated: str | None, kubeconfig: str | None,
+def serve(bind: str, workers: int, threads: int, url_prefix: str, simulated: str | None, kubeconfig: str | None,
           in_cluster: bool, default_node_policy: str, default_card_policy: str, memory_unit_mib: int,
           max_body_mib: int, metrics_bind: str | None, timeout: int, log_level: str) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, /healthz, /readyz, /metrics).
 
-    Runs ONE gunicorn worker process with threads: the card model lives in that process, and
-    several processes would each hand out the same cards.
+    The card model lives in ONE process (several would each hand out the same cards): the one
+    gunicorn worker, or with --workers N > 1 a decision process behind N HTTP-only workers.
     """
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     modes = sum(bool(x) for x in (simulated, kubeconfig or in_cluster))
@@ -174,7 +185,7 @@ def serve(bind: str, threads: int, url_prefix: str, simulated: str | None, kubec
                       default_policy=PodPolicy(node=default_node_policy, card=default_card_policy),
                       memory_unit_mib=memory_unit_mib, max_body_bytes=max_body_mib << 20,
                       metrics_bind=metrics_bind)
-    run_server(cfg, bind=bind, threads=threads, log_level=log_level, timeout=timeout)
+    run_server(cfg, bind=bind, threads=threads, log_level=log_level, timeout=timeout, workers=workers)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""Running the extender under gunicorn, programmatically: ONE worker process, many threads.
+"""Running the extender under gunicorn, programmatically: ONE worker process, many threads
+(the one-process layout; :mod:`extender.split` runs several HTTP-only workers in front of one
+decision process instead, for the same reason given here).
 
 Why exactly one worker process: the extender's decisions are only safe if every filter,
 prioritize and bind sees the same model of the cards, and bind's "re-check, then reserve" is
@@ -35,7 +37,8 @@ def register_exit(fn: Callable[[], None]) -> None:
     _on_exit.append(fn)
 
 
-def _worker_exit(server: Any, worker: Any) -> None:
+def run_exit_callbacks() -> None:
+    """Run (once) what :func:`register_exit` registered, e.g. when the decision process stops."""
     while _on_exit:
         fn = _on_exit.pop()
         try:
@@ -44,16 +47,21 @@ def _worker_exit(server: Any, worker: Any) -> None:
             log.exception("error while stopping the extender")
 
 
+def _worker_exit(server: Any, worker: Any) -> None:
+    run_exit_callbacks()
+
+
 def gunicorn_options(bind: str, threads: int, log_level: str, timeout: int = 60,
-                     keepalive: int = 75) -> dict[str, Any]:
-    """The gunicorn settings Stowage runs with (see the module docstring for ``workers: 1``).
+                     keepalive: int = 75, workers: int = 1) -> dict[str, Any]:
+    """The gunicorn settings Stowage runs with (see the module docstring for ``workers: 1``;
+    more workers only in the split layout, where the workers hold no state).
 
     ``keepalive`` exceeds kube-scheduler's idle connection reuse so its connections are not
     cut under it; ``timeout`` bounds how long a stuck request may hold the worker.
     """
     return {
         "bind": bind,
-        "workers": 1,
+        "workers": max(1, workers),
         "worker_class": "gthread",
         "threads": max(1, threads),
         "timeout": timeout,

@@ -2,6 +2,7 @@
 driven with the captured kube-scheduler bodies; plus the CLI's own checks."""
 from __future__ import annotations
 
+import time
 
 import pytest
 import requests
@@ -19,12 +20,16 @@ CLUSTER = {"nodes": [
 ]}
 
 
-@pytest.fixture
-def extender(tmp_path):
+@pytest.fixture(params=[1, 2], ids=["one-process", "split"])
+def extender(tmp_path, request):
+    """The extender in both serving layouts: one worker holding the model, or (``--workers 2``)
+    two HTTP workers in front of one decision process. Every test here must pass on both."""
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(CLUSTER))
-    proc = ExtenderProcess(str(path), threads=4, extra_args=("--url-prefix", "/stowage/v1"),
+    proc = ExtenderProcess(str(path), threads=4,
+                           extra_args=("--url-prefix", "/stowage/v1", "--workers", str(request.param)),
                            log_dir=str(tmp_path))
+    proc.workers = request.param
     http = requests.Session()
     try:
         proc.wait_ready(http, timeout=60)
@@ -70,10 +75,14 @@ def test_gunicorn_end_to_end(extender, wire):
     assert "bound default/gpu-1 -> node-c cards" in log and "Traceback" not in log
 
 
-def test_worker_is_single_process_with_threads(extender):
+def test_worker_processes_with_threads(extender):
     proc, http = extender
+    deadline = time.monotonic() + 30  # ready when the first worker answers; the others boot meanwhile
+    while open(proc.log.name).read().count("Booting worker") < proc.workers and time.monotonic() < deadline:
+        time.sleep(0.05)
     log = open(proc.log.name).read()
-    assert "Using worker: gthread" in log and log.count("Booting worker") == 1
+    assert "Using worker: gthread" in log and log.count("Booting worker") == proc.workers
+    assert ("decision process" in log) == (proc.workers > 1)
 
 
 @pytest.mark.parametrize("argv,msg", [
@@ -87,17 +96,21 @@ def test_cli_usage_errors(argv, msg):
     assert res.exit_code != 0 and msg in res.output
 
 
-def test_cli_help_mentions_single_worker():
+def test_cli_help_explains_the_two_layouts():
     res = CliRunner().invoke(serve, ["--help"])
-    assert res.exit_code == 0 and "ONE gunicorn worker process" in res.output
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0 and "ONE process" in text and "ONE decision process" in text
 
 
-def test_gunicorn_body_limits_and_chunked_bodies(tmp_path, wire):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_gunicorn_body_limits_and_chunked_bodies(tmp_path, wire, workers):
     """Bodies are read straight from gunicorn's input when their length is known: the limit,
-    empty bodies and chunked (length-less) bodies still behave as under werkzeug's reader."""
+    empty bodies and chunked (length-less) bodies still behave as under werkzeug's reader
+    (in the split layout the HTTP worker refuses an oversized body; the count is the same)."""
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(CLUSTER))
-    proc = ExtenderProcess(str(path), threads=2, extra_args=("--max-body-mib", "1"), log_dir=str(tmp_path))
+    proc = ExtenderProcess(str(path), threads=2, extra_args=("--max-body-mib", "1", "--workers", str(workers)),
+                           log_dir=str(tmp_path))
     http = requests.Session()
     try:
         proc.wait_ready(http, timeout=60)
@@ -113,12 +126,16 @@ def test_gunicorn_body_limits_and_chunked_bodies(tmp_path, wire):
         body = __import__("orjson").dumps(wire("node-cache", "01-filter"))
         r = http.post(proc.url + "/filter", data=iter([body[:100], body[100:]]), timeout=30)  # chunked, valid
         assert r.status_code == 200 and r.json()["NodeNames"] == ["node-b", "node-c"]
+        metrics = http.get(proc.url + "/metrics", timeout=30).text
+        assert 'stowage_extender_requests_total{outcome="too_large",verb="filter"} 2.0' in metrics
+        assert 'stowage_extender_requests_total{outcome="bad_request",verb="filter"} 1.0' in metrics
     finally:
         http.close()
         proc.stop()
 
 
-def test_metrics_listener_serves_metrics_only(tmp_path, wire):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_metrics_listener_serves_metrics_only(tmp_path, wire, workers):
     """--metrics-bind: Prometheus can scrape a second address, which answers nothing but metrics
     (the verbs stay on --bind, the pod's loopback in the sidecar layout)."""
     from benchmarks.latency.procs import free_port
@@ -126,8 +143,8 @@ def test_metrics_listener_serves_metrics_only(tmp_path, wire):
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(CLUSTER))
     mport = free_port()
-    proc = ExtenderProcess(str(path), threads=2, extra_args=("--metrics-bind", f"127.0.0.1:{mport}"),
-                           log_dir=str(tmp_path))
+    proc = ExtenderProcess(str(path), threads=2, log_dir=str(tmp_path),
+                           extra_args=("--metrics-bind", f"127.0.0.1:{mport}", "--workers", str(workers)))
     http = requests.Session()
     try:
         proc.wait_ready(http, timeout=60)

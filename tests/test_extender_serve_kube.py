@@ -25,9 +25,9 @@ def kube():
         yield k
 
 
-def start(tmp_path, kube):
-    proc = ExtenderProcess(None, threads=4, extra_args=("--kubeconfig", kubeconfig(tmp_path, kube.url)),
-                           log_dir=str(tmp_path))
+def start(tmp_path, kube, workers=1):
+    proc = ExtenderProcess(None, threads=4, log_dir=str(tmp_path),
+                           extra_args=("--kubeconfig", kubeconfig(tmp_path, kube.url), "--workers", str(workers)))
     http = requests.Session()
     try:
         proc.wait_ready(http, timeout=60)
@@ -37,10 +37,11 @@ def start(tmp_path, kube):
     return proc, http
 
 
-def test_kube_mode_bind_and_restart_rebuild(tmp_path, kube):
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "split"])
+def test_kube_mode_bind_and_restart_rebuild(tmp_path, kube, workers):
     pod = kube.create_pod(make_pod("train", gpus=2))
     other = kube.create_pod(make_pod("late", gpu_memory=8))
-    proc, http = start(tmp_path, kube)
+    proc, http = start(tmp_path, kube, workers)
     try:
         body = {"Pod": pod, "NodeNames": ["gpu-1", "gpu-2"]}
         ans = http.post(proc.url + "/filter", json=body, timeout=30).json()
@@ -65,7 +66,7 @@ def test_kube_mode_bind_and_restart_rebuild(tmp_path, kube):
         http.close()
         assert proc.stop() == 0
     # Restart: a new process rebuilds exactly the same holds from the pods' annotations.
-    proc, http = start(tmp_path, kube)
+    proc, http = start(tmp_path, kube, workers)
     try:
         after = kube.wait_for(lambda: (lambda s: s if len(s) == 2 else None)(
             http.get(proc.url + "/state", timeout=30).json()["allocations"]))

@@ -39,11 +39,13 @@ def test_quick_run_writes_table_csv_and_json(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "filter p50/p99 ms" in proc.stdout and "Model memory for" in proc.stdout
     doc = json.loads((out / "latency.json").read_text())
-    rows = {(r["variant"], r["mode"]): r for r in doc["results"]}
-    assert set(rows) == {("floor", "names"), ("floor", "full-nodes"), ("stowage", "names"),
-                         ("stowage", "full-nodes"), ("stowage+churn300", "names")}
+    rows = {(r["variant"], r["mode"], r["workers"]): r for r in doc["results"]}
+    # Both serving layouts: one process (1 worker) and split (2 HTTP workers + decision process).
+    assert set(rows) == {(v, m, w) for w in (1, 2) for v, m in (
+        ("floor", "names"), ("floor", "full-nodes"), ("stowage", "names"), ("stowage", "full-nodes"),
+        ("stowage+churn300", "names"))}
     pods = doc["meta"]["args"]["pods"]
-    for (variant, mode), r in rows.items():
+    for (variant, mode, workers), r in rows.items():
         assert r["errors"] == []
         assert r["nodes"] == 200 and r["placed"] > 0 and r["filter_n"] >= r["placed"]
         assert r["peak_mib"] > 0 and r["server_cpu_s"] >= 0
@@ -51,7 +53,12 @@ def test_quick_run_writes_table_csv_and_json(tmp_path):
             assert r["placed"] == (pods if mode == "names" else doc["meta"]["args"]["full_pods"])
         else:
             assert r["filter_p99_ms_x_floor"] > 0 and "pods_per_s_x_floor" in r
-    assert rows[("stowage+churn300", "names")]["churn_events_per_s"] > 0
+        # CPU is read from every serving process: the split layout's decision process too.
+        assert len(r["cpu_ms_per_pod_by_process"]) == (workers + 1 if workers > 1 and variant != "floor" else workers)
+    for w in (1, 2):
+        assert rows[("stowage+churn300", "names", w)]["churn_events_per_s"] > 0
+        # the same pods, the same decisions, whichever layout served them
+        assert rows[("stowage", "names", w)]["placed"] == rows[("stowage", "names", 1)]["placed"]
     with (out / "latency.csv").open() as fh:
         assert len(list(csv.DictReader(fh))) == len(rows)
     assert doc["meta"]["model_memory"]["cards"] == doc["meta"]["model_memory"]["nodes"] * 8

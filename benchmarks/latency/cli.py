@@ -51,7 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", default="1000,5000,10000", help="comma-separated cluster sizes (GPU nodes, 8 cards each)")
     p.add_argument("--pods", type=int, default=600, help="pods scheduled per size and variant")
     p.add_argument("--clients", type=int, default=4, help="concurrent client processes (one keep-alive connection each)")
-    p.add_argument("--threads", type=int, default=8, help="request threads of the extender's one worker (as deployed)")
+    p.add_argument("--threads", type=int, default=8, help="request threads per gunicorn worker (as deployed)")
+    p.add_argument("--workers", default="1,2",
+                   help="comma-separated gunicorn worker counts to run: 1 = the one-process layout, N > 1 = the "
+                        "split layout (N HTTP workers + one decision process); the floor runs with the same count")
     p.add_argument("--full-pods", type=int, default=30, help="pods scheduled with full Node objects (nodeCacheCapable: false)")
     p.add_argument("--full-max", type=int, default=5000, help="largest size also run with full Node objects")
     p.add_argument("--churn-rate", type=float, default=300.0, help="pod watch events per second in the churn variant (0: skip)")
@@ -68,19 +71,24 @@ def _warm(host: str, port: int, n: int, names: list[str], items: dict[str, bytes
 
 
 def _measure(srv: procs.Server, n: int, variant: str, mode: str, pods: list[dict[str, Any]], names: list[str],
-             items: dict[str, bytes] | None, clients: int, extra_fn=None) -> dict[str, Any]:
+             items: dict[str, bytes] | None, clients: int, extra_fn=None, workers: int = 1) -> dict[str, Any]:
     _warm(srv.host, srv.port, n, names, items, f"{variant}-{mode}")
     before = extra_fn() if extra_fn else None
     cpu0 = srv.cpu()
+    per0 = srv.cpu_by_process()
     results = schedule(Workload(srv.host, srv.port, pods, names, items), clients)
     cpu = srv.cpu() - cpu0
+    per = [b - a for a, b in zip(per0, srv.cpu_by_process())]
     extra = extra_fn(before) if extra_fn else None
     row = summarise(n, variant, mode, results, cpu, srv.peak_mib(), extra)
+    row["workers"] = workers
+    row["cpu_ms_per_pod_by_process"] = [round(c * 1e3 / max(row["placed"], 1), 2) for c in per]
     if row["errors"]:
         print(f"  ! {variant}/{mode}: {row['errors'][:3]}", file=sys.stderr)
-    print(f"  {n:>6} {variant:<16} {mode:<10} filter p99 {row['filter_p99_ms']:.2f} ms, "
+    print(f"  {n:>6} w{workers} {variant:<16} {mode:<10} filter p99 {row['filter_p99_ms']:.2f} ms, "
           f"f+p p99 {row['fp_p99_ms']:.2f} ms, {row['pods_per_s']:.0f} pods/s, "
-          f"{row['placed']} placed, server CPU {cpu:.2f} s"
+          f"{row['placed']} placed, server CPU {cpu:.2f} s (ms/pod by process {row['cpu_ms_per_pod_by_process']}, "
+          f"clients {row['client_cpu_ms_per_pod']:.2f})"
           + (f", churn {row['churn_events_per_s']:.0f} events/s" if row.get("churn_events_per_s") else ""), flush=True)
     return row
 
@@ -94,30 +102,44 @@ def run_size(n: int, a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
     items = cluster.node_items(n) if full else None
     full_pods = cluster.pods(a.full_pods, seed=a.seed, prefix="full") if full else []
     plan = cluster.prefill_plan(n, seed=a.seed)
+    data = (cluster_file, names, pods, full, items, full_pods, plan)
+    for w in a.worker_counts:
+        rows += run_layout(n, w, a, tmp, data)
+    return rows
+
+
+def run_layout(n: int, w: int, a: argparse.Namespace, tmp: Path, data: tuple) -> list[dict[str, Any]]:
+    """The floor, Stowage, and Stowage with churn, all with ``w`` gunicorn workers."""
+    rows: list[dict[str, Any]] = []
+    split = w > 1
+    served = procs.serving_processes(w, split)
+    tag = f"{n}-w{w}"
+    cluster_file, names, pods, full, items, full_pods, plan = data
 
     port = procs.free_port()
-    with procs.start(f"floor-{n}", procs.floor_cmd(port, a.threads), port, tmp) as srv:
+    with procs.start(f"floor-{tag}", procs.floor_cmd(port, a.threads, w), port, tmp, children=w) as srv:
         srv.wait_ready()
-        rows.append(_measure(srv, n, "floor", "names", pods, names, None, a.clients))
+        rows.append(_measure(srv, n, "floor", "names", pods, names, None, a.clients, workers=w))
         if full:
-            rows.append(_measure(srv, n, "floor", "full-nodes", full_pods, names, items, a.clients))
+            rows.append(_measure(srv, n, "floor", "full-nodes", full_pods, names, items, a.clients, workers=w))
 
     port = procs.free_port()
-    with procs.start(f"stowage-{n}", procs.extender_cmd(cluster_file, port, a.threads), port, tmp) as srv:
+    with procs.start(f"stowage-{tag}", procs.extender_cmd(cluster_file, port, a.threads, workers=w), port, tmp,
+                     children=served) as srv:
         srv.wait_ready()
         t0 = time.monotonic()
         bound, refused = prefill(srv.host, srv.port, plan, a.clients)
         print(f"  {n:>6} prefill: {bound} pods bound on {n // 2} nodes ({refused} refused) in "
               f"{time.monotonic() - t0:.1f} s", flush=True)
-        rows.append(_measure(srv, n, "stowage", "names", pods, names, None, a.clients))
+        rows.append(_measure(srv, n, "stowage", "names", pods, names, None, a.clients, workers=w))
         if full:
-            rows.append(_measure(srv, n, "stowage", "full-nodes", full_pods, names, items, a.clients))
+            rows.append(_measure(srv, n, "stowage", "full-nodes", full_pods, names, items, a.clients, workers=w))
 
     if a.churn_rate > 0:
         port = procs.free_port()
-        stats = tmp / f"churn-{n}.json"
-        cmd = procs.extender_cmd(cluster_file, port, a.threads, churn_rate=a.churn_rate, churn_stats=stats)
-        with procs.start(f"stowage-churn-{n}", cmd, port, tmp) as srv:
+        stats = tmp / f"churn-{tag}.json"
+        cmd = procs.extender_cmd(cluster_file, port, a.threads, churn_rate=a.churn_rate, churn_stats=stats, workers=w)
+        with procs.start(f"stowage-churn-{tag}", cmd, port, tmp, children=served) as srv:
             srv.wait_ready()
             prefill(srv.host, srv.port, plan, a.clients)
 
@@ -129,7 +151,7 @@ def run_size(n: int, a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
                 return {"churn_events_per_s": (doc["events"] - before["events"]) / dt if dt > 0 else None}
 
             row = _measure(srv, n, f"stowage+churn{a.churn_rate:g}", "names", pods, names, None, a.clients,
-                           churn_stats)
+                           churn_stats, workers=w)
             row["mode"] = "names"
             rows.append(row)
     return rows
@@ -141,10 +163,11 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in QUICK.items():
             setattr(a, k, v)
     sizes = [int(s) for s in str(a.sizes).split(",") if s.strip()]
+    a.worker_counts = [int(s) for s in str(a.workers).split(",") if s.strip()]
     meta = {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
             "numpy": np.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(a)}
     print(f"Stowage extender latency: {meta['cores']} cores ({meta['cpu']}), sizes {sizes}, {a.pods} pods, "
-          f"{a.clients} clients, {a.threads} server threads", flush=True)
+          f"{a.clients} clients, {a.threads} threads per worker, workers {a.worker_counts}", flush=True)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="stowage-latency-") as tmpdir:
         for n in sizes:

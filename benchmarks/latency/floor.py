@@ -1,7 +1,7 @@
 """The do-nothing extender: the floor of the HTTP + JSON path, served exactly like Stowage's.
 
-Same gunicorn settings (:func:`extender.gunicorn_conf.gunicorn_options`, one ``gthread``
-worker), same Flask, same request parsing (:mod:`extender.wire`) and the same answer encoding;
+Same gunicorn settings (:func:`extender.gunicorn_conf.gunicorn_options`, ``gthread`` workers:
+one, or as many as the split layout's HTTP workers), same Flask, same request parsing (:mod:`extender.wire`) and the same answer encoding;
 it only skips the decisions: filter passes every node it was sent (names, or the Node objects
 themselves with ``nodeCacheCapable: false``), prioritize gives every node 0, bind says yes.
 Whatever Stowage costs above this is the cost of its decisions.
@@ -51,8 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.latency.floor", description=__doc__)
     p.add_argument("--bind", default="127.0.0.1:8889")
     p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--workers", type=int, default=1, help="gunicorn worker processes (the floor holds no state)")
     args = p.parse_args(argv)
-    ExtenderServer(create_floor_app, gunicorn_options(bind=args.bind, threads=args.threads, log_level="warning")).run()
+    ExtenderServer(create_floor_app, gunicorn_options(bind=args.bind, threads=args.threads, log_level="warning",
+                                                      workers=args.workers)).run()
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -55,12 +55,15 @@ def memory_mib(pid: int, key: str = "VmHWM") -> float:
 
 @dataclass
 class Server:
-    """A gunicorn server (master + ONE worker) on a loopback port."""
+    """A gunicorn server on a loopback port: its master and the master's children, which are
+    ONE worker (one-process layout), or ``workers`` HTTP workers + the decision process (split
+    layout: ``workers + 1`` children)."""
 
     name: str
     proc: subprocess.Popen
     port: int
-    worker: int = 0
+    children: int = 1                 # processes expected under the master
+    pids: list[int] = field(default_factory=list)
     log_path: Path | None = None
 
     @property
@@ -79,21 +82,29 @@ class Server:
                 ok = conn.getresponse().status == 200
                 conn.close()
                 if ok:
-                    workers = children(self.proc.pid)
-                    if len(workers) != 1:
-                        raise RuntimeError(f"{self.name}: expected ONE gunicorn worker, found {workers}")
-                    self.worker = workers[0]
-                    return
+                    pids = children(self.proc.pid)
+                    if len(pids) == self.children:
+                        self.pids = pids
+                        return
             except OSError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError(f"{self.name} did not become ready in {timeout:.0f}s; see {self.log_path}")
+        raise RuntimeError(f"{self.name} did not become ready (with {self.children} processes under its master) "
+                           f"in {timeout:.0f}s; see {self.log_path}")
 
     def cpu(self) -> float:
-        return cpu_seconds(self.worker)
+        """CPU seconds of the processes that serve (the master only supervises)."""
+        return sum(cpu_seconds(p) for p in self.pids)
+
+    def cpu_by_process(self) -> list[float]:
+        """CPU seconds of each serving process (the split layout's decision process is the
+        master's first child: it is forked before gunicorn starts its workers)."""
+        return [cpu_seconds(p) for p in sorted(self.pids)]
 
     def peak_mib(self) -> float:
-        return memory_mib(self.worker, "VmHWM")
+        """Sum of the serving processes' peak resident sets (pages shared after fork count once each)."""
+        return sum(memory_mib(p, "VmHWM") for p in self.pids)
+
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -111,25 +122,31 @@ class Server:
         self.stop()
 
 
-def start(name: str, cmd: list[str], port: int, log_dir: Path) -> Server:
+def start(name: str, cmd: list[str], port: int, log_dir: Path, children: int = 1) -> Server:
     log_path = Path(log_dir) / f"{name}.log"
     log = open(log_path, "wb")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(Path(__file__).parents[2]))
     log.close()
-    return Server(name=name, proc=proc, port=port, log_path=log_path)
+    return Server(name=name, proc=proc, port=port, children=children, log_path=log_path)
 
 
 def extender_cmd(cluster_file: Path, port: int, threads: int, churn_rate: float = 0.0,
-                 churn_stats: Path | None = None) -> list[str]:
+                 churn_stats: Path | None = None, workers: int = 1) -> list[str]:
     """``stowage extender --simulated FILE`` as deployed; with churn, the same command run by the churn wrapper."""
     args = ["--simulated", str(cluster_file), "--bind", f"127.0.0.1:{port}", "--threads", str(threads),
-            "--log-level", "warning"]
+            "--workers", str(workers), "--log-level", "warning"]
     if churn_rate > 0:
         return [sys.executable, "-m", "benchmarks.latency.churn", "--rate", str(churn_rate),
                 "--stats", str(churn_stats), "--", *args]
     return stowage_command() + ["extender", *args]
 
 
-def floor_cmd(port: int, threads: int) -> list[str]:
-    return [sys.executable, "-m", "benchmarks.latency.floor", "--bind", f"127.0.0.1:{port}", "--threads", str(threads)]
+def floor_cmd(port: int, threads: int, workers: int = 1) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.latency.floor", "--bind", f"127.0.0.1:{port}", "--threads", str(threads),
+            "--workers", str(workers)]
+
+
+def serving_processes(workers: int, split: bool) -> int:
+    """Processes under the gunicorn master: the workers, plus the decision process when split."""
+    return workers + 1 if split else workers

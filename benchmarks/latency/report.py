@@ -49,10 +49,12 @@ def summarise(size: int, variant: str, mode: str, results: list[ClientResult], c
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """``<key>_x_floor`` on every non-floor row: its figure over the floor's (same size and mode)."""
-    floors = {(r["nodes"], r["mode"]): r for r in rows if r["variant"] == "floor"}
+    """``<key>_x_floor`` on every non-floor row: its figure over the floor's (same size, mode and
+    number of gunicorn workers)."""
+    key = lambda r: (r["nodes"], r["mode"], r.get("workers", 1))  # noqa: E731
+    floors = {key(r): r for r in rows if r["variant"] == "floor"}
     for r in rows:
-        f = floors.get((r["nodes"], r["mode"]))
+        f = floors.get(key(r))
         if r["variant"] == "floor" or f is None:
             continue
         for k in RATIO_KEYS:
@@ -82,8 +84,8 @@ COLUMNS = [
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    head = ["nodes", "extender", "mode"] + [c for c, _ in COLUMNS]
-    body = [[r["nodes"], r["variant"], r["mode"]] + [f(r) for _, f in COLUMNS] for r in rows]
+    head = ["nodes", "workers", "extender", "mode"] + [c for c, _ in COLUMNS]
+    body = [[r["nodes"], r.get("workers", 1), r["variant"], r["mode"]] + [f(r) for _, f in COLUMNS] for r in rows]
     return render(head, body)
 
 

@@ -1,0 +1,319 @@
+"""The split layout (`stowage extender --workers N`): HTTP workers in front of one decision process.
+
+Everything runs for real: gunicorn with several worker processes, the decision process, the
+unix-socket relay between them, over real HTTP. What must hold:
+- the answers are the very bytes the one-process layout gives, for the same requests;
+- concurrent binds arriving through different workers never share a card;
+- the process tree lives and dies together (no orphaned model, no extender without a model);
+- without the decision process, each verb still answers the way kube-scheduler handles best.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+import requests
+import yaml
+from werkzeug.test import Client
+
+from benchmarks.latency import cluster as benchcluster
+from extender.app import create_app
+from extender.demo import ExtenderProcess
+from extender.frontend import create_frontend
+from extender.model import ClusterModel
+from extender.relay import OP_OTHER, OPS, RelayClient, RelayServer
+from extender.service import ExtenderService
+from extender.simcluster import parse_cluster
+from extender.split import flask_other
+
+SMALL = {"nodes": [
+    {"name": "node-a", "gpus": {"model": "Tesla T4", "count": 1, "memory": "16Gi"}},
+    {"name": "node-b", "gpus": {"model": "Tesla T4", "count": 4, "memory": "16Gi"}},
+    {"name": "node-c", "gpus": {"model": "NVIDIA H100-SXM5-80GB", "count": 8, "memory": "80Gi",
+                                "nvlink": [[0, 1, 2, 3], [4, 5, 6, 7]]}},
+]}
+
+
+def _start(tmp_path: Path, cluster_file: Path, workers: int, name: str) -> tuple[ExtenderProcess, requests.Session]:
+    log_dir = tmp_path / name
+    log_dir.mkdir()
+    proc = ExtenderProcess(str(cluster_file), threads=4, extra_args=("--workers", str(workers)), log_dir=str(log_dir))
+    http = requests.Session()
+    try:
+        proc.wait_ready(http, timeout=60)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, http
+
+
+def _decider_pid(proc: ExtenderProcess) -> int:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for line in Path(proc.log.name).read_text().splitlines():
+            if "decision process" in line and "serving the model" in line:
+                return int(line.split("decision process ")[1].split()[0])
+        time.sleep(0.05)
+    raise AssertionError("no decision process in the log:\n" + proc.log_tail())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _schedule(http: requests.Session, url: str, pod: dict, names: list[str]) -> list[bytes]:
+    """kube-scheduler's three calls for one pod; the raw answer bytes of each."""
+    out = []
+    r = http.post(url + "/filter", data=orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}), timeout=30)
+    out.append(r.content)
+    passing = r.json()["NodeNames"] or []
+    if not passing:
+        return out
+    node = passing[0]
+    if len(passing) > 1:
+        r = http.post(url + "/prioritize", data=orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": passing}),
+                      timeout=30)
+        out.append(r.content)
+        node = max(r.json(), key=lambda s: s["Score"])["Host"]
+    m = pod["metadata"]
+    r = http.post(url + "/bind", data=orjson.dumps({"PodName": m["name"], "PodNamespace": m["namespace"],
+                                                    "PodUID": m["uid"], "Node": node}), timeout=30)
+    out.append(r.content)
+    return out
+
+
+def test_split_answers_are_the_one_process_answers(tmp_path):
+    """80 mixed pods (shares, whole cards, multi-card, model and spread annotations) scheduled one
+    after another on a 60-node cluster: every answer byte-identical between the layouts, and
+    the same cards held at the end."""
+    cluster_file = benchcluster.write_cluster(60, tmp_path)
+    names = benchcluster.node_names(60)
+    pods = benchcluster.pods(80, seed=11)
+    one, http1 = _start(tmp_path, cluster_file, 1, "one")
+    split, http2 = _start(tmp_path, cluster_file, 2, "split")
+    try:
+        placed = 0
+        for pod in pods:
+            a = _schedule(http1, one.url, pod, names)
+            b = _schedule(http2, split.url, pod, names)
+            assert a == b, pod["metadata"]["name"]
+            placed += a[-1] == b'{"Error":""}'
+        assert placed > 40  # the sequence really binds (not 80 refusals compared)
+        s1 = http1.get(one.url + "/state", timeout=30).json()
+        s2 = http2.get(split.url + "/state", timeout=30).json()
+        assert s1["allocations"] == s2["allocations"] and len(s1["allocations"]) == placed
+        assert http2.get(split.url + "/metrics", timeout=30).text.count("stowage_extender_requests_total") >= 3
+    finally:
+        for s in (http1, http2):
+            s.close()
+        assert one.stop() == 0
+        assert split.stop() == 0
+
+
+def test_concurrent_binds_through_several_workers_never_share_a_card(tmp_path, wire):
+    """24 one-card pods, all bound to the same 4-card node at once from 12 threads, each request on
+    a new connection (so they spread over the HTTP workers): exactly 4 win, on 4 distinct cards."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(SMALL))
+    proc, http = _start(tmp_path, path, 3, "race")
+    template = wire("node-cache", "01-filter")["Pod"]
+    pods = []
+    for j in range(24):
+        pod = orjson.loads(orjson.dumps(template))
+        pod["metadata"].update(name=f"race-{j}", uid=f"race-uid-{j}")
+        pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"},
+                                                     "requests": {"nvidia.com/gpu": "1"}}
+        pods.append(pod)
+    results: list[str] = []
+    lock = threading.Lock()
+    go = threading.Barrier(12)
+
+    def run(mine: list[dict]) -> None:
+        go.wait()
+        for pod in mine:
+            hdr = {"Connection": "close", "Content-Type": "application/json"}
+            body = {"Pod": pod, "Nodes": None, "NodeNames": ["node-b"]}
+            requests.post(proc.url + "/filter", data=orjson.dumps(body), headers=hdr, timeout=30)
+            m = pod["metadata"]
+            r = requests.post(proc.url + "/bind", headers=hdr, timeout=30, data=orjson.dumps(
+                {"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"], "Node": "node-b"}))
+            with lock:
+                results.append(r.json()["Error"])
+
+    threads = [threading.Thread(target=run, args=(pods[i::12],)) for i in range(12)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(results) == 24
+        assert sum(e == "" for e in results) == 4
+        assert all("cannot bind" in e for e in results if e)
+        allocs = http.get(proc.url + "/state", timeout=30).json()["allocations"]
+        cards = sorted(c for a in allocs.values() for c in a["cards"])
+        assert len(allocs) == 4 and cards == [0, 1, 2, 3]
+        assert all(a["node"] == "node-b" for a in allocs.values())
+    finally:
+        http.close()
+        assert proc.stop() == 0
+
+
+def test_decision_process_death_stops_the_extender(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(SMALL))
+    proc, http = _start(tmp_path, path, 2, "death")
+    try:
+        pid = _decider_pid(proc)
+        os.kill(pid, signal.SIGKILL)
+        proc.proc.wait(30)
+        assert proc.proc.returncode == 1
+        log = Path(proc.log.name).read_text()
+        assert f"the decision process (pid {pid}) exited: stopping the extender" in log
+    finally:
+        http.close()
+        proc.stop()
+
+
+def test_master_death_stops_the_decision_process(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(SMALL))
+    proc, http = _start(tmp_path, path, 2, "orphan")
+    try:
+        pid = _decider_pid(proc)
+        assert _alive(pid)
+        proc.proc.kill()
+        proc.proc.wait(10)
+        deadline = time.monotonic() + 20
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid), "the decision process outlived its master"
+    finally:
+        http.close()
+        proc.stop()
+
+
+def test_graceful_stop_takes_the_whole_tree(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(SMALL))
+    proc, http = _start(tmp_path, path, 2, "stop")
+    pid = _decider_pid(proc)
+    http.close()
+    assert proc.stop() == 0
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+    assert "Traceback" not in Path(proc.log.name).read_text()
+
+
+# ------------------------------------------------------------------ in-process, real sockets
+def _populated(doc: dict) -> ClusterModel:
+    model = ClusterModel()
+    parse_cluster(doc, "test").populate(model)
+    return model
+
+
+def _service() -> ExtenderService:
+    return ExtenderService(_populated(SMALL))
+
+
+def test_frontend_answers_each_verb_when_the_decision_process_is_gone(tmp_path, wire):
+    app = create_frontend(str(tmp_path / "nobody-listens.sock"), max_body_bytes=1 << 20)
+    c = Client(app)
+    r = c.post("/filter", json=wire("node-cache", "01-filter"))
+    doc = r.get_json()
+    assert r.status_code == 200 and doc["NodeNames"] == []
+    assert set(doc["FailedNodes"]) == {"node-a", "node-b", "node-c"}
+    assert all("decision process unavailable" in m for m in doc["FailedNodes"].values())
+    r = c.post("/prioritize", json=wire("node-cache", "02-prioritize"))
+    assert r.status_code == 200 and r.get_json() == []
+    r = c.post("/bind", json=wire("node-cache", "03-bind"))
+    assert r.status_code == 200 and "decision process unavailable" in r.get_json()["Error"]
+    assert c.get("/healthz").status_code == 503
+    assert c.post("/filter", data=b"{").status_code == 400
+    r = c.post("/filter", data=b"x" * ((1 << 20) + 1))
+    assert r.status_code == 413  # refused by the worker itself, before any relay
+
+
+def test_relay_round_trip_and_reconnect(tmp_path, wire):
+    """RelayServer over a real unix socket with the real verbs and Flask app behind it: the
+    answers equal the Flask app's own; a connection the server dropped is re-made once."""
+    service = _service()
+    app = create_app(service)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = str(tmp_path / "d.sock")
+    listener.bind(path)
+    listener.listen(8)
+    server = RelayServer(listener, app.extensions["stowage"]["verbs"], flask_other(app))
+    server.start()
+    client = RelayClient(path, timeout=10)
+    try:
+        body = orjson.dumps(wire("node-cache", "01-filter"))
+        r1 = client.call(OPS["filter"], body)
+        assert r1.status == 200 and orjson.loads(r1.body)["NodeNames"] == ["node-b", "node-c"]
+        # Drop every server-side connection: the next call reconnects and is answered.
+        with server._lock:
+            for conn in list(server._conns):
+                conn.shutdown(socket.SHUT_RDWR)
+        r2 = client.call(OPS["filter"], body)
+        assert r2.body == r1.body
+        st = client.call(OP_OTHER, b"", "GET /state")
+        assert st.status == 200 and st.content_type.startswith("application/json")
+        assert set(orjson.loads(st.body)) >= {"nodes", "allocations"}
+        assert client.call(OP_OTHER, b"", "GET /no-such-page").status == 404
+        assert client.call(9, b"").status == 400
+        m = client.call(OP_OTHER, b"", "GET /metrics")
+        assert m.status == 200 and m.content_type.startswith("text/plain")
+        assert b'stowage_extender_requests_total{outcome="ok",verb="filter"} 2.0' in m.body
+    finally:
+        client.drop()
+        server.stop()
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_relay_answers_equal_in_process_verbs_on_random_pods(tmp_path, seed):
+    """The same pods through the relay and straight into a twin service's verbs: same bytes."""
+    doc = benchcluster.cluster_doc(40)
+    twin_a, twin_b = (ExtenderService(_populated(doc)) for _ in range(2))
+    app_a, app_b = create_app(twin_a), create_app(twin_b)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = str(tmp_path / "r.sock")
+    listener.bind(path)
+    listener.listen(8)
+    server = RelayServer(listener, app_a.extensions["stowage"]["verbs"], flask_other(app_a))
+    server.start()
+    client = RelayClient(path, timeout=10)
+    verbs_b = app_b.extensions["stowage"]["verbs"]
+    names = benchcluster.node_names(40)
+    rng = random.Random(seed)
+    try:
+        for pod in benchcluster.pods(40, seed=seed):
+            body = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})
+            fa, fb = client.call(OPS["filter"], body), verbs_b.handle("filter", body)
+            assert fa.body == fb.body
+            passing = orjson.loads(fa.body)["NodeNames"]
+            if not passing:
+                continue
+            body = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": passing})
+            pa, pb = client.call(OPS["prioritize"], body), verbs_b.handle("prioritize", body)
+            assert pa.body == pb.body
+            m = pod["metadata"]
+            node = rng.choice(passing)
+            body = orjson.dumps({"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"],
+                                 "Node": node})
+            assert client.call(OPS["bind"], body).body == verbs_b.handle("bind", body).body
+        assert twin_a.state()["allocations"] == twin_b.state()["allocations"]
+    finally:
+        client.drop()
+        server.stop()
