@@ -42,6 +42,9 @@ from .policy import PodPolicy
 
 DEFAULT_MAX_SHAPES = 128
 DEDUP_MIN_ROWS = 16  # below this many rows, finding representatives costs more than it saves
+# The fit (a few vector passes) is cheaper than finding representatives up to a few hundred
+# rows (measured at 5,000 nodes: 24 us direct vs 38 us deduplicated for 32 rows, even at 256).
+FIT_DEDUP_MIN_ROWS = 256
 
 
 def shape_key(req: GpuRequest, policy: PodPolicy) -> tuple:
@@ -60,9 +63,12 @@ def sorted_unique(rows: np.ndarray, n: int) -> np.ndarray:
     return np.flatnonzero(seen)
 
 
+_FIELDS = tuple(f.name for f in dataclasses.fields(CardArrays))
+
+
 def take_rows(a: CardArrays, rows: np.ndarray) -> CardArrays:
     """Rows of ``a`` as a small :class:`CardArrays` (copies): fit/mask of a few changed nodes."""
-    return CardArrays(**{f.name: getattr(a, f.name)[rows] for f in dataclasses.fields(CardArrays)})
+    return CardArrays(**{name: getattr(a, name)[rows] for name in _FIELDS})
 
 
 @dataclass
@@ -191,7 +197,10 @@ class RowCache:
         stale = np.flatnonzero(e.gen != gen)
         if stale.size:
             self.rows_recomputed += int(stale.size)
-            reps, inv = self.representatives(model, stale)
+            # Deduplicate a new shape's (or a big change's) rows; a few rows changed by binds
+            # since the shape's last pod are cheaper to fit as they are.
+            dedup = len(stale) >= min(FIT_DEDUP_MIN_ROWS, len(gen) // 2)
+            reps, inv = self.representatives(model, stale) if dedup else (stale, None)
             self.rows_evaluated += int(reps.size)
             sub = take_rows(a, reps)
             mask = scoring.card_mask(sub, model.models, policy, req)

@@ -162,11 +162,18 @@ class FragPlacerBase:
         self.index.sync(a, gen, None if groups_of is None or gen is None else (lambda: groups_of(a)))
         return self.index
 
-    def frag_after(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray):
-        """(F before [n], F after [n] for whole/CPU pods, or per (node, card) pair for shares)."""
+    def frag_after(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray,
+                   pairs: tuple[np.ndarray, np.ndarray] | None = None):
+        """(F before [n], F after [n] for whole/CPU pods, or per (node, card) pair for shares).
+
+        ``pairs``: for a share, the (rows, cards) to evaluate instead of every usable card,
+        no card identical to the one before it on its node (see ``FragIndex.after_share``)."""
         ix = self._index(a)
         before = ix.frag[idx]
         if req.is_shared:
+            if pairs is not None:
+                rows, kk = pairs
+                return before, ix.after_share(a, idx[rows], kk, req, distinct=True), rows, kk
             sub = usable[idx]
             rows, kk = np.nonzero(sub)
             after = ix.after_share(a, idx[rows], kk, req)

@@ -52,7 +52,7 @@ from extender.policy import SPREAD, PodPolicy
 from extender.scoring import choose_cards_default, choose_whole_cards
 from stowage.resources import GpuRequest
 
-from .frag import MILLI, PodClass
+from .frag import MILLI, PodClass, same_as_previous_card
 from .reference import FragPlacerBase, first_free_cards, segment_max
 
 STRAND_WEIGHT = 2.0
@@ -197,9 +197,20 @@ class StowagePlacer(FragPlacerBase):
         feed = np.where(milli > 0, feed, np.inf)
         return np.maximum(idle - np.maximum(feed, 0), 0)
 
-    def _pair_scores(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray):
-        before, after, rows, kk = self.frag_after(a, req, idx, usable)
+    def _pair_scores(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray,
+                     pairs: tuple[np.ndarray, np.ndarray] | None = None):
+        """(score, rows, cards) of a share per usable (node, card) pair (``pairs``: only those,
+        see :meth:`frag_after`), or (score per node, None, None) for other pods."""
+        before, after, rows, kk = self.frag_after(a, req, idx, usable, pairs)
         ix = self.index
+        n = len(idx)
+        if self._strand_key() is None:
+            # No host resources learned (the extender: kube-scheduler checks CPU and memory):
+            # nothing is stranded, st0 = st1 = 0 as stranded() would return.
+            st0 = np.zeros(n)
+            if rows is None:
+                return before - after - self.strand_weight * (st0 - st0), None, None
+            return before[rows] - after - self.strand_weight * (np.zeros(len(rows)) - st0[rows]), rows, kk
         cpu0, mem0 = a.cpu_free[idx], a.hmem_free[idx]
         cpu1, mem1 = cpu0 - req.cpu_milli, mem0 - req.host_mem_mib
         card = a.mem_total[idx].max(axis=1)          # the node's card size (MiB; 1000 in the trace)
@@ -232,7 +243,12 @@ class StowagePlacer(FragPlacerBase):
             return first_free_cards(a, i, req, usable_row)
         if policy.card == SPREAD:  # the pod asked for the emptiest card (stowage.io/card-policy)
             return choose_cards_default(a, i, req, usable_row, policy)
-        u = np.zeros(a.shape, bool)
-        u[i] = usable_row
-        s, rows, kk = self._pair_scores(a, req, np.array([i]), u)
+        # The node's usable cards as pairs, a card identical to the one before it left out: it
+        # would score the same, and argmax takes the first of equal scores anyway.
+        kk = np.flatnonzero(usable_row)
+        if len(kk) > 1:
+            dup = same_as_previous_card(a, np.full(len(kk), i), kk)
+            if dup.any():
+                kk = kk[np.concatenate(([True], ~dup))]
+        s, rows, kk = self._pair_scores(a, req, np.array([i]), None, (np.zeros(len(kk), np.int64), kk))
         return [int(kk[int(np.argmax(s))])] if len(kk) else []

@@ -75,7 +75,8 @@ class SumOfSquaresPlacer(StowagePlacer):
         self._live: dict[float, tuple[int, np.ndarray, np.ndarray]] = {}
         # Card sizes (MiB) seen by pair_keys, each with a fixed slot (see _size_slots).
         self._sizes: list[float] = []
-        self._size_slot: dict[float, int] = {}
+        # The last SS tables (see _ss_tables): (histogram, live masks, gain, loss).
+        self._tables: tuple[np.ndarray, list[np.ndarray], np.ndarray, np.ndarray] | None = None
 
     def live_gaps(self, card_mem_mib: float = MILLI) -> np.ndarray:
         """[1001] bool: gaps (milli-cards of a card of ``card_mem_mib``) that at least
@@ -106,17 +107,19 @@ class SumOfSquaresPlacer(StowagePlacer):
         Stowage's pair score minus the node's churn cost. A function of each row's content and
         the learned state (``version``) only, so the row cache may keep it."""
         self._poll_churn()
-        s, rows, kk = StowagePlacer._pair_scores(self, a, req, idx, usable)
-        churn = self.churn_cost(a, req, idx)
-        s = s - (churn[rows] if np.ndim(churn) else churn)
+        rows, kk = np.nonzero(usable[idx])
         if len(rows) > 1:
             # A card identical to the node's previous usable card (free cards usually are) has
             # the same local score, the same gaps and so the same SS term: it cannot change the
-            # node's max, so it is left out (fewer pairs to add the SS term to per request).
+            # node's max, so it is left out (fewer pairs to score now, and to add the SS term
+            # to per request). The fragmentation what-if drops the same cards itself otherwise.
             dup = same_as_previous_card(a, idx[rows], kk)
             if dup.any():
                 keep = np.concatenate(([True], ~dup))
-                s, rows, kk = s[keep], rows[keep], kk[keep]
+                rows, kk = rows[keep], kk[keep]
+        s, rows, kk = StowagePlacer._pair_scores(self, a, req, idx, usable, (rows, kk))
+        churn = self.churn_cost(a, req, idx)
+        s = s - (churn[rows] if np.ndim(churn) else churn)
         return s, rows, kk
 
     def global_pairs(self, a: CardArrays, req: GpuRequest, ii: np.ndarray, kk: np.ndarray) -> np.ndarray:
@@ -133,8 +136,8 @@ class SumOfSquaresPlacer(StowagePlacer):
         row's content only, so the row cache keeps it with :meth:`local_pairs` and each request
         only looks the pairs up in the histogram (:meth:`global_of_keys`)."""
         ix = self._index(a)  # per-card gaps brought up to date with the arrays
-        g0 = np.clip(ix.left[ii, kk], 0, MILLI)
-        g1 = np.clip(ix.left_after_share(a, ii, kk, req), 0, MILLI)
+        g0 = np.minimum(np.maximum(ix.left[ii, kk], 0), MILLI)   # np.clip, without its overhead
+        g1 = np.minimum(np.maximum(ix.left_after_share(a, ii, kk, req), 0), MILLI)
         base = self._size_slots(a.mem_total[ii, kk]) * (MILLI + 1)
         return np.stack([base + g1, base + g0], axis=1)
 
@@ -142,27 +145,22 @@ class SumOfSquaresPlacer(StowagePlacer):
         """Each card size's slot in ``self._sizes`` (sizes get a slot the first time they are
         seen and keep it: cached keys stay valid)."""
         sizes = self._sizes
-        if len(sizes) == 1 and (card == sizes[0]).all():
-            return np.zeros(len(card), np.int64)
-        uniq, which = np.unique(card, return_inverse=True)
-        slots = []
-        for c in uniq.tolist():
-            c = float(c)
-            if c not in self._size_slot:
-                self._size_slot[c] = len(sizes)
-                sizes.append(c)
-            slots.append(self._size_slot[c])
-        return np.asarray(slots, np.int64)[which.ravel()]
+        out = np.full(len(card), -1, np.int64)
+        for slot, c in enumerate(sizes):  # a handful of card sizes in a cluster
+            out[card == c] = slot
+        new = out < 0
+        if new.any():
+            for c in np.unique(card[new]).tolist():
+                out[card == c] = len(sizes)
+                sizes.append(float(c))
+        return out
 
     def global_of_keys(self, a: CardArrays, req: GpuRequest, keys: np.ndarray) -> np.ndarray:
         """-ss_weight * dSS per pair of :meth:`pair_keys`, for the cluster's gap histogram now
         (the histogram is kept row by row by the fragmentation index)."""
         if self.ss_weight == 0 or not len(keys):
             return np.zeros(len(keys))
-        hist = np.asarray(self._index(a).gap_hist, np.float64)
-        table = np.stack([self.live_gaps(c) for c in self._sizes])     # [S, 1001]
-        gain = np.where(table, 2.0 * hist + 1.0, 0.0).ravel()           # a card arriving at gap g
-        loss = np.where(table, 2.0 * hist - 1.0, 0.0).ravel()           # a card leaving gap g
+        gain, loss = self._ss_tables(self._index(a).gap_hist)
         g = -self.ss_weight * (gain[keys[:, 0]] - loss[keys[:, 1]])
         if self._churn:
             # Churn mode ranks nodes that run a GPU pod first (an empty node costs CHURN_COST):
@@ -171,8 +169,25 @@ class SumOfSquaresPlacer(StowagePlacer):
             g = np.clip(g, -CHURN_COST / 4, CHURN_COST / 4)
         return g
 
-    def _pair_scores(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray):
-        s, rows, kk = StowagePlacer._pair_scores(self, a, req, idx, usable)
+    def _ss_tables(self, gap_hist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(gain, loss), flat [S * 1001]: dSS of a card arriving at / leaving gap g of a card
+        of size slot s, for the histogram ``gap_hist``. Kept while neither the histogram nor
+        any size's live gaps change (a bind right after its prioritize reuses them)."""
+        lives = [self.live_gaps(c) for c in self._sizes]
+        got = self._tables
+        if (got is not None and len(got[1]) == len(lives) and all(x is y for x, y in zip(got[1], lives))
+                and np.array_equal(got[0], gap_hist)):
+            return got[2], got[3]
+        hist = np.asarray(gap_hist, np.float64)
+        table = np.stack(lives)                                          # [S, 1001]
+        gain = np.where(table, 2.0 * hist + 1.0, 0.0).ravel()            # a card arriving at gap g
+        loss = np.where(table, 2.0 * hist - 1.0, 0.0).ravel()            # a card leaving gap g
+        self._tables = (np.array(gap_hist, copy=True), lives, gain, loss)
+        return gain, loss
+
+    def _pair_scores(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray | None,
+                     pairs: tuple[np.ndarray, np.ndarray] | None = None):
+        s, rows, kk = StowagePlacer._pair_scores(self, a, req, idx, usable, pairs)
         if rows is None or not len(rows):
             return s, rows, kk
         return s + self.global_pairs(a, req, idx[rows], kk), rows, kk
