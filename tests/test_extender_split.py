@@ -72,11 +72,12 @@ def _alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
-def _schedule(http: requests.Session, url: str, pod: dict, names: list[str]) -> list[bytes]:
-    """kube-scheduler's three calls for one pod; the raw answer bytes of each."""
+def _schedule(http: requests.Session, url: str, pod: dict, names: list[str]) -> list[tuple]:
+    """kube-scheduler's three calls for one pod; status, content type and raw bytes of each answer."""
     out = []
+    seen = lambda r: (r.status_code, r.headers.get("Content-Type"), r.content)  # noqa: E731
     r = http.post(url + "/filter", data=orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}), timeout=30)
-    out.append(r.content)
+    out.append(seen(r))
     passing = r.json()["NodeNames"] or []
     if not passing:
         return out
@@ -84,12 +85,12 @@ def _schedule(http: requests.Session, url: str, pod: dict, names: list[str]) -> 
     if len(passing) > 1:
         r = http.post(url + "/prioritize", data=orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": passing}),
                       timeout=30)
-        out.append(r.content)
+        out.append(seen(r))
         node = max(r.json(), key=lambda s: s["Score"])["Host"]
     m = pod["metadata"]
     r = http.post(url + "/bind", data=orjson.dumps({"PodName": m["name"], "PodNamespace": m["namespace"],
                                                     "PodUID": m["uid"], "Node": node}), timeout=30)
-    out.append(r.content)
+    out.append(seen(r))
     return out
 
 
@@ -108,7 +109,7 @@ def test_split_answers_are_the_one_process_answers(tmp_path):
             a = _schedule(http1, one.url, pod, names)
             b = _schedule(http2, split.url, pod, names)
             assert a == b, pod["metadata"]["name"]
-            placed += a[-1] == b'{"Error":""}'
+            placed += a[-1] == (200, "application/json", b'{"Error":""}')
         assert placed > 40  # the sequence really binds (not 80 refusals compared)
         s1 = http1.get(one.url + "/state", timeout=30).json()
         s2 = http2.get(split.url + "/state", timeout=30).json()
