@@ -214,6 +214,12 @@ class ClusterModel:
             if alloc is not None:
                 self._apply(i, alloc, +1)
 
+    @property
+    def row_tick(self) -> int:
+        """The latest ``row_gen`` value handed out: unchanged since a caller last read it
+        means no row changed (a cheap check before comparing ``row_gen`` row by row)."""
+        return self._row_tick
+
     def _touch(self, i: int) -> None:
         """Row i changed: give it a generation no earlier snapshot can hold."""
         self._row_tick += 1

@@ -91,6 +91,7 @@ class RowEntry:
     raw: np.ndarray        # [N] float: placer's raw score
     raw_ok: np.ndarray     # [N] bool
     placer_version: Any = None
+    tick: int = -1         # model.row_tick when every row's results were last made current
     # Placers with a request-time global term (see RowCache.scores): each distinct row
     # content's row-local (node, card) pair scores, by content id ([ids, K]; -inf: no pair).
     pair_local: np.ndarray | None = None
@@ -123,6 +124,7 @@ class RowCache:
         self._sig = np.zeros(0, np.int64)
         self._sig_ids: dict[bytes, int] = {}
         self._sig_epoch = 0  # bumped whenever content ids are renumbered
+        self._sig_tick = -1  # model.row_tick when every row's id was last made current
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -152,6 +154,9 @@ class RowCache:
         table may be renumbered whenever it has grown with contents no row holds any more."""
         a, gen = model.a, model.row_gen
         n = len(gen)
+        tick = model.row_tick
+        if self._sig_src is a and self._sig_tick == tick and len(self._sig) == n:
+            return self._sig  # no row changed since
         if self._sig_src is not a or len(self._sig) != n or len(self._sig_ids) > 4 * n + 1024:
             self._sig_src = a
             self._sig_ids = {}
@@ -163,6 +168,7 @@ class RowCache:
             ids = self._sig_ids
             self._sig[stale] = [ids.setdefault(b, len(ids)) for b in self._row_bytes(model, stale)]
             self._sig_gen[stale] = gen[stale]
+        self._sig_tick = tick
         return self._sig
 
     def representatives(self, model: ClusterModel, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -194,6 +200,9 @@ class RowCache:
                 self._entries.popitem(last=False)
         self._entries.move_to_end(key)
         gen = model.row_gen
+        tick = model.row_tick
+        if e.tick == tick:
+            return e  # no row changed since this shape's rows were last made current
         stale = np.flatnonzero(e.gen != gen)
         if stale.size:
             self.rows_recomputed += int(stale.size)
@@ -213,6 +222,7 @@ class RowCache:
             e.reason[stale] = None
             e.raw_ok[stale] = False
             e.gen[stale] = gen[stale]
+        e.tick = tick
         return e
 
     def scores(self, e: RowEntry, placer: scoring.Placer, model: ClusterModel, req: GpuRequest,

@@ -206,7 +206,7 @@ class ExtenderService:
         self.placers: dict[str, scoring.Placer] = {p: placer_factory(p) for p in (PACK, SPREAD)}
         for placer in self.placers.values():
             if hasattr(placer, "track_rows"):  # incremental indexes: changed rows from row_gen
-                placer.track_rows(self._row_gen_of, self._row_groups_of)
+                placer.track_rows(self._row_gen_of, self._row_groups_of, self._row_tick_of)
             if hasattr(placer, "watch_releases"):  # pods leaving switch a placer's churn mode
                 placer.watch_releases(lambda: self.model.gpu_releases)
         self._pods: OrderedDict[str, PodInfo] = OrderedDict()  # uid -> info, LRU
@@ -224,6 +224,10 @@ class ExtenderService:
         """The model's per-row change counters when ``a`` is the model's arrays (placers call
         this under ``model.lock``); None for any other arrays (e.g. a planner's copy)."""
         return self.model.row_gen if a is self.model.a else None
+
+    def _row_tick_of(self, a: CardArrays) -> int | None:
+        """The model's latest row change counter when ``a`` is the model's arrays, else None."""
+        return self.model.row_tick if a is self.model.a else None
 
     def _row_groups_of(self, a: CardArrays) -> tuple[np.ndarray, np.ndarray] | None:
         """The model's rows grouped by equal content (``(reps, inverse)``), for a placer's full

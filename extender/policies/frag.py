@@ -217,6 +217,7 @@ class FragIndex:
         self._snap: tuple[np.ndarray, ...] | None = None
         self._gen: np.ndarray | None = None
         self._src: CardArrays | None = None
+        self._tick: int | None = None
 
     # ------------------------------------------------------------------ state
     def allowed(self, a: CardArrays) -> np.ndarray:
@@ -259,7 +260,8 @@ class FragIndex:
         return t.p_all * idle - np.einsum("gn,gn->n", w, big)
 
     def sync(self, a: CardArrays, gen: np.ndarray | None = None,
-             groups: Callable[[], tuple[np.ndarray, np.ndarray] | None] | None = None) -> None:
+             groups: Callable[[], tuple[np.ndarray, np.ndarray] | None] | None = None,
+             tick: int | None = None) -> None:
         """Bring the state up to date with ``a``.
 
         ``gen``: per-row change counters of ``a`` (a row's counter moves whenever anything in
@@ -267,17 +269,22 @@ class FragIndex:
         compared with a snapshot, which costs a few whole-array passes per call.
         ``groups``: called only for a full build, returns ``(reps, inverse)`` such that every
         row of ``a`` has the same content as row ``reps[inverse[i]]`` (or None): the state is
-        a function of a row's content, so it is computed for the representatives and copied."""
+        a function of a row's content, so it is computed for the representatives and copied.
+        ``tick``: the owner's latest change counter (``ClusterModel.row_tick``); the same
+        value as at the last call, on the same arrays, means nothing changed since."""
         if gen is not None:
+            if (tick is not None and tick == self._tick and self._src is a and self._gen is not None
+                    and self._gen.shape == gen.shape):
+                return
             if self._src is not a or self._gen is None or self._gen.shape != gen.shape:
                 self._rebuild(a, groups() if groups is not None else None)
             else:
                 rows = np.flatnonzero(self._gen != gen)
                 if rows.size:
                     self._compute(a, rows)
-            self._src, self._snap, self._gen = a, None, gen.copy()
+            self._src, self._snap, self._gen, self._tick = a, None, gen.copy(), tick
             return
-        self._gen = None
+        self._gen = self._tick = None
         snap = (a.core_free, a.mem_free, a.cpu_free, a.exists, a.healthy, a.model, a.hmem_free)
         if self._src is not a or self._snap is None or self._snap[0].shape != a.core_free.shape:
             self._rebuild(a)

@@ -120,17 +120,21 @@ class FragPlacerBase:
         # The owner's per-row change counters of an arrays object, or None (see track_rows).
         self._row_gen_of: Callable[[CardArrays], np.ndarray | None] | None = None
         self._row_groups_of: Callable[[CardArrays], tuple[np.ndarray, np.ndarray] | None] | None = None
+        self._row_tick_of: Callable[[CardArrays], int | None] | None = None
 
     def track_rows(self, row_gen_of: Callable[[CardArrays], np.ndarray | None],
-                   row_groups_of: Callable[[CardArrays], tuple[np.ndarray, np.ndarray] | None] | None = None
-                   ) -> None:
+                   row_groups_of: Callable[[CardArrays], tuple[np.ndarray, np.ndarray] | None] | None = None,
+                   row_tick_of: Callable[[CardArrays], int | None] | None = None) -> None:
         """Let the index learn which rows changed from the owner's per-row change counters
         (``ClusterModel.row_gen``) instead of comparing whole arrays on every call.
         ``row_gen_of(a)`` returns the counters of ``a``, or None for arrays it does not own;
         ``row_groups_of(a)`` optionally groups ``a``'s rows by equal content (``(reps,
-        inverse)``, see ``FragIndex.sync``), so a full build computes each content once."""
+        inverse)``, see ``FragIndex.sync``), so a full build computes each content once.
+        ``row_tick_of(a)`` optionally gives the owner's latest change counter (or None), so a
+        call with nothing changed since the last one skips even the per-row comparison."""
         self._row_gen_of = row_gen_of
         self._row_groups_of = row_groups_of
+        self._row_tick_of = row_tick_of
 
     def prime(self, pairs: Iterable[tuple[GpuRequest, Sequence[str]]]) -> None:
         """Use a known workload (the trace's own pods, as the paper's FGD does)."""
@@ -159,7 +163,8 @@ class FragPlacerBase:
             self.index = FragIndex(self.table, self._models)
         gen = self._row_gen_of(a) if self._row_gen_of is not None else None
         groups_of = self._row_groups_of
-        self.index.sync(a, gen, None if groups_of is None or gen is None else (lambda: groups_of(a)))
+        tick = self._row_tick_of(a) if self._row_tick_of is not None and gen is not None else None
+        self.index.sync(a, gen, None if groups_of is None or gen is None else (lambda: groups_of(a)), tick)
         return self.index
 
     def frag_after(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray,
