@@ -283,6 +283,12 @@ def test_extender_sidecar_listens_where_the_scheduler_calls_it():
     host, mport = cmd[cmd.index("--metrics-bind") + 1].rsplit(":", 1)
     assert (port["name"], port["containerPort"]) == ("metrics", int(mport)) and host == "0.0.0.0"
     assert int(mport) != url.port
+    # The command is one the real CLI accepts; the split layout gets a core to use.
+    from extender.cli import serve
+    ctx = serve.make_context("extender", list(cmd[2:]))
+    if ctx.params["workers"] > 1:
+        cpu = str(container(spec, "extender")["resources"]["requests"]["cpu"])
+        assert (float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)) >= 1
 
 
 def test_service_and_servicemonitor_reach_the_extender_metrics():
