@@ -17,7 +17,7 @@ from http import HTTPStatus
 from typing import Any, Callable, Iterable
 
 from .relay import OP_OTHER, OPS, TOO_LARGE, RelayClient, RelayError
-from .verbs import Reply, json_reply
+from .verbs import Reply, json_reply, too_large_reply
 from .wire import WireError, binding_result, filter_answer, parse_extender_args
 
 log = logging.getLogger("stowage.extender")
@@ -72,8 +72,7 @@ def create_frontend(socket_path: str, *, url_prefix: str = "", max_body_bytes: i
         path = environ.get("PATH_INFO") or "/"
         verb, op = routes.get(path, (None, OP_OTHER)) if method == "POST" else (None, OP_OTHER)
         body = _read_body(environ, max_body_bytes)
-        too_large = json_reply({"Error": f"request body larger than {max_body_bytes} bytes "
-                                         "(raise the extender's --max-body-mib)"}, 413, "too_large")
+        too_large = too_large_reply(max_body_bytes)
         try:
             if op != OP_OTHER:  # an oversized verb body is refused there too, so that it is counted
                 reply = relay.call(op, body or b"", flags=TOO_LARGE if body is None else 0)

@@ -48,6 +48,12 @@ def json_reply(doc: Any, status: int = 200, outcome: str = "ok") -> Reply:
     return Reply(status, encode(doc), outcome)
 
 
+def too_large_reply(max_body_bytes: int) -> Reply:
+    """The 413 for a body over the limit (the limit is the extender's --max-body-mib)."""
+    return json_reply({"Error": f"request body larger than {max_body_bytes} bytes "
+                                "(raise the extender's --max-body-mib)"}, 413, "too_large")
+
+
 class _ModelCollector:
     """Gauges read from the model at scrape time (never stale, no bookkeeping on the hot path)."""
 
@@ -95,8 +101,7 @@ class Verbs:
             "filter": self._filter, "prioritize": self._prioritize, "bind": self._bind}
 
     def too_large(self) -> Reply:
-        return json_reply({"Error": f"request body larger than {self.max_body_bytes} bytes "
-                                    "(raise the extender's --max-body-mib)"}, 413, "too_large")
+        return too_large_reply(self.max_body_bytes)
 
     def handle(self, verb: str, body: bytes | None) -> Reply:
         """The answer to ``verb`` with request ``body`` (None: the body was too large)."""
