@@ -21,6 +21,22 @@ def model_from(doc: dict[str, Any]) -> ClusterModel:
     return model
 
 
+def start_process(cluster_arg: str | None, log_dir: str, *extra_args: str, threads: int = 4):
+    """`stowage extender` as a real process (gunicorn), ready to answer; (process, session).
+    Stopped again if it never gets ready."""
+    from extender.demo import ExtenderProcess
+
+    proc = ExtenderProcess(cluster_arg, threads=threads, extra_args=tuple(extra_args), log_dir=log_dir)
+    http = requests.Session()
+    try:
+        proc.wait_ready(http, timeout=60)
+    except BaseException:
+        http.close()
+        proc.stop()
+        raise
+    return proc, http
+
+
 def gpus(model: str, count: int, memory: str, **extra: Any) -> dict[str, Any]:
     return {"model": model, "count": count, "memory": memory, **extra}
 

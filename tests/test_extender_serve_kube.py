@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from extender.demo import ExtenderProcess
+from extender_harness import start_process
 from extender.simcluster import node_objects, parse_cluster
 from fakekube import FakeKube, make_pod, kubeconfig_file as kubeconfig
 from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
@@ -26,15 +26,7 @@ def kube():
 
 
 def start(tmp_path, kube, workers=1):
-    proc = ExtenderProcess(None, threads=4, log_dir=str(tmp_path),
-                           extra_args=("--kubeconfig", kubeconfig(tmp_path, kube.url), "--workers", str(workers)))
-    http = requests.Session()
-    try:
-        proc.wait_ready(http, timeout=60)
-    except BaseException:
-        proc.stop()
-        raise
-    return proc, http
+    return start_process(None, str(tmp_path), "--kubeconfig", kubeconfig(tmp_path, kube.url), "--workers", str(workers))
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "split"])

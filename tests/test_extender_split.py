@@ -9,6 +9,7 @@ unix-socket relay between them, over real HTTP. What must hold:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -26,6 +27,7 @@ from werkzeug.test import Client
 from benchmarks.latency import cluster as benchcluster
 from extender.app import create_app
 from extender.demo import ExtenderProcess
+from extender_harness import start_process
 from extender.frontend import create_frontend
 from extender.model import ClusterModel
 from extender.relay import OP_OTHER, OPS, RelayClient, RelayServer
@@ -44,14 +46,25 @@ SMALL = {"nodes": [
 def _start(tmp_path: Path, cluster_file: Path, workers: int, name: str) -> tuple[ExtenderProcess, requests.Session]:
     log_dir = tmp_path / name
     log_dir.mkdir()
-    proc = ExtenderProcess(str(cluster_file), threads=4, extra_args=("--workers", str(workers)), log_dir=str(log_dir))
-    http = requests.Session()
-    try:
-        proc.wait_ready(http, timeout=60)
-    except BaseException:
-        proc.stop()
-        raise
-    return proc, http
+    return start_process(str(cluster_file), str(log_dir), "--workers", str(workers))
+
+
+@pytest.fixture
+def small_split(tmp_path):
+    """The SMALL cluster served by the split layout (2 HTTP workers); (process, session)."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(SMALL))
+    proc, http = _start(tmp_path, path, 2, "small")
+    yield proc, http
+    http.close()
+    proc.stop()
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
 
 
 def _decider_pid(proc: ExtenderProcess) -> int:
@@ -170,51 +183,30 @@ def test_concurrent_binds_through_several_workers_never_share_a_card(tmp_path, w
         assert proc.stop() == 0
 
 
-def test_decision_process_death_stops_the_extender(tmp_path):
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(SMALL))
-    proc, http = _start(tmp_path, path, 2, "death")
-    try:
-        pid = _decider_pid(proc)
-        os.kill(pid, signal.SIGKILL)
-        proc.proc.wait(30)
-        assert proc.proc.returncode == 1
-        log = Path(proc.log.name).read_text()
-        assert f"the decision process (pid {pid}) exited: stopping the extender" in log
-    finally:
-        http.close()
-        proc.stop()
-
-
-def test_master_death_stops_the_decision_process(tmp_path):
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(SMALL))
-    proc, http = _start(tmp_path, path, 2, "orphan")
-    try:
-        pid = _decider_pid(proc)
-        assert _alive(pid)
-        proc.proc.kill()
-        proc.proc.wait(10)
-        deadline = time.monotonic() + 20
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _alive(pid), "the decision process outlived its master"
-    finally:
-        http.close()
-        proc.stop()
-
-
-def test_graceful_stop_takes_the_whole_tree(tmp_path):
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(SMALL))
-    proc, http = _start(tmp_path, path, 2, "stop")
+def test_decision_process_death_stops_the_extender(small_split):
+    proc, _http = small_split
     pid = _decider_pid(proc)
-    http.close()
+    os.kill(pid, signal.SIGKILL)
+    proc.proc.wait(30)
+    assert proc.proc.returncode == 1
+    log = Path(proc.log.name).read_text()
+    assert f"the decision process (pid {pid}) exited: stopping the extender" in log
+
+
+def test_master_death_stops_the_decision_process(small_split):
+    proc, _http = small_split
+    pid = _decider_pid(proc)
+    assert _alive(pid)
+    proc.proc.kill()
+    proc.proc.wait(10)
+    assert _gone(pid, 20), "the decision process outlived its master"
+
+
+def test_graceful_stop_takes_the_whole_tree(small_split):
+    proc, _http = small_split
+    pid = _decider_pid(proc)
     assert proc.stop() == 0
-    deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(pid)
+    assert _gone(pid, 10)
     assert "Traceback" not in Path(proc.log.name).read_text()
 
 
@@ -247,19 +239,28 @@ def test_frontend_answers_each_verb_when_the_decision_process_is_gone(tmp_path, 
     assert r.status_code == 413  # refused by the worker itself, before any relay
 
 
-def test_relay_round_trip_and_reconnect(tmp_path, wire):
-    """RelayServer over a real unix socket with the real verbs and Flask app behind it: the
-    answers equal the Flask app's own; a connection the server dropped is re-made once."""
-    service = _service()
-    app = create_app(service)
+@contextlib.contextmanager
+def relay_to(app, tmp_path: Path):
+    """A RelayServer on a real unix socket serving ``app``'s verbs and routes, and a client."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    path = str(tmp_path / "d.sock")
+    path = str(tmp_path / "relay.sock")
     listener.bind(path)
     listener.listen(8)
     server = RelayServer(listener, app.extensions["stowage"]["verbs"], flask_other(app))
     server.start()
     client = RelayClient(path, timeout=10)
     try:
+        yield server, client
+    finally:
+        client.drop()
+        server.stop()
+
+
+def test_relay_round_trip_and_reconnect(tmp_path, wire):
+    """RelayServer over a real unix socket with the real verbs and Flask app behind it: the
+    answers equal the Flask app's own; a connection the server dropped is re-made once."""
+    app = create_app(_service())
+    with relay_to(app, tmp_path) as (server, client):
         body = orjson.dumps(wire("node-cache", "01-filter"))
         r1 = client.call(OPS["filter"], body)
         assert r1.status == 200 and orjson.loads(r1.body)["NodeNames"] == ["node-b", "node-c"]
@@ -277,9 +278,6 @@ def test_relay_round_trip_and_reconnect(tmp_path, wire):
         m = client.call(OP_OTHER, b"", "GET /metrics")
         assert m.status == 200 and m.content_type.startswith("text/plain")
         assert b'stowage_extender_requests_total{outcome="ok",verb="filter"} 2.0' in m.body
-    finally:
-        client.drop()
-        server.stop()
 
 
 @pytest.mark.parametrize("seed", [3, 4])
@@ -288,17 +286,10 @@ def test_relay_answers_equal_in_process_verbs_on_random_pods(tmp_path, seed):
     doc = benchcluster.cluster_doc(40)
     twin_a, twin_b = (ExtenderService(_populated(doc)) for _ in range(2))
     app_a, app_b = create_app(twin_a), create_app(twin_b)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    path = str(tmp_path / "r.sock")
-    listener.bind(path)
-    listener.listen(8)
-    server = RelayServer(listener, app_a.extensions["stowage"]["verbs"], flask_other(app_a))
-    server.start()
-    client = RelayClient(path, timeout=10)
     verbs_b = app_b.extensions["stowage"]["verbs"]
     names = benchcluster.node_names(40)
     rng = random.Random(seed)
-    try:
+    with relay_to(app_a, tmp_path) as (_server, client):
         for pod in benchcluster.pods(40, seed=seed):
             body = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})
             fa, fb = client.call(OPS["filter"], body), verbs_b.handle("filter", body)
@@ -315,6 +306,3 @@ def test_relay_answers_equal_in_process_verbs_on_random_pods(tmp_path, seed):
                                  "Node": node})
             assert client.call(OPS["bind"], body).body == verbs_b.handle("bind", body).body
         assert twin_a.state()["allocations"] == twin_b.state()["allocations"]
-    finally:
-        client.drop()
-        server.stop()
