@@ -280,9 +280,13 @@ def test_relay_round_trip_and_reconnect(tmp_path, wire):
         assert b'stowage_extender_requests_total{outcome="ok",verb="filter"} 2.0' in m.body
 
 
-@pytest.mark.parametrize("seed", [3, 4])
-def test_relay_answers_equal_in_process_verbs_on_random_pods(tmp_path, seed):
-    """The same pods through the relay and straight into a twin service's verbs: same bytes."""
+@pytest.mark.parametrize("seed,inline", [(3, True), (4, True), (5, False)])
+def test_relay_answers_equal_in_process_verbs_on_random_pods(tmp_path, seed, inline, monkeypatch):
+    """The same pods through the relay and straight into a twin service's verbs: same bytes,
+    whether the relay's own thread answers filter/prioritize or (big bodies) its pool does."""
+    if not inline:
+        import extender.relay
+        monkeypatch.setattr(extender.relay, "INLINE_MAX_BODY", 0)
     doc = benchcluster.cluster_doc(40)
     twin_a, twin_b = (ExtenderService(_populated(doc)) for _ in range(2))
     app_a, app_b = create_app(twin_a), create_app(twin_b)
