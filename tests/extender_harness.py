@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -28,8 +30,17 @@ def start_process(cluster_arg: str | None, log_dir: str, *extra_args: str, threa
 
     proc = ExtenderProcess(cluster_arg, threads=threads, extra_args=tuple(extra_args), log_dir=log_dir)
     http = requests.Session()
+    workers = int(extra_args[extra_args.index("--workers") + 1]) if "--workers" in extra_args else 1
     try:
         proc.wait_ready(http, timeout=60)
+        # Ready means one worker answers; wait for the others too. A worker still booting when
+        # SIGTERM comes has not installed its handlers yet, so gunicorn waits its whole
+        # graceful_timeout for it: a test stopping the server that fast would see a SIGKILL.
+        deadline = time.monotonic() + 30
+        while Path(proc.log.name).read_text().count("Booting worker") < workers:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"only some of {workers} workers booted:\n{proc.log_tail()}")
+            time.sleep(0.02)
     except BaseException:
         http.close()
         proc.stop()

@@ -2,7 +2,6 @@
 driven with the captured kube-scheduler bodies; plus the CLI's own checks."""
 from __future__ import annotations
 
-import time
 
 import pytest
 import requests
@@ -10,7 +9,7 @@ import yaml
 from click.testing import CliRunner
 
 from extender.cli import serve
-from extender.demo import ExtenderProcess
+from extender_harness import start_process
 
 CLUSTER = {"nodes": [
     {"name": "node-a", "gpus": {"model": "Tesla T4", "count": 1, "memory": "16Gi"}},
@@ -26,13 +25,10 @@ def extender(tmp_path, request):
     two HTTP workers in front of one decision process. Every test here must pass on both."""
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(CLUSTER))
-    proc = ExtenderProcess(str(path), threads=4,
-                           extra_args=("--url-prefix", "/stowage/v1", "--workers", str(request.param)),
-                           log_dir=str(tmp_path))
+    proc, http = start_process(str(path), str(tmp_path), "--url-prefix", "/stowage/v1",
+                               "--workers", str(request.param))
     proc.workers = request.param
-    http = requests.Session()
     try:
-        proc.wait_ready(http, timeout=60)
         yield proc, http
     finally:
         http.close()
@@ -77,10 +73,7 @@ def test_gunicorn_end_to_end(extender, wire):
 
 def test_worker_processes_with_threads(extender):
     proc, http = extender
-    deadline = time.monotonic() + 30  # ready when the first worker answers; the others boot meanwhile
-    while open(proc.log.name).read().count("Booting worker") < proc.workers and time.monotonic() < deadline:
-        time.sleep(0.05)
-    log = open(proc.log.name).read()
+    log = open(proc.log.name).read()  # start_process waited for every worker to boot
     assert "Using worker: gthread" in log and log.count("Booting worker") == proc.workers
     assert ("decision process" in log) == (proc.workers > 1)
 
@@ -109,11 +102,8 @@ def test_gunicorn_body_limits_and_chunked_bodies(tmp_path, wire, workers):
     (in the split layout the HTTP worker refuses an oversized body; the count is the same)."""
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(CLUSTER))
-    proc = ExtenderProcess(str(path), threads=2, extra_args=("--max-body-mib", "1", "--workers", str(workers)),
-                           log_dir=str(tmp_path))
-    http = requests.Session()
+    proc, http = start_process(str(path), str(tmp_path), "--max-body-mib", "1", "--workers", str(workers), threads=2)
     try:
-        proc.wait_ready(http, timeout=60)
         big = b'{"Pod":{},"NodeNames":["' + b"n" * (1 << 20) + b'"]}'
         # A refused body is not read, so the server may drop the connection after answering:
         # each of these on a connection of its own (as a client would reconnect).
@@ -143,11 +133,9 @@ def test_metrics_listener_serves_metrics_only(tmp_path, wire, workers):
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(CLUSTER))
     mport = free_port()
-    proc = ExtenderProcess(str(path), threads=2, log_dir=str(tmp_path),
-                           extra_args=("--metrics-bind", f"127.0.0.1:{mport}", "--workers", str(workers)))
-    http = requests.Session()
+    proc, http = start_process(str(path), str(tmp_path), "--metrics-bind", f"127.0.0.1:{mport}",
+                               "--workers", str(workers), threads=2)
     try:
-        proc.wait_ready(http, timeout=60)
         assert http.post(proc.url + "/filter", json=wire("node-cache", "01-filter"), timeout=30).status_code == 200
         text = http.get(f"http://127.0.0.1:{mport}/metrics", timeout=30).text
         assert 'stowage_extender_requests_total{outcome="ok",verb="filter"} 1.0' in text
