@@ -2,7 +2,6 @@
 driven with the captured kube-scheduler bodies; plus the CLI's own checks."""
 from __future__ import annotations
 
-
 import pytest
 import requests
 import yaml
