@@ -30,7 +30,7 @@ from extender.demo import ExtenderProcess
 from extender_harness import start_process
 from extender.frontend import create_frontend
 from extender.model import ClusterModel
-from extender.relay import OP_OTHER, OPS, RelayClient, RelayServer
+from extender.relay import OP_OTHER, OPS, TOO_LARGE, RelayClient, RelayServer
 from extender.service import ExtenderService
 from extender.simcluster import parse_cluster
 from extender.split import flask_other
@@ -278,6 +278,20 @@ def test_relay_round_trip_and_reconnect(tmp_path, wire):
         m = client.call(OP_OTHER, b"", "GET /metrics")
         assert m.status == 200 and m.content_type.startswith("text/plain")
         assert b'stowage_extender_requests_total{outcome="ok",verb="filter"} 2.0' in m.body
+
+
+def test_relay_passes_readiness_and_errors_through(tmp_path, wire):
+    """/readyz's 503 (model not synced) and a bad request's 400 reach the worker unchanged."""
+    app = create_app(_service(), ready=lambda: (False, "pod watch not synced yet"))
+    with relay_to(app, tmp_path) as (_server, client):
+        r = client.call(OP_OTHER, b"", "GET /readyz")
+        assert r.status == 503 and orjson.loads(r.body) == {"ready": False, "message": "pod watch not synced yet"}
+        r = client.call(OPS["filter"], b"[1, 2]")
+        assert r.status == 400 and "JSON object" in orjson.loads(r.body)["Error"]
+        r = client.call(OPS["bind"], orjson.dumps({"PodName": "x"}))
+        assert r.status == 400 and "missing Node" in orjson.loads(r.body)["Error"]
+        r = client.call(OPS["filter"], b"", flags=TOO_LARGE)
+        assert r.status == 413
 
 
 @pytest.mark.parametrize("seed,inline", [(3, True), (4, True), (5, False)])
