@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from .service import ExtenderService
-from .verbs import Metrics, Reply, Verbs
+from .verbs import Metrics, Reply, Verbs, read_body
 from .wire import encode
 
 log = logging.getLogger("stowage.extender")
@@ -40,8 +40,8 @@ def create_app(service: ExtenderService, *, url_prefix: str = "", ready: ReadyFn
     so); ``/readyz`` answers 503 with its message otherwise.
     """
     app = Flask("stowage.extender")
-    # One byte more than allowed: a chunked body (no Content-Length) is cut at this limit by
-    # werkzeug without an error, so reading limit+1 bytes is how we see that it was too long.
+    # The verbs read their bodies with verbs.read_body (limit checked there); this bounds any
+    # other route's body read through werkzeug (413 via the handler below).
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes + 1
     metrics = Metrics(service)
     verbs = Verbs(service, metrics, max_body_bytes)
@@ -53,19 +53,7 @@ def create_app(service: ExtenderService, *, url_prefix: str = "", ready: ReadyFn
 
     def body() -> bytes | None:
         """The request body, or None when it is larger than allowed (then it is not read)."""
-        env = request.environ
-        length = env.get("CONTENT_LENGTH") or ""
-        if length.isdigit() and "HTTP_TRANSFER_ENCODING" not in env:
-            # The length is known: read exactly that from the server's input, without
-            # werkzeug's stream wrappers (a measurable share of a small request's cost).
-            if int(length) > max_body_bytes:
-                return None
-            return env["wsgi.input"].read(int(length)) if length != "0" else b""
-        try:
-            data = request.get_data(cache=False)
-        except RequestEntityTooLarge:
-            return None
-        return data if len(data) <= max_body_bytes else None
+        return read_body(request.environ, max_body_bytes)
 
     def respond(reply: Reply) -> Response:
         return Response(reply.body, status=reply.status, content_type=reply.content_type)

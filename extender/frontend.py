@@ -17,7 +17,7 @@ from http import HTTPStatus
 from typing import Any, Callable, Iterable
 
 from .relay import OP_OTHER, OPS, TOO_LARGE, RelayClient, RelayError
-from .verbs import Reply, json_reply, too_large_reply
+from .verbs import Reply, json_reply, read_body, too_large_reply
 from .wire import WireError, binding_result, filter_answer, parse_extender_args
 
 log = logging.getLogger("stowage.extender")
@@ -30,19 +30,6 @@ def _status_line(code: int) -> str:
         return f"{code} {HTTPStatus(code).phrase}"
     except ValueError:
         return f"{code} Unknown"
-
-
-def _read_body(environ: dict[str, Any], limit: int) -> bytes | None:
-    """The body, or None when it is over ``limit`` bytes (a known length over it is not read)."""
-    length = environ.get("CONTENT_LENGTH") or ""
-    stream = environ["wsgi.input"]
-    if length.isdigit() and "HTTP_TRANSFER_ENCODING" not in environ:
-        n = int(length)
-        if n > limit:
-            return None
-        return stream.read(n) if n else b""
-    data = stream.read(limit + 1)  # chunked: read one byte more than allowed to see an excess
-    return data if len(data) <= limit else None
 
 
 def unavailable_reply(verb: str | None, body: bytes | None, reason: str) -> Reply:
@@ -71,7 +58,7 @@ def create_frontend(socket_path: str, *, url_prefix: str = "", max_body_bytes: i
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO") or "/"
         verb, op = routes.get(path, (None, OP_OTHER)) if method == "POST" else (None, OP_OTHER)
-        body = _read_body(environ, max_body_bytes)
+        body = read_body(environ, max_body_bytes)
         too_large = too_large_reply(max_body_bytes)
         try:
             if op != OP_OTHER:  # an oversized verb body is refused there too, so that it is counted
