@@ -111,8 +111,7 @@ def run_size(n: int, a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
 def run_layout(n: int, w: int, a: argparse.Namespace, tmp: Path, data: tuple) -> list[dict[str, Any]]:
     """The floor, Stowage, and Stowage with churn, all with ``w`` gunicorn workers."""
     rows: list[dict[str, Any]] = []
-    split = w > 1
-    served = procs.serving_processes(w, split)
+    served = procs.extender_processes(w)
     tag = f"{n}-w{w}"
     cluster_file, names, pods, full, items, full_pods, plan = data
 

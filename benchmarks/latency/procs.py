@@ -147,6 +147,7 @@ def floor_cmd(port: int, threads: int, workers: int = 1) -> list[str]:
             "--workers", str(workers)]
 
 
-def serving_processes(workers: int, split: bool) -> int:
-    """Processes under the gunicorn master: the workers, plus the decision process when split."""
-    return workers + 1 if split else workers
+def extender_processes(workers: int) -> int:
+    """Processes under `stowage extender --workers N`'s master: the workers, plus the decision
+    process of the split layout (N > 1)."""
+    return workers + 1 if workers > 1 else workers
