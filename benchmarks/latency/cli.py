@@ -157,12 +157,18 @@ def run_layout(n: int, w: int, a: argparse.Namespace, tmp: Path, data: tuple) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
     if a.quick:
         for k, v in QUICK.items():
             setattr(a, k, v)
     sizes = [int(s) for s in str(a.sizes).split(",") if s.strip()]
-    a.worker_counts = [int(s) for s in str(a.workers).split(",") if s.strip()]
+    try:
+        a.worker_counts = [int(s) for s in str(a.workers).split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--workers: expected comma-separated numbers such as 1,2, got {a.workers!r}")
+    if not a.worker_counts or min(a.worker_counts) < 1:
+        parser.error(f"--workers: each count must be 1 or more, got {a.workers!r}")
     meta = {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
             "numpy": np.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(a)}
     print(f"Stowage extender latency: {meta['cores']} cores ({meta['cpu']}), sizes {sizes}, {a.pods} pods, "
