@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 
 import numpy as np
-import orjson
 import pytest
 
 from benchmarks.binpack.replay import replay
@@ -23,6 +22,7 @@ from stowage.inventory import Card, Inventory
 from stowage.resources import GpuRequest
 
 from conftest import SHARED
+from test_extender_rowcache import partly_used_model, row_local_scores
 from test_latency_equivalence import POD_LIMITS, random_model
 
 scoring.get_placer("most-allocated")  # registers the policy modules
@@ -119,31 +119,16 @@ def random_req(rng: random.Random) -> GpuRequest:
 def test_churn_mode_scores_stay_row_local(seed):
     """score(subset) == score(all)[subset]: what lets the extender cache scores per row."""
     rng = random.Random(seed)
-    model = random_model(rng, 80)
-    for j in range(60):
-        node = rng.choice(model.node_names())
-        free = np.flatnonzero(model.a.free_whole()[model.index[node]])
-        if free.size:
-            model.assign(f"u{j}", f"default/p{j}", node, [int(free[0])], GpuRequest(gpus=1), check=False)
+    model = partly_used_model(rng)
     placer = scoring.get_placer("stowage")
     placer.watch_releases(lambda: model.gpu_releases)
     for _ in range(40):
         placer.observe(random_req(rng))
     model.release("u0")
     assert placer.churn
-    a = model.a
     checked = 0
-    for _ in range(12):
-        req = random_req(rng)
-        f = scoring.fit(a, req, scoring.card_mask(a, model.models, PodPolicy(), req))
-        idx = np.flatnonzero(f.ok)
-        if idx.size < 4:
-            continue
-        whole = np.round(np.asarray(placer.score(a, req, idx, f.usable), float), scoring.RAW_DECIMALS)
-        sub = np.array(sorted(rng.sample(range(idx.size), idx.size // 3)))
-        part = np.round(np.asarray(placer.score(a, req, idx[sub], f.usable), float), scoring.RAW_DECIMALS)
-        assert np.array_equal(part, whole[sub], equal_nan=True), req
-        used = (a.pods[idx] > 0).any(axis=1)
+    for _req, idx, whole in row_local_scores(placer, model, rng, random_req):
+        used = (model.a.pods[idx] > 0).any(axis=1)
         if used.any() and (~used).any():      # the churn cost is in the scores: used nodes rank first
             assert whole[used].min() > whole[~used].max()
             checked += 1

@@ -124,37 +124,49 @@ def random_req(rng: random.Random) -> GpuRequest:
     return GpuRequest(gpus=rng.choice([1, 1, 2, 4, 8]))
 
 
-@pytest.mark.parametrize("name", CACHED)
-@pytest.mark.parametrize("n_pods", [0, 1, 40, 200])
-def test_a_cacheable_placers_score_of_a_node_depends_on_its_row_only(name, n_pods):
-    """score(subset) == score(all)[subset] at the precision scores are compared at
-    (scoring.RAW_DECIMALS; the fragmentation sums differ in the last bit with the batch shape):
-    what makes caching per row exact."""
-    same = (lambda x, y: np.array_equal(np.round(x, scoring.RAW_DECIMALS), np.round(y, scoring.RAW_DECIMALS),
-                                        equal_nan=True))
-    rng = random.Random(hash((name, n_pods)) & 0xFFFF)
-    model = random_model(rng, 80)
-    for j in range(60):  # partly used nodes
+def partly_used_model(rng: random.Random, nodes: int = 80, pods: int = 60) -> ClusterModel:
+    """A random model with one-card pods on random nodes (partly used nodes)."""
+    model = random_model(rng, nodes)
+    for j in range(pods):
         node = rng.choice(model.node_names())
-        i = model.index[node]
-        free = np.flatnonzero(model.a.free_whole()[i])
+        free = np.flatnonzero(model.a.free_whole()[model.index[node]])
         if free.size:
             model.assign(f"u{j}", f"default/p{j}", node, [int(free[0])], GpuRequest(gpus=1), check=False)
-    placer = learned(name, n_pods, rng)
-    assert cacheable(placer)
+    return model
+
+
+def row_local_scores(placer: scoring.Placer, model: ClusterModel, rng: random.Random, req_fn=random_req,
+                     rounds: int = 12):
+    """Check score(subset) == score(all)[subset], and for one row, at the precision scores are
+    compared at (scoring.RAW_DECIMALS: the fragmentation sums differ in the last bit with the
+    batch shape), for ``rounds`` random requests; yields (request, nodes, rounded scores) of
+    every request with at least 4 feasible nodes."""
     a = model.a
-    for _ in range(12):
-        req = random_req(rng)
+    rounded = lambda x: np.round(np.asarray(x, float), scoring.RAW_DECIMALS)  # noqa: E731
+    for _ in range(rounds):
+        req = req_fn(rng)
         f = scoring.fit(a, req, scoring.card_mask(a, model.models, PodPolicy(), req))
         idx = np.flatnonzero(f.ok)
         if idx.size < 4:
             continue
-        whole = np.asarray(placer.score(a, req, idx, f.usable), float)
+        whole = rounded(placer.score(a, req, idx, f.usable))
         sub = np.array(sorted(rng.sample(range(idx.size), idx.size // 3)))
-        part = np.asarray(placer.score(a, req, idx[sub], f.usable), float)
-        assert same(part, whole[sub]), req
-        one = np.asarray(placer.score(a, req, idx[sub[:1]], f.usable), float)
-        assert same(one, whole[sub[:1]]), req
+        part = rounded(placer.score(a, req, idx[sub], f.usable))
+        assert np.array_equal(part, whole[sub], equal_nan=True), req
+        one = rounded(placer.score(a, req, idx[sub[:1]], f.usable))
+        assert np.array_equal(one, whole[sub[:1]], equal_nan=True), req
+        yield req, idx, whole
+
+
+@pytest.mark.parametrize("name", CACHED)
+@pytest.mark.parametrize("n_pods", [0, 1, 40, 200])
+def test_a_cacheable_placers_score_of_a_node_depends_on_its_row_only(name, n_pods):
+    """score(subset) == score(all)[subset]: what makes caching per row exact."""
+    rng = random.Random(hash((name, n_pods)) & 0xFFFF)
+    model = partly_used_model(rng)
+    placer = learned(name, n_pods, rng)
+    assert cacheable(placer)
+    assert sum(1 for _ in row_local_scores(placer, model, rng))
 
 
 def test_random_placer_is_never_cached():
