@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from .service import ExtenderService
-from .verbs import Metrics, Reply, Verbs, read_body
+from .verbs import Metrics, Reply, Verbs, read_body, verb_prefix
 from .wire import encode
 
 log = logging.getLogger("stowage.extender")
@@ -48,7 +48,7 @@ def create_app(service: ExtenderService, *, url_prefix: str = "", ready: ReadyFn
     app.extensions["stowage"] = {"service": service, "metrics": metrics, "names_memo": verbs.names_memo,
                                  "verbs": verbs}
     ready_fn: ReadyFn = ready or (lambda: (True, "ready"))
-    prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
+    prefix = verb_prefix(url_prefix)
     bp = Blueprint("extender", __name__, url_prefix=prefix or None)
 
     def body() -> bytes | None:

@@ -17,7 +17,7 @@ from http import HTTPStatus
 from typing import Any, Callable, Iterable
 
 from .relay import OP_OTHER, OPS, TOO_LARGE, RelayClient, RelayError
-from .verbs import Reply, json_reply, read_body, too_large_reply
+from .verbs import Reply, json_reply, read_body, too_large_reply, verb_prefix
 from .wire import WireError, binding_result, filter_answer, parse_extender_args
 
 log = logging.getLogger("stowage.extender")
@@ -51,15 +51,14 @@ def unavailable_reply(verb: str | None, body: bytes | None, reason: str) -> Repl
 def create_frontend(socket_path: str, *, url_prefix: str = "", max_body_bytes: int) -> WSGIApp:
     """The WSGI app of a split-layout worker, relaying to the decision process at ``socket_path``."""
     relay = RelayClient(socket_path)
-    prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
-    routes = {f"{prefix}/{verb}": (verb, op) for verb, op in OPS.items()}
+    routes = {f"{verb_prefix(url_prefix)}/{verb}": (verb, op) for verb, op in OPS.items()}
+    too_large = too_large_reply(max_body_bytes)  # made once: not on every request
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO") or "/"
         verb, op = routes.get(path, (None, OP_OTHER)) if method == "POST" else (None, OP_OTHER)
         body = read_body(environ, max_body_bytes)
-        too_large = too_large_reply(max_body_bytes)
         try:
             if op != OP_OTHER:  # an oversized verb body is refused there too, so that it is counted
                 reply = relay.call(op, body or b"", flags=TOO_LARGE if body is None else 0)

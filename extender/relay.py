@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from .verbs import Reply, Verbs
+from .verbs import Reply, Verbs, json_reply
 
 log = logging.getLogger("stowage.extender")
 
@@ -104,23 +104,19 @@ class RelayClient:
         decision process is gone the reconnect fails and the caller answers with an error."""
         p = path.encode()
         frame = REQ.pack(op, flags, len(p), len(body)) + p + body
-        s = getattr(self._local, "sock", None)
-        fresh = s is None
-        if s is None:
-            s = self._local.sock = self._connect()
-        try:
-            return self._round_trip(s, frame)
-        except OSError as exc:
-            self.drop()
-            if fresh or not isinstance(exc, (BrokenPipeError, ConnectionResetError, RelayError)):
-                raise RelayError(f"decision process: {exc}") from exc
-        # A kept connection that broke before the answer started: reconnect once.
-        s = self._local.sock = self._connect()
-        try:
-            return self._round_trip(s, frame)
-        except OSError as exc:
-            self.drop()
-            raise RelayError(f"decision process: {exc}") from exc
+        for attempt in (0, 1):
+            s = getattr(self._local, "sock", None)
+            fresh = s is None
+            if fresh:
+                s = self._local.sock = self._connect()
+            try:
+                return self._round_trip(s, frame)
+            except OSError as exc:
+                self.drop()
+                # Only a kept connection that broke is worth one more try on a new one.
+                if fresh or attempt or not isinstance(exc, (BrokenPipeError, ConnectionResetError, RelayError)):
+                    raise RelayError(f"decision process: {exc}") from exc
+        raise AssertionError("unreachable")
 
     def drop(self) -> None:
         s = getattr(self._local, "sock", None)
@@ -200,9 +196,9 @@ class RelayServer:
                 return self.other(method, target, body)
             except Exception as exc:
                 log.exception("relay: %s %s failed", method, target)
-                return Reply(500, f'{{"Error": "Stowage extender internal error: {type(exc).__name__}"}}'.encode(),
-                             "internal_error")
-        return Reply(400, b'{"Error": "unknown relay operation"}', "bad_request")
+                return json_reply({"Error": f"Stowage extender internal error: {type(exc).__name__}"}, 500,
+                                  "internal_error")
+        return json_reply({"Error": "unknown relay operation"}, 400, "bad_request")
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -63,6 +63,11 @@ def read_body(environ: dict[str, Any], limit: int) -> bytes | None:
     return data if len(data) <= limit else None
 
 
+def verb_prefix(url_prefix: str) -> str:
+    """The verbs' path prefix: '' or '/x[/y]' (no trailing slash), however the flag was written."""
+    return "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
+
+
 def too_large_reply(max_body_bytes: int) -> Reply:
     """The 413 for a body over the limit (the limit is the extender's --max-body-mib)."""
     return json_reply({"Error": f"request body larger than {max_body_bytes} bytes "
