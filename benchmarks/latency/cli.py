@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -74,11 +74,10 @@ def _measure(srv: procs.Server, n: int, variant: str, mode: str, pods: list[dict
              items: dict[str, bytes] | None, clients: int, extra_fn=None, workers: int = 1) -> dict[str, Any]:
     _warm(srv.host, srv.port, n, names, items, f"{variant}-{mode}")
     before = extra_fn() if extra_fn else None
-    cpu0 = srv.cpu()
     per0 = srv.cpu_by_process()
     results = schedule(Workload(srv.host, srv.port, pods, names, items), clients)
-    cpu = srv.cpu() - cpu0
     per = [b - a for a, b in zip(per0, srv.cpu_by_process())]
+    cpu = sum(per)
     extra = extra_fn(before) if extra_fn else None
     row = summarise(n, variant, mode, results, cpu, srv.peak_mib(), extra)
     row["workers"] = workers
@@ -102,13 +101,25 @@ def run_size(n: int, a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
     items = cluster.node_items(n) if full else None
     full_pods = cluster.pods(a.full_pods, seed=a.seed, prefix="full") if full else []
     plan = cluster.prefill_plan(n, seed=a.seed)
-    data = (cluster_file, names, pods, full, items, full_pods, plan)
+    data = SizeInputs(cluster_file, names, pods, full, items, full_pods, plan)
     for w in a.worker_counts:
         rows += run_layout(n, w, a, tmp, data)
     return rows
 
 
-def run_layout(n: int, w: int, a: argparse.Namespace, tmp: Path, data: tuple) -> list[dict[str, Any]]:
+class SizeInputs(NamedTuple):
+    """What every layout of one cluster size is run with (built once per size)."""
+
+    cluster_file: Path
+    names: list[str]
+    pods: list[dict[str, Any]]
+    full: bool
+    items: dict[str, bytes] | None
+    full_pods: list[dict[str, Any]]
+    plan: list[tuple[str, dict[str, Any]]]
+
+
+def run_layout(n: int, w: int, a: argparse.Namespace, tmp: Path, data: SizeInputs) -> list[dict[str, Any]]:
     """The floor, Stowage, and Stowage with churn, all with ``w`` gunicorn workers."""
     rows: list[dict[str, Any]] = []
     served = procs.extender_processes(w)

@@ -92,13 +92,10 @@ class Server:
         raise RuntimeError(f"{self.name} did not become ready (with {self.children} processes under its master) "
                            f"in {timeout:.0f}s; see {self.log_path}")
 
-    def cpu(self) -> float:
-        """CPU seconds of the processes that serve (the master only supervises)."""
-        return sum(cpu_seconds(p) for p in self.pids)
-
     def cpu_by_process(self) -> list[float]:
-        """CPU seconds of each serving process (the split layout's decision process is the
-        master's first child: it is forked before gunicorn starts its workers)."""
+        """CPU seconds of each serving process (the master only supervises); the split layout's
+        decision process is the master's first child: it is forked before gunicorn starts its
+        workers."""
         return [cpu_seconds(p) for p in sorted(self.pids)]
 
     def peak_mib(self) -> float:
