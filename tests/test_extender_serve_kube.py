@@ -3,7 +3,6 @@ the whole server in kube mode, including a restart that rebuilds the model from 
 from __future__ import annotations
 
 import pytest
-import requests
 
 from extender_harness import start_process
 from extender.simcluster import node_objects, parse_cluster

@@ -27,20 +27,15 @@ from werkzeug.test import Client
 from benchmarks.latency import cluster as benchcluster
 from extender.app import create_app
 from extender.demo import ExtenderProcess
-from extender_harness import start_process
+from extender_harness import model_from, start_process
 from extender.frontend import create_frontend
-from extender.model import ClusterModel
 from extender.relay import OP_OTHER, OPS, TOO_LARGE, RelayClient, RelayServer
 from extender.service import ExtenderService
-from extender.simcluster import parse_cluster
 from extender.split import flask_other
+from test_extender_gunicorn import CLUSTER
 
-SMALL = {"nodes": [
-    {"name": "node-a", "gpus": {"model": "Tesla T4", "count": 1, "memory": "16Gi"}},
-    {"name": "node-b", "gpus": {"model": "Tesla T4", "count": 4, "memory": "16Gi"}},
-    {"name": "node-c", "gpus": {"model": "NVIDIA H100-SXM5-80GB", "count": 8, "memory": "80Gi",
-                                "nvlink": [[0, 1, 2, 3], [4, 5, 6, 7]]}},
-]}
+# The wire fixtures' cluster (node-a: 1 T4, node-b: 4 T4, node-c: 8 H100 in two NVLink groups).
+SMALL = CLUSTER
 
 
 def _start(tmp_path: Path, cluster_file: Path, workers: int, name: str) -> tuple[ExtenderProcess, requests.Session]:
@@ -211,14 +206,8 @@ def test_graceful_stop_takes_the_whole_tree(small_split):
 
 
 # ------------------------------------------------------------------ in-process, real sockets
-def _populated(doc: dict) -> ClusterModel:
-    model = ClusterModel()
-    parse_cluster(doc, "test").populate(model)
-    return model
-
-
 def _service() -> ExtenderService:
-    return ExtenderService(_populated(SMALL))
+    return ExtenderService(model_from(SMALL))
 
 
 def test_frontend_answers_each_verb_when_the_decision_process_is_gone(tmp_path, wire):
@@ -302,7 +291,7 @@ def test_relay_answers_equal_in_process_verbs_on_random_pods(tmp_path, seed, inl
         import extender.relay
         monkeypatch.setattr(extender.relay, "INLINE_MAX_BODY", 0)
     doc = benchcluster.cluster_doc(40)
-    twin_a, twin_b = (ExtenderService(_populated(doc)) for _ in range(2))
+    twin_a, twin_b = (ExtenderService(model_from(doc)) for _ in range(2))
     app_a, app_b = create_app(twin_a), create_app(twin_b)
     verbs_b = app_b.extensions["stowage"]["verbs"]
     names = benchcluster.node_names(40)
