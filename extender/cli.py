@@ -6,7 +6,10 @@ pods through the Kubernetes API, binding through ``pods/binding``).
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
+import socket
+import ssl
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -16,7 +19,7 @@ from flask import Flask
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
 from .app import DEFAULT_MAX_BODY_BYTES, create_app
-from .gunicorn_conf import ExtenderServer, gunicorn_options, register_exit
+from .gunicorn_conf import ExtenderServer, TLSFiles, gunicorn_options, register_exit
 from .model import ClusterModel
 from .policy import PACK, SPREAD, PodPolicy
 from .service import ExtenderService
@@ -24,6 +27,8 @@ from .simcluster import SimCluster, SimClusterError, describe, load_cluster
 
 log = logging.getLogger("stowage.extender")
 
+# The pod's loopback: in the sidecar layout kube-scheduler reaches the extender there, nothing else can.
+DEFAULT_BIND = "127.0.0.1:8888"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -108,6 +113,37 @@ def run_server(cfg: ServeConfig, bind: str, threads: int, log_level: str,
     ExtenderServer(lambda: factory(cfg), options).run()
 
 
+def bind_is_local(bind: str) -> bool:
+    """Whether only this machine (this pod) can reach ``bind``: a loopback address, a unix socket,
+    or an inherited socket (``fd://N``) bound to either."""
+    if bind.startswith("unix:"):
+        return True
+    if bind.startswith("fd://"):
+        try:
+            s = socket.socket(fileno=int(bind[5:]))
+        except (ValueError, OSError):
+            return False
+        try:
+            if s.family == socket.AF_UNIX:
+                return True
+            host = s.getsockname()[0]
+        except OSError:
+            return False
+        finally:
+            s.detach()
+    else:
+        try:
+            host, _ = parse_host_port(bind)
+        except ValueError:
+            return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None:
         try:
@@ -118,8 +154,19 @@ def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str |
 
 
 @click.command("extender")
-@click.option("--bind", default="0.0.0.0:8888", show_default=True,
-              help="Address to listen on: HOST:PORT, unix:PATH or fd://FD.")
+@click.option("--bind", default=DEFAULT_BIND, show_default=True,
+              help="Address to listen on: HOST:PORT, unix:PATH or fd://FD. Anyone who reaches it can bind "
+                   "pods: an address other machines can reach needs --tls-cert/--tls-key/--tls-client-ca "
+                   "(or --allow-unauthenticated, which you should not use).")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False),
+              help="Serve HTTPS with this certificate (PEM); needs --tls-key and --tls-client-ca.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="The private key of --tls-cert (PEM).")
+@click.option("--tls-client-ca", type=click.Path(exists=True, dir_okay=False),
+              help="Accept only clients with a certificate signed by this CA (PEM): kube-scheduler's "
+                   "extender tlsConfig certFile/keyFile. Every route (/state too) is behind it.")
+@click.option("--allow-unauthenticated", is_flag=True,
+              help="Serve plain HTTP on an address other machines can reach. Anyone reaching it can bind "
+                   "any pod to any node and read every allocation: only for isolated test setups.")
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="HTTP worker processes. 1: one process holds the model and serves the HTTP. "
                    "More: the split layout, N HTTP-only workers in front of ONE decision process that "
@@ -148,15 +195,23 @@ def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str |
               help="Seconds a request may run before gunicorn restarts the worker.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
-def serve(bind: str, workers: int, threads: int, url_prefix: str, simulated: str | None, kubeconfig: str | None,
-          in_cluster: bool, default_node_policy: str, default_card_policy: str, memory_unit_mib: int,
-          max_body_mib: int, metrics_bind: str | None, timeout: int, log_level: str) -> None:
+def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: str | None,
+          allow_unauthenticated: bool, workers: int, threads: int, url_prefix: str, simulated: str | None,
+          kubeconfig: str | None, in_cluster: bool, default_node_policy: str, default_card_policy: str,
+          memory_unit_mib: int, max_body_mib: int, metrics_bind: str | None, timeout: int, log_level: str) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, /healthz, /readyz, /metrics).
 
     The card model lives in ONE process (several would each hand out the same cards): the one
     gunicorn worker, or with --workers N > 1 a decision process behind N HTTP-only workers.
     """
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
+    tls = tls_files(tls_cert, tls_key, tls_client_ca)
+    if tls is None and not allow_unauthenticated and not bind_is_local(bind):
+        raise click.UsageError(
+            f"--bind {bind} can be reached from other machines, and the extender's verbs are not authenticated "
+            "without TLS: anyone reaching it could bind any pod to any node. Use a loopback address (the "
+            "sidecar layout), or --tls-cert/--tls-key/--tls-client-ca (kube-scheduler's extender tlsConfig), "
+            "or --allow-unauthenticated if you really mean it")
     modes = sum(bool(x) for x in (simulated, kubeconfig or in_cluster))
     if modes != 1:
         raise click.UsageError("choose one model source: --simulated FILE|builtin, or --kubeconfig FILE / --in-cluster")
@@ -185,7 +240,27 @@ def serve(bind: str, workers: int, threads: int, url_prefix: str, simulated: str
                       default_policy=PodPolicy(node=default_node_policy, card=default_card_policy),
                       memory_unit_mib=memory_unit_mib, max_body_bytes=max_body_mib << 20,
                       metrics_bind=metrics_bind)
-    run_server(cfg, bind=bind, threads=threads, log_level=log_level, timeout=timeout, workers=workers)
+    run_server(cfg, bind=bind, threads=threads, log_level=log_level, timeout=timeout, workers=workers, tls=tls)
+
+
+def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TLSFiles | None:
+    """The TLS settings of the three flags: all or none (HTTPS without client verification would
+    still let anyone call bind, so it is not offered)."""
+    given = [f for f, v in (("--tls-cert", cert), ("--tls-key", key), ("--tls-client-ca", client_ca)) if v]
+    if not given:
+        return None
+    if len(given) < 3:
+        missing = sorted({"--tls-cert", "--tls-key", "--tls-client-ca"} - set(given))
+        raise click.UsageError(f"{', '.join(given)} also needs {', '.join(missing)}: HTTPS is served only with "
+                               "client-certificate verification")
+    assert cert and key and client_ca
+    try:  # unusable files fail here, with a message, not on every connection in a worker
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=client_ca)
+        ctx.load_cert_chain(certfile=cert, keyfile=key)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot use --tls-cert {cert} / --tls-key {key} / --tls-client-ca "
+                                   f"{client_ca}: {exc}") from None
+    return TLSFiles(cert=cert, key=key, client_ca=client_ca)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from flask import Flask
@@ -51,15 +53,37 @@ def _worker_exit(server: Any, worker: Any) -> None:
     run_exit_callbacks()
 
 
+@dataclass(frozen=True)
+class TLSFiles:
+    """HTTPS with client-certificate verification: the server's certificate and key, and the CA
+    whose client certificates are the only ones accepted (kube-scheduler's extender
+    ``tlsConfig.certFile``/``keyFile`` are signed by it). The files are read on every new
+    connection, so a rotated certificate takes effect without a restart."""
+
+    cert: str
+    key: str
+    client_ca: str
+
+
+def tls_options(tls: TLSFiles | None) -> dict[str, Any]:
+    """gunicorn's settings for ``tls``: a client without a certificate signed by the client CA
+    fails the TLS handshake, before any byte of HTTP is read (no route, /state included, is
+    reachable without one)."""
+    if tls is None:
+        return {}
+    return {"certfile": tls.cert, "keyfile": tls.key, "ca_certs": tls.client_ca, "cert_reqs": ssl.CERT_REQUIRED}
+
+
 def gunicorn_options(bind: str, threads: int, log_level: str, timeout: int = 60,
-                     keepalive: int = 75, workers: int = 1) -> dict[str, Any]:
+                     keepalive: int = 75, workers: int = 1, tls: TLSFiles | None = None) -> dict[str, Any]:
     """The gunicorn settings Stowage runs with (see the module docstring for ``workers: 1``;
     more workers only in the split layout, where the workers hold no state).
 
     ``keepalive`` exceeds kube-scheduler's idle connection reuse so its connections are not
-    cut under it; ``timeout`` bounds how long a stuck request may hold the worker.
+    cut under it; ``timeout`` bounds how long a stuck request may hold the worker; ``tls``:
+    HTTPS that only accepts clients with a certificate from the client CA.
     """
-    return {
+    return {**tls_options(tls),
         "bind": bind,
         "workers": max(1, workers),
         "worker_class": "gthread",
