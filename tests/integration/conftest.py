@@ -7,11 +7,14 @@ different ``STOWAGE_IT_PORT_BASE`` values (only one may use the real kubelet).
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pytest
 
 from realk8s import LocalK8s, _port_base, new_cluster_dir, require_control_plane
+
+if TYPE_CHECKING:
+    from schedbed import Pool, SchedBed
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +26,31 @@ def k8s() -> Iterator[LocalK8s]:
         yield cluster
     finally:
         cluster.down()
+
+
+@pytest.fixture(scope="session")
+def sched_bed(k8s: LocalK8s) -> Iterator["SchedBed"]:
+    """kube-scheduler (the deployed scheduler-config.yaml) + ``stowage extender`` for the session."""
+    from schedbed import SchedBed
+    bed = SchedBed(k8s)
+    try:
+        yield bed
+    finally:
+        bed.stop()
+
+
+@pytest.fixture
+def sched(sched_bed: "SchedBed") -> "SchedBed":
+    """The bed, with its extender and kube-scheduler running (restarted if a test stopped them)."""
+    return sched_bed.ensure()
+
+
+@pytest.fixture
+def pool(request: pytest.FixtureRequest, k8s: LocalK8s) -> Iterator["Pool"]:
+    """This test's own fake GPU nodes and namespace; its pods and nodes are deleted afterwards."""
+    from schedbed import Pool
+    p = Pool(k8s, request.node.name)
+    try:
+        yield p
+    finally:
+        p.cleanup()
