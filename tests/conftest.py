@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED = Path(__import__("os").environ.get("STOWAGE_SHARED", ROOT.parent / "shared"))
-WIRE = SHARED / "wire"
+from shared_paths import ROOT, SHARED, WIRE  # noqa: F401 - ROOT/SHARED re-exported for fixtures
 
 
 def wire_body(mode: str, name: str) -> dict:

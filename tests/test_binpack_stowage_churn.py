@@ -21,7 +21,7 @@ from extender.wire import encode, parse_binding_args, parse_extender_args
 from stowage.inventory import Card, Inventory
 from stowage.resources import GpuRequest
 
-from conftest import SHARED
+from shared_paths import SHARED
 from test_extender_rowcache import partly_used_model, row_local_scores
 from test_latency_equivalence import POD_LIMITS, random_model
 

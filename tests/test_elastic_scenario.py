@@ -15,7 +15,7 @@ from benchmarks.elastic.workload import Deployment, Scenario, build
 from extender import scoring
 from stowage.resources import GpuRequest
 
-from conftest import SHARED
+from shared_paths import SHARED
 
 
 def nodes(n: int, gpus: int = 4) -> Nodes:
