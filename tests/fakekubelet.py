@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 import threading
 import time
 from concurrent import futures
@@ -94,10 +95,18 @@ class FakeKubelet:
             c.channel.close()
 
     def stop(self) -> None:
-        """Kubelet stops: removes nothing on disk."""
+        """Kubelet stops: removes nothing on disk, so its kubelet.sock stays behind, refusing connections.
+
+        gRPC unlinks its socket on shutdown; the real kubelet does not (../shared/kubelet/README.md),
+        so a socket file nobody listens on is put back in its place.
+        """
         if self.server is not None:
             self.server.stop(grace=0).wait(2)
             self.server = None
+            if not os.path.exists(self.sock):
+                stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                stale.bind(self.sock)
+                stale.close()
         self._drop_plugins()
 
     def restart(self) -> float:
