@@ -11,7 +11,10 @@ only one for init containers, which a v1.28 kubelet does not list). A pod that h
 all of its devices is the one the kubelet is admitting (admission is serial): while there is
 one, only it is a candidate, so all of a container's resources land on the same card. Records
 that the kubelet has already contradicted are matched in their corrected form
-(:mod:`deviceplugin.reconcile`).
+(:mod:`deviceplugin.reconcile`). A pod with ``status.startTime`` has been admitted (the kubelet
+sets it only after admission, devices included) and is never a candidate: during a restarted
+kubelet's re-admission PodResources lists only the pods re-added so far, so "not listed" alone
+does not mean "waiting for devices".
 
 - GetPreferredAllocation (a hint): candidates whose next container asks for exactly
   ``allocation_size`` devices and whose recorded card(s) have enough of the offered devices.
@@ -177,7 +180,14 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
     for pod in pods:
         meta = pod.get("metadata") or {}
         ref = f"{meta.get('namespace')}/{meta.get('name')}"
-        if (pod.get("status") or {}).get("phase") in _TERMINAL or meta.get("deletionTimestamp"):
+        status = pod.get("status") or {}
+        if status.get("phase") in _TERMINAL or meta.get("deletionTimestamp"):
+            continue
+        if status.get("startTime"):
+            # Admitted by the kubelet already (it sets startTime once admission, devices included,
+            # is done): not waiting for devices, even when PodResources does not list it, as while a
+            # restarted kubelet re-adds pods one at a time. Taking it for the pod being admitted
+            # would hand that pod this one's card.
             continue
         sizes = _container_sizes(pod, resource)
         if not sizes:

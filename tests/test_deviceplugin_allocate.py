@@ -196,3 +196,39 @@ def test_no_free_device_means_no_plugin_call(monkeypatch):
         with pytest.raises(AdmissionError):
             r.kubelet.admit(pod)
         assert r.kubelet.calls == []
+
+
+def test_an_admitted_pod_is_never_a_candidate_even_when_the_kubelet_does_not_list_it():
+    """A restarted kubelet re-adds pods one at a time and PodResources lists only those re-added so
+    far; a running pod (status.startTime set) it has not re-added yet must not be mistaken for the
+    pod being admitted, or the new pod gets the running pod's card (issue 11, bug 1)."""
+    from deviceplugin import allocator
+    from deviceplugin.devices import DeviceTable
+    from deviceplugin.nvml import GpuInfo
+    from deviceplugin.reconcile import KubeletView
+    from dp_harness import NODE
+
+    table = DeviceTable([GpuInfo(0, "GPU-0", "NVIDIA A100", 81920), GpuInfo(1, "GPU-1", "NVIDIA A100", 81920)], 1024)
+
+    def pod(name, card, bound_at, started):
+        p = {"metadata": {"name": name, "namespace": "ns", "uid": name,
+                          "annotations": {"stowage.io/allocation": record([(card, f"GPU-{card}")], whole=False,
+                                                                          mem_mib=4096, core_milli=100)}},
+             "spec": {"nodeName": NODE, "containers": [container("main", mem=4, core=10)]},
+             "status": {"phase": "Running" if started else "Pending",
+                        "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": bound_at}]}}
+        if started:
+            p["status"]["startTime"] = bound_at
+        return p
+
+    pods = [pod("running", 0, "2026-01-01T00:00:01Z", True), pod("new", 1, "2026-01-01T00:00:09Z", False)]
+    empty = KubeletView({})   # the running pod is not re-added yet
+    found = allocator.survey(pods, NODE, RESOURCE_GPU_MEMORY, allocator.Ledger(), empty)
+    assert [c.name for c in found.candidates] == ["new"]
+    offered = [d.id for d in table.devices(RESOURCE_GPU_MEMORY, {"GPU-0": True, "GPU-1": True})]
+    cand, ids = allocator.preferred(table, RESOURCE_GPU_MEMORY, offered, [], 4, found)
+    assert cand.name == "new" and _cards_of(ids) == {"GPU-1"}
+    # the same pod without startTime (not admitted yet) is a candidate again: the check is startTime
+    pods[0]["status"].pop("startTime")
+    found = allocator.survey(pods, NODE, RESOURCE_GPU_MEMORY, allocator.Ledger(), empty)
+    assert [c.name for c in found.candidates] == ["running", "new"]
