@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from concurrent import futures
@@ -41,6 +42,30 @@ log = logging.getLogger("stowage.deviceplugin")
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+
+
+# A failed Register is retried after this long, or as soon as kubelet.sock accepts a connection again.
+REGISTER_RETRY_S = 1.0
+
+
+def kubelet_accepts(path: str) -> bool:
+    """Whether something listens on the unix socket ``path`` (one connect, closed at once).
+
+    While the kubelet is down its ``kubelet.sock`` stays behind and refuses connections, so
+    Register fails fast on every try. A restarted kubelet re-admits its pods about 0.7-0.9 s after
+    its registration server starts (../shared/kubelet/README.md): waiting out a retry delay would
+    register too late and those pods fail. One connect per poll while backing off tells the
+    moment the server is back, whatever inode the re-created socket got.
+    """
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(0.05)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
 
 
 def socket_name(resource: str) -> str:
@@ -394,15 +419,20 @@ class DevicePlugin:
                 log.warning("%s: socket %s is gone (kubelet restart?); serving again", ep.resource, ep.path)
                 ep.serve()
             kino = self._kubelet_ino()
-            if kino is None or ep.registered_with == kino or time.monotonic() < ep.next_try:
+            if kino is None or ep.registered_with == kino:
                 continue
+            if time.monotonic() < ep.next_try and not kubelet_accepts(self.kubelet_sock):
+                continue   # backing off, and kubelet.sock is still the stale socket of a stopped kubelet
             try:
                 ep.register(self.kubelet_sock, self.cfg.register_timeout_s)
                 ep.registered_with = kino
+                ep.next_try = 0.0
                 log.info("%s: registered with the kubelet (endpoint %s)", ep.resource, os.path.basename(ep.path))
             except grpc.RpcError as exc:
-                ep.next_try = time.monotonic() + 1.0
-                log.warning("%s: registration failed (%s); retrying", ep.resource, exc.details() if hasattr(exc, "details") else exc)
+                ep.next_try = time.monotonic() + REGISTER_RETRY_S
+                log.warning("%s: registration failed (%s); retrying when the kubelet accepts connections, at "
+                            "the latest in %.0f s", ep.resource, exc.details() if hasattr(exc, "details") else exc,
+                            REGISTER_RETRY_S)
 
     def _watch(self) -> None:
         while not self._stop.wait(self.cfg.poll_s):

@@ -111,6 +111,28 @@ def test_kubelet_restart_reregisters_fast(monkeypatch):
         assert r.kubelet.wait_for(lambda: len(r.kubelet.plugins) == 3, timeout=10)
 
 
+def test_registration_backing_off_retries_as_soon_as_the_kubelet_is_back(monkeypatch):
+    """Issue 11, bug 2: a plugin (re)started while the kubelet is down fails Register against the
+    stale kubelet.sock and backs off; when the kubelet's registration server comes back it must
+    register at once, not after its retry delay (the kubelet re-admits pods ~0.7 s later)."""
+    import time
+
+    retry_s = 1.0   # the plugin's delay after a failed Register (deviceplugin.server.REGISTER_RETRY_S)
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        r.kubelet.stop()                      # kubelet.sock stays behind, refusing connections
+        r.restart_plugin()
+        assert r.kubelet.registrations[-1][0] < r.kubelet.started_at + 1   # nothing new registered
+        assert any(ep.next_try > time.monotonic() for ep in r.plugin.endpoints), "no failed try to back off from"
+        time.sleep(retry_s / 4)      # into the back-off
+        before = len(r.kubelet.registrations)
+        t0 = r.kubelet.restart()
+        assert r.kubelet.wait_for(lambda: len(r.kubelet.registrations) - before >= 3, timeout=10)
+        took = max(t for t, _, _ in r.kubelet.registrations[before:]) - t0
+        # the plugin polls every 100 ms; its retry delay is a whole second
+        assert took < retry_s / 2, f"registered {took * 1000:.0f} ms after the kubelet came back"
+
+
 def test_sigterm_removes_sockets(tmp_path):
     base = short_tmpdir()
     plugin_dir = os.path.join(base, "dp")
