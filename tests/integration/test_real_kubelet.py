@@ -1,0 +1,333 @@
+"""The device plugin with the REAL kubelet (v1.28.7, containerd): registration, Allocate, restarts, health.
+
+NVML is faked at the pynvml layer (``tests/fakenvml.py``); everything above it is the plugin's own
+code, in this process, on the kubelet's real device-plugin directory. Pods run the image
+``example.local/fakegpu-test:1 env``, which prints its environment: what the kubelet put in the
+container from our Allocate answer is read back from the container's log. Pods are bound as the
+extender binds them (its ``KubeBinder``: record, then Binding), without a scheduler, so each test
+controls exactly which card a pod is recorded on and when it is bound.
+
+The two bugs of issue 11 are pinned here: a pod bound while the kubelet is down must get ITS
+recorded card during the restarted kubelet's re-admission (not a running pod's card that the
+PodResources API does not list yet), and the plugin must re-register within 200 ms of the
+kubelet's registration server coming back even while it was backing off.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from fakenvml import FakeNvml, default_cards
+from realk8s import LocalK8s, require_kubelet, wait_until
+
+from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, decode_allocation
+from stowage.inventory import INVENTORY_ANNOTATION, decode_inventory
+from stowage.resources import CORE_MILLI_PER_CARD, RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY
+
+NODE = "gpu-node-1"
+NS = "dp-it"
+IMAGE = "example.local/fakegpu-test:1"
+PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@dataclass
+class GpuNode:
+    """The real kubelet's node, our plugin on it, and the fake NVML under the plugin."""
+
+    k8s: LocalK8s
+    nvml: FakeNvml
+    plugin: Any
+    dev_root: str
+
+    def uuid(self, i: int) -> str:
+        return self.nvml.cards[i].uuid
+
+    def restart_plugin(self, wait_registered: bool = True) -> None:
+        """Stop the plugin and start a fresh one (empty memory), as a DaemonSet pod restart does."""
+        from deviceplugin.server import DevicePlugin
+        cfg = self.plugin.cfg
+        self.plugin.stop()
+        self.plugin = DevicePlugin(cfg)
+        self.plugin.start()
+        if wait_registered:
+            self.wait_registered()
+
+    def registered(self) -> bool:
+        kino = self.plugin._kubelet_ino()
+        return all(ep.registered_with is not None and ep.registered_with == kino for ep in self.plugin.endpoints)
+
+    def wait_registered(self, timeout: float = 10) -> None:
+        wait_until(self.registered, timeout, "the plugin to register all three resources")
+
+    # --- pods ------------------------------------------------------------------------------
+    def record(self, cards: list[int], whole: bool, mem_gib: int = 0, core_pct: int = 0) -> AllocationRecord:
+        infos = {c.index: c for c in self.plugin.state.table.cards}
+        return AllocationRecord(node=NODE, whole=whole, cards=tuple(
+            CardShare(index=k, uuid=infos[k].uuid,
+                      memory_mib=infos[k].memory_mib if whole else mem_gib * 1024,
+                      core_milli=CORE_MILLI_PER_CARD if whole else core_pct * 10) for k in cards))
+
+    def create_pod(self, name: str, containers: list[dict], init: list[dict] | None = None) -> dict:
+        """A pod no scheduler picks up (schedulerName names none): the test binds it itself."""
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+                "spec": {"schedulerName": "stowage-it-manual", "terminationGracePeriodSeconds": 1,
+                         "containers": containers, **({"initContainers": init} if init else {})}}
+        return self.k8s.core.api_client.sanitize_for_serialization(
+            self.k8s.core.create_namespaced_pod(NS, body))
+
+    def bind(self, pod: dict, rec: AllocationRecord) -> None:
+        from extender.kube_binder import KubeBinder
+        meta = pod["metadata"]
+        KubeBinder(self.k8s.api_client()).bind(NS, meta["name"], meta["uid"], NODE, rec)
+
+    def pod(self, name: str) -> dict:
+        resp = self.k8s.core.read_namespaced_pod(name, NS, _preload_content=False)
+        return json.loads(resp.data)
+
+    def wait_running(self, name: str, timeout: float = 60) -> dict:
+        def running() -> dict | None:
+            p = self.pod(name)
+            phase = p["status"].get("phase")
+            if phase in ("Failed", "Succeeded"):
+                raise AssertionError(f"pod {name} is {phase}: {p['status'].get('reason')} "
+                                     f"{p['status'].get('message')}")
+            return p if phase == "Running" else None
+        return wait_until(running, timeout, f"pod {name} Running")
+
+    def container_env(self, name: str, container: str, timeout: float = 30) -> dict[str, str]:
+        """The environment the container printed (``fakegpu-test env``), from its log on this node."""
+        uid = self.pod(name)["metadata"]["uid"]
+
+        def read() -> dict[str, str] | None:
+            logs = sorted(Path("/var/log/pods").glob(f"{NS}_{name}_{uid}/{container}/*.log"))
+            if not logs:
+                return None
+            env = {}
+            for line in logs[0].read_text(errors="replace").splitlines():
+                m = re.search(r"\bENV ([A-Za-z_][A-Za-z0-9_]*)=(.*)$", line)
+                if m:
+                    env[m.group(1)] = m.group(2)
+            return env or None
+        return wait_until(read, timeout, f"the printed environment of {name}/{container}")
+
+    def delete_all_pods(self) -> None:
+        for p in self.k8s.core.list_namespaced_pod(NS).items:
+            self.k8s.core.delete_namespaced_pod(p.metadata.name, NS, grace_period_seconds=0)
+        wait_until(lambda: not self.k8s.core.list_namespaced_pod(NS).items, 60, "the test pods to be gone")
+
+    def node_resources(self) -> tuple[dict[str, str], dict[str, str]]:
+        st = self.k8s.core.read_node(NODE).status
+        return dict(st.capacity or {}), dict(st.allocatable or {})
+
+
+def gpu_container(name: str, gpus: int = 0, mem: int = 0, core: int = 0, exit_after: bool = False) -> dict:
+    limits = {}
+    if gpus:
+        limits[RESOURCE_GPU] = str(gpus)
+    if mem:
+        limits[RESOURCE_GPU_MEMORY] = str(mem)
+    if core:
+        limits[RESOURCE_GPU_CORE] = str(core)
+    return {"name": name, "image": IMAGE, "imagePullPolicy": "Never", "args": ["env", "exit"] if exit_after else ["env"],
+            "resources": {"limits": limits}}
+
+
+@pytest.fixture(scope="module")
+def gpu_node(k8s: LocalK8s) -> Iterator[GpuNode]:
+    require_kubelet()
+    from deviceplugin.server import DevicePlugin, PluginConfig
+    import kubernetes.client
+
+    if k8s.kubelet_node is None:
+        k8s.start_kubelet(NODE)
+    nvml = FakeNvml(default_cards())
+    undo = nvml.install()
+    dev_root = tempfile.mkdtemp(prefix="dp-dev-")   # no /dev/nvidia* here: the plugin sends no device specs
+    if not any(n.metadata.name == NS for n in k8s.core.list_namespace().items):
+        k8s.core.create_namespace({"metadata": {"name": NS}})
+    cfg = PluginConfig(node=NODE, plugin_dir=PLUGIN_DIR, dev_root=dev_root, recovery_quiet_s=2.0,
+                       probe_interval_s=0.5, event_wait_ms=100, reconcile_interval_s=1.0,
+                       core_api=kubernetes.client.CoreV1Api(k8s.api_client()))
+    plugin = DevicePlugin(cfg)
+    plugin.start()
+    node = GpuNode(k8s, nvml, plugin, dev_root)
+    try:
+        node.wait_registered()
+        yield node
+    finally:
+        try:
+            node.delete_all_pods()
+        finally:
+            node.plugin.stop()
+            undo()
+            shutil.rmtree(dev_root, ignore_errors=True)
+
+
+@pytest.fixture
+def clean(gpu_node: GpuNode) -> Iterator[GpuNode]:
+    """Each test starts and ends with no pod on the node and the kubelet running."""
+    gpu_node.delete_all_pods()
+    yield gpu_node
+    if gpu_node.k8s.kubelet_pid() is None:
+        gpu_node.k8s.start_kubelet_again()
+        wait_until(lambda: Path(PLUGIN_DIR, "kubelet.sock").exists(), 30, "kubelet.sock")
+    gpu_node.delete_all_pods()
+
+
+def test_registers_three_resources_and_the_node_shows_them(gpu_node: GpuNode) -> None:
+    cards = gpu_node.nvml.cards
+    want = {RESOURCE_GPU: str(len(cards)), RESOURCE_GPU_MEMORY: str(sum(c.memory_mib // 1024 for c in cards)),
+            RESOURCE_GPU_CORE: str(100 * len(cards))}
+
+    def shown() -> bool:
+        cap, alloc = gpu_node.node_resources()
+        return all(cap.get(r) == v and alloc.get(r) == v for r, v in want.items())
+    wait_until(shown, 30, f"node {NODE} capacity and allocatable {want}")
+    ann = gpu_node.k8s.core.read_node(NODE).metadata.annotations or {}
+    inv = decode_inventory(ann[INVENTORY_ANNOTATION])
+    assert [c.uuid for c in inv.cards] == [c.uuid for c in cards]
+
+
+def test_each_container_gets_exactly_its_recorded_cards(clean: GpuNode) -> None:
+    n = clean
+    pods = {
+        # two whole cards on the NVLinked pair
+        "whole-two": ([gpu_container("main", gpus=2)], None, n.record([0, 1], whole=True)),
+        # an init container and the app container, one whole card each (the kubelet reuses the init's)
+        "whole-init": ([gpu_container("main", gpus=1)], [gpu_container("prep", gpus=1, exit_after=True)],
+                       n.record([2], whole=True)),
+        # two slices of memory + compute on the same card
+        "slice-a": ([gpu_container("main", mem=4, core=25)], None, n.record([3], whole=False, mem_gib=4, core_pct=25)),
+        "slice-b": ([gpu_container("main", mem=2, core=10)], None, n.record([3], whole=False, mem_gib=2, core_pct=10)),
+    }
+    for name, (containers, init, rec) in pods.items():
+        n.bind(n.create_pod(name, containers, init), rec)
+    for name in pods:
+        n.wait_running(name)
+
+    env = n.container_env("whole-two", "main")
+    assert sorted(env["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted([n.uuid(0), n.uuid(1)])
+    assert env["STOWAGE_POD"] == f"{NS}/whole-two"
+    for cont in ("prep", "main"):
+        env = n.container_env("whole-init", cont)
+        assert env["NVIDIA_VISIBLE_DEVICES"] == n.uuid(2), cont
+        assert env["STOWAGE_POD"] == f"{NS}/whole-init"
+    for name, mem, core in (("slice-a", 4, 25), ("slice-b", 2, 10)):
+        env = n.container_env(name, "main")
+        assert env["NVIDIA_VISIBLE_DEVICES"] == n.uuid(3)
+        assert env["STOWAGE_POD"] == f"{NS}/{name}"
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={mem * 1024}M"
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(core)
+
+    # The exporter's PodResources client reads the real kubelet's API: every container above is
+    # listed with device IDs on its recorded card(s), in the counts it asked for.
+    from exporter.podresources.client import list_devices
+    table = n.plugin.state.table
+    ids: dict[tuple[str, str, str], list[str]] = {}
+    for r in list_devices():   # the kubelet lists a resource's devices in one row per NUMA node
+        if r.namespace == NS:
+            ids.setdefault((r.pod, r.container, r.resource), []).extend(r.device_ids)
+    got = {k: sorted({table.card_of(k[2], i).uuid for i in v}) for k, v in ids.items()}
+    counts = {k: len(v) for k, v in ids.items()}
+    assert got[("whole-two", "main", RESOURCE_GPU)] == sorted([n.uuid(0), n.uuid(1)])
+    assert got[("whole-init", "main", RESOURCE_GPU)] == [n.uuid(2)]
+    assert got[("slice-a", "main", RESOURCE_GPU_MEMORY)] == [n.uuid(3)]
+    assert counts[("slice-a", "main", RESOURCE_GPU_MEMORY)] == 4
+    assert counts[("slice-a", "main", RESOURCE_GPU_CORE)] == 25
+    assert counts[("slice-b", "main", RESOURCE_GPU_CORE)] == 10
+    # no record had to be corrected: the kubelet was steered to exactly the recorded cards
+    for name, (_, _, rec) in pods.items():
+        assert decode_allocation(n.pod(name)["metadata"]["annotations"][ALLOCATION_ANNOTATION]) == rec
+
+
+def _kubelet_registration_server_started(k8s: LocalK8s, after: float) -> float | None:
+    """Wall time of the kubelet's "Starting device plugin registration server" line after ``after``."""
+    year = datetime.now(timezone.utc).year
+    for line in k8s.kubelet_log().splitlines():
+        if "Starting device plugin registration server" not in line:
+            continue
+        m = re.match(r"I(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+)", line)
+        if not m:
+            continue
+        mo, d, h, mi, s, frac = m.groups()
+        t = datetime(year, int(mo), int(d), int(h), int(mi), int(s), int(frac[:6].ljust(6, "0")),
+                     tzinfo=timezone.utc).timestamp()
+        if t >= after - 1:
+            return t
+    return None
+
+
+def test_pod_bound_while_the_kubelet_is_down_gets_its_own_card(clean: GpuNode) -> None:
+    """Issue 11, bug 1. The restarted kubelet re-admits pods one at a time in creation order, and
+    its PodResources API lists only those re-added so far. The new pod was created before the
+    running one, so it is re-admitted first: the running pod is not listed yet, but it has
+    ``status.startTime`` and must not be taken for the pod waiting for devices."""
+    n = clean
+    # Slices: the running pod's card still has free memory/core devices, so the kubelet offers them.
+    newer = n.create_pod("bound-while-down", [gpu_container("main", mem=4, core=10)])   # created first
+    running = n.create_pod("running", [gpu_container("main", mem=4, core=10)])
+    n.bind(running, n.record([0], whole=False, mem_gib=4, core_pct=10))
+    n.wait_running("running")
+    assert n.container_env("running", "main")["NVIDIA_VISIBLE_DEVICES"] == n.uuid(0)
+    n.restart_plugin()              # a plugin that did not itself answer the running pod's Allocate
+    n.k8s.stop_kubelet()
+    n.bind(newer, n.record([1], whole=False, mem_gib=4, core_pct=10))
+    n.k8s.start_kubelet_again()
+    n.wait_running("bound-while-down")
+    env = n.container_env("bound-while-down", "main")
+    assert env["STOWAGE_POD"] == f"{NS}/bound-while-down"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == n.uuid(1)
+    rec = decode_allocation(n.pod("bound-while-down")["metadata"]["annotations"][ALLOCATION_ANNOTATION])
+    assert rec.uuids == [n.uuid(1)], "the record was 'corrected' to another pod's card"
+    # the running pod was not lost and still holds its card
+    time.sleep(2 * n.plugin.cfg.reconcile_interval_s)   # a reconciliation round that would mis-correct
+    p = n.pod("running")
+    assert p["status"]["phase"] == "Running"
+    assert all(cs.get("restartCount", 0) == 0 for cs in p["status"].get("containerStatuses", []))
+    assert decode_allocation(p["metadata"]["annotations"][ALLOCATION_ANNOTATION]).uuids == [n.uuid(0)]
+    assert not n.plugin.reconciler.applied, [c.why for c in n.plugin.reconciler.applied]
+
+
+def test_reregisters_within_200ms_of_the_kubelets_return(clean: GpuNode) -> None:
+    """Issue 11, bug 2. While the kubelet is down its stale kubelet.sock makes Register fail every
+    try; when the kubelet's registration server is back the plugin must register at once, not
+    after its retry delay, or the kubelet re-admits pods before the plugin is there and fails
+    them ("no healthy devices present")."""
+    n = clean
+    init_pod = n.create_pod("with-gpu-init", [gpu_container("main", gpus=1)],
+                            init=[gpu_container("prep", gpus=1, exit_after=True)])
+    n.bind(init_pod, n.record([0], whole=True))
+    n.wait_running("with-gpu-init")
+    n.k8s.stop_kubelet()
+    n.restart_plugin(wait_registered=False)   # e.g. a DaemonSet upgrade while the kubelet is down
+    wait_until(lambda: any(ep.next_try > time.monotonic() for ep in n.plugin.endpoints), 10,
+               "the plugin to fail a registration against the stale kubelet.sock")
+    time.sleep(0.6)                           # into its back-off
+    pending = [n.create_pod(f"pending-{i}", [gpu_container("main", gpus=1)]) for i in (1, 2)]
+    for p, card in zip(pending, (1, 2)):
+        n.bind(p, n.record([card], whole=True))
+    before = n.plugin.endpoints[0].registrations
+    t0 = n.k8s.start_kubelet_again()
+    registered_at = wait_until(lambda: time.time() if all(
+        ep.registrations > 0 and ep.registered_with == n.plugin._kubelet_ino() for ep in n.plugin.endpoints)
+        and n.plugin.endpoints[0].registrations >= before else None, 20, "re-registration", interval=0.005)
+    server_at = wait_until(lambda: _kubelet_registration_server_started(n.k8s, t0), 20,
+                           "the kubelet's registration server line in its log")
+    assert registered_at - server_at <= 0.2, (f"registered {registered_at - server_at:.3f}s after the kubelet's "
+                                              "registration server started")
+    for name in ("pending-1", "pending-2"):
+        n.wait_running(name)
+        assert n.container_env(name, "main")["NVIDIA_VISIBLE_DEVICES"] == n.uuid(int(name[-1]))
+    p = n.pod("with-gpu-init")
+    assert p["status"]["phase"] == "Running", p["status"]
