@@ -331,3 +331,73 @@ def test_reregisters_within_200ms_of_the_kubelets_return(clean: GpuNode) -> None
         assert n.container_env(name, "main")["NVIDIA_VISIBLE_DEVICES"] == n.uuid(int(name[-1]))
     p = n.pod("with-gpu-init")
     assert p["status"]["phase"] == "Running", p["status"]
+
+
+def _kubelet_log_time(line: str) -> float:
+    m = re.match(r"[IWE](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+)", line)
+    assert m, line
+    mo, d, h, mi, s, frac = m.groups()
+    return datetime(datetime.now(timezone.utc).year, int(mo), int(d), int(h), int(mi), int(s),
+                    int(frac[:6].ljust(6, "0")), tzinfo=timezone.utc).timestamp()
+
+
+def test_kubelet_restart_reregisters_before_readmission_and_loses_no_pod(clean: GpuNode) -> None:
+    n = clean
+    running = n.create_pod("keeps-running", [gpu_container("main", gpus=1)])
+    n.bind(running, n.record([2], whole=True))
+    n.wait_running("keeps-running")
+    registrations = [ep.registrations for ep in n.plugin.endpoints]
+    n.k8s.stop_kubelet()
+    late = n.create_pod("bound-during-restart", [gpu_container("main", mem=3, core=20)])
+    n.bind(late, n.record([3], whole=False, mem_gib=3, core_pct=20))
+    t0 = n.k8s.start_kubelet_again()
+    registered_at = wait_until(lambda: time.time() if all(
+        ep.registrations > before for ep, before in zip(n.plugin.endpoints, registrations)) else None,
+        20, "re-registration after the kubelet restart", interval=0.005)
+    n.wait_running("bound-during-restart")
+    readmitted = [_kubelet_log_time(line) for line in n.k8s.kubelet_log().splitlines()
+                  if '"SyncLoop ADD" source="api"' in line and NS + "/" in line]
+    readmitted = [t for t in readmitted if t >= t0 - 1]
+    assert readmitted, "no re-admission in the kubelet's log"
+    assert registered_at < min(readmitted), "registered after the kubelet re-admitted the pods"
+    assert n.container_env("bound-during-restart", "main")["NVIDIA_VISIBLE_DEVICES"] == n.uuid(3)
+    p = n.pod("keeps-running")
+    assert p["status"]["phase"] == "Running"
+    assert all(cs.get("restartCount", 0) == 0 for cs in p["status"].get("containerStatuses", []))
+
+
+def test_plugin_restart_keeps_pods_and_places_the_next_one_on_its_card(clean: GpuNode) -> None:
+    n = clean
+    first = n.create_pod("before-restart", [gpu_container("main", mem=8, core=30)])
+    n.bind(first, n.record([0], whole=False, mem_gib=8, core_pct=30))
+    n.wait_running("before-restart")
+    n.restart_plugin()     # fresh process memory: what was given is learned from PodResources
+    second = n.create_pod("after-restart", [gpu_container("main", mem=8, core=30)])
+    n.bind(second, n.record([1], whole=False, mem_gib=8, core_pct=30))
+    n.wait_running("after-restart")
+    env = n.container_env("after-restart", "main")
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["STOWAGE_POD"]) == (n.uuid(1), f"{NS}/after-restart")
+    assert n.pod("before-restart")["status"]["phase"] == "Running"
+    # while the plugin was away the kubelet counted its devices unhealthy; they come back with it
+    wait_until(lambda: n.node_resources()[1].get(RESOURCE_GPU) == str(len(n.nvml.cards)), 30,
+               "all cards allocatable again after the plugin restart")
+
+
+def test_xid_marks_a_card_unhealthy_on_the_node_and_it_recovers(clean: GpuNode) -> None:
+    n = clean
+    total = len(n.nvml.cards)
+    wait_until(lambda: n.node_resources()[1].get(RESOURCE_GPU) == str(total), 30, "all cards allocatable")
+    n.nvml.lose(n.uuid(1))       # fallen off the bus: XID 79, and probes fail until it is back
+    n.nvml.xid(n.uuid(1), 79)
+    wait_until(lambda: n.node_resources()[1].get(RESOURCE_GPU) == str(total - 1), 40,
+               "the kubelet to show one card fewer allocatable")
+    cap, alloc = n.node_resources()
+    assert cap.get(RESOURCE_GPU) == str(total)          # capacity keeps the card, allocatable drops it
+    assert int(alloc[RESOURCE_GPU_MEMORY]) == int(cap[RESOURCE_GPU_MEMORY]) - n.nvml.cards[1].memory_mib // 1024
+    inv = decode_inventory((n.k8s.core.read_node(NODE).metadata.annotations or {})[INVENTORY_ANNOTATION])
+    assert [c.healthy for c in inv.cards] == [True, False, True, True]
+    # back on the bus, quiet for recovery_quiet_s and probing fine: healthy, allocatable again
+    n.nvml.restore(n.uuid(1))
+    wait_until(lambda: n.node_resources()[1].get(RESOURCE_GPU) == str(total), 60, "the card to come back")
+    inv = decode_inventory((n.k8s.core.read_node(NODE).metadata.annotations or {})[INVENTORY_ANNOTATION])
+    assert all(c.healthy for c in inv.cards)
