@@ -35,7 +35,7 @@ from stowage.allocation import AllocationError, AllocationRecord, allocation_of_
 from stowage.resources import (RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, RequestError,
                                quantity_to_int)
 
-from .devices import DeviceTable, UnknownDevice
+from gpunode.devices import DeviceTable, UnknownDevice
 from .reconcile import KubeletView, bind_order as _order
 
 FAILED_PRECONDITION = "FAILED_PRECONDITION"

@@ -9,7 +9,7 @@ import click
 
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES
 
-from .health import parse_ignored_xids
+from gpunode.health import parse_ignored_xids
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 

@@ -11,7 +11,7 @@ import logging
 import threading
 from typing import Any
 
-from exporter.podresources.client import DEFAULT_SOCKET, PodResourcesError, list_devices
+from gpunode.podresources.client import DEFAULT_SOCKET, PodResourcesError, list_devices
 
 log = logging.getLogger("stowage.deviceplugin.podres")
 

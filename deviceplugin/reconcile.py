@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping
 from stowage.allocation import AllocationError, AllocationRecord, CardShare, allocation_of_pod
 from stowage.resources import GPU_RESOURCES
 
-from .devices import DeviceTable, UnknownDevice
+from gpunode.devices import DeviceTable, UnknownDevice
 
 PodRef = tuple[str, str]  # (namespace, name): PodResources carries no pod UID
 
@@ -57,7 +57,7 @@ class KubeletView:
 
 
 def kubelet_view(rows: Iterable[Any], table: DeviceTable) -> KubeletView:
-    """Build the view from PodResources rows (``exporter.podresources.client.ContainerDevices``).
+    """Build the view from PodResources rows (``gpunode.podresources.client.ContainerDevices``).
 
     Only our resources and IDs this plugin advertises count (a card that vanished since is
     ignored rather than guessed at).

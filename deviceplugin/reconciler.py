@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from stowage.allocation import ALLOCATION_ANNOTATION, encode_allocation
 
-from .devices import DeviceTable
+from gpunode.devices import DeviceTable
 from .podres import KubeletAllocations
 from .reconcile import Correction, corrections, kubelet_view
 

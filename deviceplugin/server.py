@@ -25,13 +25,13 @@ from stowage import genprotos
 from stowage.inventory import Card, encode_inventory
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES
 
-from exporter.podresources.client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
+from gpunode.podresources.client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
 
 from . import allocator, reconcile
-from .devices import DeviceTable
+from gpunode.devices import DeviceTable
 from .podres import KubeletAllocations
-from .health import DEFAULT_IGNORED_XIDS, HealthTracker
-from .nvml import GpuInfo, Nvml, NvmlUnavailable, XidEvents
+from gpunode.health import DEFAULT_IGNORED_XIDS, HealthTracker
+from gpunode.nvml import GpuInfo, Nvml, NvmlUnavailable, XidEvents
 
 genprotos.ensure("deviceplugin/v1beta1/api.proto")
 from deviceplugin.v1beta1 import api_pb2 as pb  # noqa: E402

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterable, Mapping
 
-from deviceplugin.devices import SEP, card_key
+from gpunode.devices import SEP, card_key
 from stowage.resources import RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY
 
 from .checkpoint import PodKey
 from .nvmlreader import CardSample
-from .podresources.client import ContainerDevices
+from gpunode.podresources.client import ContainerDevices
 
 
 @dataclass(frozen=True, order=True)

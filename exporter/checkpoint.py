@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from exporter.podresources.client import ContainerDevices
+from gpunode.podresources.client import ContainerDevices
 
 log = logging.getLogger("stowage.exporter.checkpoint")
 

@@ -23,7 +23,7 @@ from .attribution import CardSplit, ContainerRef, Owner, holders_by_card, split_
 from .cgroups import ProcessGone, pod_of_pid
 from .checkpoint import PodKey, UidMap
 from .nvmlreader import CardSample, NvmlReader
-from .podresources.client import ContainerDevices, PodResourcesError, list_devices
+from gpunode.podresources.client import ContainerDevices, PodResourcesError, list_devices
 
 log = logging.getLogger("stowage.exporter")
 

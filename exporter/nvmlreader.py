@@ -1,7 +1,7 @@
 """Per-card NVML telemetry: one pass over the cards per snapshot, plus XID health in the background.
 
-NVML session and health probe come from the device plugin's wrapper (``deviceplugin.nvml``) and
-its health state machine (``deviceplugin.health``), so a card is "healthy" in the exporter exactly
+NVML session and health probe come from the device plugin's wrapper (``gpunode.nvml``) and
+its health state machine (``gpunode.health``), so a card is "healthy" in the exporter exactly
 when the device plugin would advertise it Healthy. A card that errors with a lost/not-found code
 mid-read is skipped for this snapshot (logged when it vanishes and when it is back); a metric a card
 does not support (power on some boards, per-process utilisation on others) is left out.
@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import pynvml
 
-from deviceplugin.health import HealthTracker
-from deviceplugin.nvml import LOST_ERRORS, Nvml, NvmlUnavailable, XidEvents, _text
+from gpunode.health import HealthTracker
+from gpunode.nvml import LOST_ERRORS, Nvml, NvmlUnavailable, XidEvents, _text
 
 log = logging.getLogger("stowage.exporter.nvml")
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PROTOS = [
     "deviceplugin/v1beta1/api.proto",
-    "exporter/podresources/api.proto",
+    "gpunode/podresources/api.proto",
 ]
 
 

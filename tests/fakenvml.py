@@ -1,6 +1,6 @@
 """A fake NVML at the lowest layer: replaces the ``pynvml`` module functions themselves.
 
-Everything above (``deviceplugin.nvml``, the exporter's NVML reader) runs unchanged. Errors are
+Everything above (``gpunode.nvml``, the exporter's NVML reader) runs unchanged. Errors are
 raised as real ``pynvml.NVMLError`` values (which map to the ``NVMLError_GpuIsLost`` etc.
 subclasses), timeouts as ``NVML_ERROR_TIMEOUT``, just as the C library reports them.
 

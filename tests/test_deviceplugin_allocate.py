@@ -203,8 +203,8 @@ def test_an_admitted_pod_is_never_a_candidate_even_when_the_kubelet_does_not_lis
     far; a running pod (status.startTime set) it has not re-added yet must not be mistaken for the
     pod being admitted, or the new pod gets the running pod's card (issue 11, bug 1)."""
     from deviceplugin import allocator
-    from deviceplugin.devices import DeviceTable
-    from deviceplugin.nvml import GpuInfo
+    from gpunode.devices import DeviceTable
+    from gpunode.nvml import GpuInfo
     from deviceplugin.reconcile import KubeletView
     from dp_harness import NODE
 

@@ -5,8 +5,8 @@ import pytest
 
 from dp_harness import NODE, rig
 
-from deviceplugin.health import DEFAULT_IGNORED_XIDS, HealthTracker, parse_ignored_xids
-from deviceplugin.nvml import XidEvent
+from gpunode.health import DEFAULT_IGNORED_XIDS, HealthTracker, parse_ignored_xids
+from gpunode.nvml import XidEvent
 from stowage.inventory import INVENTORY_ANNOTATION, decode_inventory
 from stowage.resources import GPU_RESOURCES, RESOURCE_GPU, RESOURCE_GPU_MEMORY
 

@@ -1,11 +1,11 @@
 """Pure reconciliation logic: which records disagree with the kubelet, and how they are corrected."""
 from __future__ import annotations
 
-from exporter.podresources.client import ContainerDevices
+from gpunode.podresources.client import ContainerDevices
 
 from deviceplugin.allocator import Ledger
-from deviceplugin.devices import DeviceTable
-from deviceplugin.nvml import GpuInfo
+from gpunode.devices import DeviceTable
+from gpunode.nvml import GpuInfo
 from deviceplugin.reconcile import corrections, kubelet_view
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, encode_allocation
 from stowage.resources import RESOURCE_GPU, RESOURCE_GPU_MEMORY

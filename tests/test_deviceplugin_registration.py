@@ -14,8 +14,8 @@ from dp_harness import NODE, rig, short_tmpdir
 from fakekubelet import FakeKubelet
 from fakenvml import FakeCard, default_cards
 
-from deviceplugin.devices import MAX_ID_LEN, DeviceTable, card_key
-from deviceplugin.nvml import GpuInfo
+from gpunode.devices import MAX_ID_LEN, DeviceTable, card_key
+from gpunode.nvml import GpuInfo
 from deviceplugin.server import socket_name
 from stowage.inventory import INVENTORY_ANNOTATION, decode_inventory
 from stowage.resources import RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from deviceplugin.devices import card_key
+from gpunode.devices import card_key
 from exporter import checkpoint as ckpt
 from exporter.attribution import ContainerRef, Holding, Owner, card_of_device, holders_by_card, key_index, split_card
 from exporter.cgroups import PodCgroup, ProcessGone, parse_cgroup_path, parse_proc_cgroup, pod_of_pid
 from exporter.checkpoint import PodKey
 from exporter.nvmlreader import CardSample, ProcUsage
-from exporter.podresources.client import ContainerDevices
+from gpunode.podresources.client import ContainerDevices
 
 UID = "1a2b3c4d-0000-1111-2222-333344445555"
 CID = "ab" * 32

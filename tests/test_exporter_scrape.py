@@ -10,7 +10,7 @@ import pytest
 from exporter_harness import GiB, MiB, NODE, GpuNode, make_node
 from fakenvml import FakeCard, default_cards
 from fakepodresources import cgroup_v1_cgroupfs
-from deviceplugin.devices import card_key
+from gpunode.devices import card_key
 
 U0, U1, U2, U3 = (c.uuid for c in default_cards())
 A100, A10, T4 = "NVIDIA A100-SXM4-80GB", "NVIDIA A10", "Tesla T4"

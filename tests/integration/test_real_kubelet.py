@@ -232,7 +232,7 @@ def test_each_container_gets_exactly_its_recorded_cards(clean: GpuNode) -> None:
 
     # The exporter's PodResources client reads the real kubelet's API: every container above is
     # listed with device IDs on its recorded card(s), in the counts it asked for.
-    from exporter.podresources.client import list_devices
+    from gpunode.podresources.client import list_devices
     table = n.plugin.state.table
     ids: dict[tuple[str, str, str], list[str]] = {}
     for r in list_devices():   # the kubelet lists a resource's devices in one row per NUMA node

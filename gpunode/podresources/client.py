@@ -13,9 +13,9 @@ import grpc
 
 from stowage import genprotos
 
-genprotos.ensure("exporter/podresources/api.proto")
-from exporter.podresources import api_pb2 as pb  # noqa: E402
-from exporter.podresources import api_pb2_grpc as pb_grpc  # noqa: E402
+genprotos.ensure("gpunode/podresources/api.proto")
+from gpunode.podresources import api_pb2 as pb  # noqa: E402
+from gpunode.podresources import api_pb2_grpc as pb_grpc  # noqa: E402
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # The kubelet answers List with up to 16 MiB (its own server limit); gRPC's default is 4 MiB.

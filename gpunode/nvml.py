@@ -14,7 +14,7 @@ from typing import Any
 
 import pynvml
 
-log = logging.getLogger("stowage.deviceplugin.nvml")
+log = logging.getLogger("stowage.gpunode.nvml")
 
 # NVML reports a lost or vanished card with these codes; the card's devices go Unhealthy.
 LOST_ERRORS = frozenset({pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_NOT_FOUND,
