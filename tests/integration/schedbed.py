@@ -227,10 +227,14 @@ def record_of(pod: Any) -> AllocationRecord | None:
     return decode_allocation(value) if value else None
 
 
-def check_record(pod: Any, spec: PodSpec, nodes: dict[str, list[Card]]) -> AllocationRecord:
+def check_record(pod: Any, spec: PodSpec, nodes: dict[str, list[Card]]) -> AllocationRecord | None:
     """The pod's allocation record agrees with where it is bound, with its node's cards and with
-    what it asked for (the README's request table). Returns the record."""
+    what it asked for (the README's request table). Returns the record (None for a pod that asks
+    for no GPU, which must have none)."""
     rec = record_of(pod)
+    if not spec.limits():  # no managed resource: never sent to the extender, nothing recorded
+        assert rec is None, f"{spec.name} asks for no GPU but carries {rec}"
+        return None
     assert rec is not None, f"{spec.name} is bound to {pod.spec.node_name} without {ALLOCATION_ANNOTATION}"
     assert rec.node == pod.spec.node_name, f"{spec.name}: record says {rec.node}, bound to {pod.spec.node_name}"
     inv = {c.index: c for c in nodes[rec.node]}
@@ -308,3 +312,48 @@ def fits_somewhere(spec: PodSpec, use: dict[tuple[str, int], CardUse], nodes: di
                         and 1000 - u.core_milli >= spec.core_pct * 10:
                     return f"{node} card {c.index}: {c.memory_mib - u.mem_mib} MiB, {1000 - u.core_milli} milli free"
     return None
+
+
+def settle_and_check(bed: SchedBed, pool: Pool, timeout: float) -> tuple[dict[str, Any], list[str]]:
+    """Wait until every pod of the pool is bound or fits nowhere, then check the whole pool.
+
+    Capacity only shrinks while pods arrive (nothing leaves), so a pod that fits nowhere now will
+    never fit: "bound or hopeless" is the end state. Asserted: each bound pod's record matches its
+    node and request; no card is over-committed and a whole card has one holder; every unbound pod
+    fits nowhere; the extender's model holds exactly the bound pods' allocations.
+    Returns (bound pods by name, unbound names).
+    """
+    def settled() -> bool:
+        pods = pool.pods()
+        use = card_usage(pods.values())
+        per_node: dict[str, int] = {}
+        for p in pods.values():
+            if p.spec.node_name:
+                per_node[p.spec.node_name] = per_node.get(p.spec.node_name, 0) + 1
+        waiting = [n for n in pool.specs if not (n in pods and is_bound(pods[n]))]
+        settled.why = [(n, fits_somewhere(pool.specs[n], use, pool.nodes, per_node)) for n in waiting]
+        return all(where is None for _, where in settled.why)
+    settled.why = []
+    try:
+        wait_until(settled, timeout, f"pool {pool.name} to settle", interval=0.5)
+    except AssertionError as exc:
+        fit = [(n, w) for n, w in settled.why if w]
+        raise AssertionError(f"{exc}: {len(fit)} unbound pods fit somewhere, e.g. {fit[:5]}; "
+                             f"their events: {[pool.failed_scheduling(n)[-1:] for n, _ in fit[:2]]}") from None
+    pods = pool.pods()
+    bound = {n: p for n, p in pods.items() if is_bound(p)}
+    for n, p in bound.items():
+        check_record(p, pool.specs[n], pool.nodes)
+    assert_no_overcommit(card_usage(bound.values()), pool.nodes)
+    unbound = sorted(set(pool.specs) - set(bound))
+    for n in unbound:
+        assert record_of(pods[n]) is None and not pods[n].spec.node_name, f"{n} has a record but is not bound"
+    allocs = bed.extender.state()["allocations"]
+    for n, p in bound.items():
+        if not pool.specs[n].limits():
+            continue  # no GPU asked for: not in the extender's model (checked above: no record)
+        mine = allocs.get(p.metadata.uid)
+        assert mine is not None, f"the extender's model lacks {n}"
+        assert mine["node"] == p.spec.node_name and sorted(mine["cards"]) == sorted(c.index for c in record_of(p).cards)
+    assert not {pods[n].metadata.uid for n in unbound} & set(allocs), "the extender holds cards for unbound pods"
+    return bound, unbound
