@@ -20,8 +20,8 @@ from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
 from .app import DEFAULT_MAX_BODY_BYTES, create_app
 from .gunicorn_conf import ExtenderServer, TLSFiles, gunicorn_options, register_exit
-from .model import ClusterModel
-from .policy import PACK, SPREAD, PodPolicy
+from packing.model import ClusterModel
+from packing.pod_policy import PACK, SPREAD, PodPolicy
 from .service import ExtenderService
 from .simcluster import SimCluster, SimClusterError, describe, load_cluster
 

@@ -37,7 +37,7 @@ from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, RequestError, pod_gpu_req
 
 from .errors import KubeConfigError
 from .kube_objects import assign_args, meta, node_view, pod_view, resource_version
-from .model import ClusterModel
+from packing.model import ClusterModel
 
 try:  # orjson is a declared dependency; fall back to json only so the module never fails to import
     import orjson as _json

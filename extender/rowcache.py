@@ -12,7 +12,7 @@ a node for a shape are kept here and only rows whose :attr:`ClusterModel.row_gen
 - a placer's raw score for node i must depend only on row i and its learned state. Placers
   say so with a ``version`` attribute that changes whenever that learned state changes
   scores; a placer without one (``random``: a stream of draws) is never cached;
-- the 0..10 normalisation (:func:`scoring.to_extender_scores`) is done by the caller over the
+- the 0..10 normalisation (:func:`packing.decide.to_extender_scores`) is done by the caller over the
   requested nodes, every time.
 
 Rows with the same CONTENT are computed once: a new pod shape (or a placer's new version)
@@ -36,9 +36,10 @@ import numpy as np
 
 from stowage.resources import GpuRequest
 
-from . import scoring
-from .model import CardArrays, ClusterModel
-from .policy import PodPolicy
+from packing.fit import card_mask, fit
+from packing.placer import Placer
+from packing.model import CardArrays, ClusterModel
+from packing.pod_policy import PodPolicy
 
 DEFAULT_MAX_SHAPES = 128
 DEDUP_MIN_ROWS = 16  # below this many rows, finding representatives costs more than it saves
@@ -212,8 +213,8 @@ class RowCache:
             reps, inv = self.representatives(model, stale) if dedup else (stale, None)
             self.rows_evaluated += int(reps.size)
             sub = take_rows(a, reps)
-            mask = scoring.card_mask(sub, model.models, policy, req)
-            f = scoring.fit(sub, req, mask)
+            mask = card_mask(sub, model.models, policy, req)
+            f = fit(sub, req, mask)
             usable, ok, unres = f.usable, f.ok, f.unresolvable
             if inv is not None:
                 mask, usable, ok, unres = mask[inv], usable[inv], ok[inv], unres[inv]
@@ -225,13 +226,13 @@ class RowCache:
         e.tick = tick
         return e
 
-    def scores(self, e: RowEntry, placer: scoring.Placer, model: ClusterModel, req: GpuRequest,
+    def scores(self, e: RowEntry, placer: Placer, model: ClusterModel, req: GpuRequest,
                rows: np.ndarray) -> np.ndarray:
         """The placer's raw scores of the feasible ``rows`` (any order, repeats allowed)."""
         values, inverse = self.score_values(e, placer, model, req, rows)
         return values if inverse is None else values[inverse]
 
-    def score_values(self, e: RowEntry, placer: scoring.Placer, model: ClusterModel, req: GpuRequest,
+    def score_values(self, e: RowEntry, placer: Placer, model: ClusterModel, req: GpuRequest,
                      rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """(values, inverse): the placer's raw scores of the feasible ``rows`` are
         ``values[inverse]`` (``values`` itself when ``inverse`` is None). For a placer with a
@@ -246,7 +247,7 @@ class RowCache:
         version is read before and after scoring, because a placer may rebuild its learned
         state inside ``score`` (first use)."""
         a = model.a
-        if req.is_shared and hasattr(placer, "global_pairs") and len(rows):
+        if req.is_shared and placer.split_pairs and len(rows):
             return self._pair_values(e, placer, model, req, rows)
         for _ in range(3):
             version = placer.version  # type: ignore[attr-defined]
@@ -294,7 +295,7 @@ class RowCache:
         ids = np.flatnonzero(present)
         slot = np.empty(nids, np.int64)
         slot[ids] = np.arange(len(ids))
-        keyed = hasattr(placer, "pair_keys") and hasattr(placer, "global_of_keys")
+        keyed = placer.keyed_pairs
         at: np.ndarray | None = None  # a row holding each content id (made when needed)
         for _ in range(3):
             version = placer.version  # type: ignore[attr-defined]
@@ -357,6 +358,6 @@ class RowCache:
         return best, slot[s]
 
 
-def cacheable(placer: Any) -> bool:
-    """A placer whose scores may be cached per row (it declares a ``version``)."""
-    return getattr(placer, "version", None) is not None
+def cacheable(placer: Placer) -> bool:
+    """A placer whose scores may be cached per row (its ``version`` is not None)."""
+    return placer.version is not None

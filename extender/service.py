@@ -25,11 +25,15 @@ import numpy as np
 from stowage.allocation import AllocationRecord, CardShare
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError, pod_gpu_request
 
-from . import scoring
+from extender.fastreasons import reasons
+from packing.decide import to_extender_scores
+from packing.fit import card_mask, fit, reason, row_any
+from packing.placer import Placer
+from packing.registry import placer_for
 from .rowcache import DEFAULT_MAX_SHAPES, RowCache, cacheable, sorted_unique
 from .errors import BindError  # noqa: F401  (re-exported: binders raise it)
-from .model import AllocationConflict, CardArrays, ClusterModel, PodAllocation
-from .policy import PACK, SPREAD, PodPolicy, PolicyError, parse_policy
+from packing.model import AllocationConflict, CardArrays, ClusterModel, PodAllocation
+from packing.pod_policy import PACK, SPREAD, PodPolicy, PolicyError, parse_policy
 from .wire import (BindingArgs, ExtenderArgs, FilterResult, encode_priority_list, filter_answer, priority_heads,
                    priority_list)
 
@@ -193,7 +197,7 @@ class ExtenderService:
 
     def __init__(self, model: ClusterModel, *, binder: Binder | None = None, pod_source: PodSource | None = None,
                  memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB, default_policy: PodPolicy | None = None,
-                 placer_factory: Callable[[str], scoring.Placer] = scoring.placer_for,
+                 placer_factory: Callable[[str], Placer] = placer_for,
                  pod_cache_size: int = 100_000, row_cache: bool = True,
                  row_cache_shapes: int = DEFAULT_MAX_SHAPES) -> None:
         if memory_unit_mib <= 0:
@@ -203,12 +207,10 @@ class ExtenderService:
         self.pod_source = pod_source
         self.memory_unit_mib = memory_unit_mib
         self.default_policy = default_policy or PodPolicy()
-        self.placers: dict[str, scoring.Placer] = {p: placer_factory(p) for p in (PACK, SPREAD)}
+        self.placers: dict[str, Placer] = {p: placer_factory(p) for p in (PACK, SPREAD)}
         for placer in self.placers.values():
-            if hasattr(placer, "track_rows"):  # incremental indexes: changed rows from row_gen
-                placer.track_rows(self._row_gen_of, self._row_groups_of, self._row_tick_of)
-            if hasattr(placer, "watch_releases"):  # pods leaving switch a placer's churn mode
-                placer.watch_releases(lambda: self.model.gpu_releases)
+            placer.track_rows(self._row_gen_of, self._row_groups_of, self._row_tick_of)
+            placer.watch_releases(lambda: self.model.gpu_releases)  # pods leaving: churn mode
         self._pods: OrderedDict[str, PodInfo] = OrderedDict()  # uid -> info, LRU
         self._uid_by_key: dict[str, str] = {}
         self._pods_lock = threading.Lock()
@@ -322,7 +324,7 @@ class ExtenderService:
     def _whole_only(self, a: CardArrays, rows: np.ndarray, names: list[str], texts: list[str]) -> list[str]:
         """:meth:`_reason`'s whole-only override for a shared pod, over many failing nodes at once."""
         meta = self.model.meta
-        has_cards = scoring.row_any(a.exists[rows]).tolist()
+        has_cards = row_any(a.exists[rows]).tolist()
         return [WHOLE_ONLY if has and (m := meta.get(name)) is not None and m.whole_only else text
                 for name, text, has in zip(names, texts, has_cards)]
 
@@ -330,7 +332,7 @@ class ExtenderService:
         meta = self.model.meta.get(name)
         if req.is_shared and meta is not None and meta.whole_only and a.exists[i].any():
             return WHOLE_ONLY
-        return scoring.reason(a, i, req, mask, name)
+        return reason(a, i, req, mask, name)
 
     def filter(self, args: ExtenderArgs) -> FilterResult:
         """Which of the candidate nodes can host the pod now, and why each other one cannot."""
@@ -356,8 +358,8 @@ class ExtenderService:
                 e = self.row_cache.fit(self.model, req, policy)
                 node_ok, node_unres, mask = e.ok, e.unres, e.mask
             else:
-                mask = scoring.card_mask(a, self.model.models, policy, req)
-                f = scoring.fit(a, req, mask)
+                mask = card_mask(a, self.model.models, policy, req)
+                f = fit(a, req, mask)
                 node_ok, node_unres = f.ok, f.unresolvable
             ok = known & node_ok[safe]
             fail = np.flatnonzero(known & ~ok)  # reasons for failing nodes only, all at once
@@ -370,7 +372,7 @@ class ExtenderService:
                 if self.row_cache is not None:
                     texts = self._cached_reasons(e, a, rows, req)
                 else:
-                    texts = scoring.reasons(a, rows, req, mask)
+                    texts = reasons(a, rows, req, mask)
                     if req.is_shared:
                         texts = self._whole_only(a, rows, fail_names, texts)
                 unres = node_unres[rows]
@@ -403,7 +405,7 @@ class ExtenderService:
             new = sorted_unique(rows[missing], len(e.reason))
             # One row per distinct content: the text depends on the row's content only.
             reps, inv = self.row_cache.representatives(self.model, new)  # type: ignore[union-attr]
-            texts = scoring.reasons(a, reps, req, e.mask)
+            texts = reasons(a, reps, req, e.mask)
             if req.is_shared:
                 texts = self._whole_only(a, reps, [self.model.names[r] for r in reps.tolist()], texts)
             filled = _object_array(texts)
@@ -447,8 +449,8 @@ class ExtenderService:
                     e = self.row_cache.fit(self.model, req, policy)
                     node_ok, usable = e.ok, e.usable
                 else:
-                    mask = scoring.card_mask(a, self.model.models, policy, req)
-                    f = scoring.fit(a, req, mask)
+                    mask = card_mask(a, self.model.models, policy, req)
+                    f = fit(a, req, mask)
                     node_ok, usable = f.ok, f.usable
                 feasible = known & node_ok[np.where(known, idx, 0)]
                 fidx = idx[feasible]
@@ -460,7 +462,7 @@ class ExtenderService:
                         raw, inverse = self.row_cache.score_values(e, placer, self.model, req, fidx)
                     else:
                         raw = placer.score(a, req, fidx, usable)
-                    ranked = scoring.to_extender_scores(raw)
+                    ranked = to_extender_scores(raw)
                     scores[feasible] = ranked if inverse is None else ranked[inverse]
         return names, scores, (entry if self.row_cache is not None else None)
 
@@ -530,8 +532,8 @@ class ExtenderService:
                 if i is None:
                     return f"cannot bind {info.key} to {node}: {UNKNOWN_NODE}"
                 row = row_view(self.model.a, i)
-                mask = scoring.card_mask(row, self.model.models, policy, req)
-                f = scoring.fit(row, req, mask)
+                mask = card_mask(row, self.model.models, policy, req)
+                f = fit(row, req, mask)
                 if not f.ok[0]:
                     msg = f"cannot bind {info.key} to {node} now: {self._reason(row, 0, req, mask, node)}"
                     log.info("bind refused: %s", msg)

@@ -25,7 +25,7 @@ from stowage.inventory import (GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, INVENTORY_ANN
 from stowage.resources import (DEFAULT_MEMORY_UNIT_MIB, RESOURCE_GPU, RESOURCE_GPU_MEMORY, RequestError,
                                quantity_to_mib, quantity_to_milli)
 
-from .model import ClusterModel
+from packing.model import ClusterModel
 
 BUILTIN = "builtin"
 _UUID_NS = uuid.UUID("6f1d3a52-5b7e-4c1e-9d5f-2a8b7c6e4d30")

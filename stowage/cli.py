@@ -13,8 +13,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("extender.demo:demo", "Start the extender on the embedded cluster and drive it like kube-scheduler does."),
     "device-plugin": ("deviceplugin.cli:main", "Run the kubelet device plugin on this node."),
     "exporter": ("exporter.cli:main", "Serve per-card, per-pod GPU metrics for Prometheus."),
-    "inspect": ("stowage.inspect_cmd:inspect", "Show per-node, per-card allocation, free memory and health."),
-    "plan": ("stowage.plan_cmd:plan", "What-if: how many more pods of a shape fit, which nodes could be emptied."),
+    "inspect": ("stowage_ops.inspect_cmd:inspect", "Show per-node, per-card allocation, free memory and health."),
+    "plan": ("stowage_ops.plan_cmd:plan", "What-if: how many more pods of a shape fit, which nodes could be emptied."),
 }
 
 

@@ -10,7 +10,7 @@ import requests
 from werkzeug.serving import make_server
 
 from extender.app import create_app
-from extender.model import ClusterModel
+from packing.model import ClusterModel
 from extender.service import ExtenderService
 from extender.simcluster import parse_cluster
 from stowage.resources import GpuRequest
@@ -99,5 +99,5 @@ SIMPLE_PLACERS = {"pack": "most-allocated", "spread": "least-allocated"}
 
 
 def simple_placers(policy_value: str):
-    from extender.scoring import get_placer
+    from packing.registry import get_placer
     return get_placer(SIMPLE_PLACERS[policy_value])

@@ -8,7 +8,7 @@ import numpy as np
 from fakekube import FakeKube, make_node, make_pod  # noqa: F401  (re-exported for the tests)
 
 from extender.kube import KubeFeeder
-from extender.model import ClusterModel
+from packing.model import ClusterModel
 from stowage.inventory import GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, INVENTORY_ANNOTATION, Card, encode_inventory
 
 

@@ -1,7 +1,7 @@
 """Small hand-built clusters with known answers, shared by the planning/inspect/plan tests."""
 from __future__ import annotations
 
-from extender.model import ClusterModel
+from packing.model import ClusterModel
 from stowage.inventory import Card, Inventory
 from stowage.resources import GpuRequest
 

@@ -13,9 +13,10 @@ import pytest
 
 from benchmarks.binpack.replay import build_cluster
 from benchmarks.binpack.trace import Nodes
-from extender.model import ClusterModel
-from extender.policy import PodPolicy
-from extender.scoring import PLACERS, card_mask, fit, get_placer, placer_for
+from packing.model import ClusterModel
+from packing.pod_policy import PodPolicy
+from packing.fit import card_mask, fit
+from packing.registry import PLACERS, get_placer, placer_for
 from stowage.inventory import Card, Inventory
 from stowage.resources import GpuRequest
 

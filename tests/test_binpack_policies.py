@@ -5,8 +5,9 @@ import numpy as np
 
 from benchmarks.binpack.replay import build_cluster
 from benchmarks.binpack.trace import Nodes
-from extender.policy import PodPolicy
-from extender.scoring import POLICY_PLACER, card_mask, fit, get_placer, placer_for
+from packing.pod_policy import PodPolicy
+from packing.fit import card_mask, fit
+from packing.registry import POLICY_PLACER, get_placer, placer_for
 from stowage.resources import GpuRequest
 
 

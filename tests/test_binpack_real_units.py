@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from extender.model import ClusterModel
-from extender.policy import PodPolicy
-from extender.scoring import card_mask, fit, placer_for
+from packing.model import ClusterModel
+from packing.pod_policy import PodPolicy
+from packing.fit import card_mask, fit
+from packing.registry import placer_for
 from extender.simcluster import load_cluster
 from stowage.inventory import Card, Inventory
 from stowage.resources import GpuRequest

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.binpack.replay import SeedRun, arrival_order, binned, build_cluster, pick, replay
+from benchmarks.binpack.replay import SeedRun, arrival_order, binned, build_cluster, replay
+from packing.decide import best_node
 from benchmarks.binpack.trace import Nodes, Pods, TraceError, load_pods, load_nodes
 
 
@@ -50,8 +51,8 @@ def test_cpu_memory_and_model_are_filters():
              (100, 100, 1, 500, "A100|P100"))         # nobody has the model
     for j, want in enumerate(["n1", "n1", "n0", None]):
         model = build_cluster(n)
-        from extender.scoring import card_mask, fit
-        from extender.policy import PodPolicy
+        from packing.fit import card_mask, fit
+        from packing.pod_policy import PodPolicy
         req = p.request(j)
         f = fit(model.a, req, card_mask(model.a, model.models, PodPolicy(models_include=p.models(j)), req))
         ok = [model.names[i] for i in np.flatnonzero(f.ok)]
@@ -79,8 +80,9 @@ def test_binning_is_per_arrived_percent_mean():
 def test_ties_go_to_the_fixed_node_order():
     idx = np.array([0, 1, 2, 3])
     rank = np.array([3, 2, 0, 1])
-    assert pick(np.array([5.0, 7.0, 7.0, 7.0]), idx, rank) == 2
-    assert pick(np.array([9.0, 7.0, 7.0, 7.0]), idx, rank) == 0
+    assert best_node(np.array([5.0, 7.0, 7.0, 7.0]), idx, rank) == 2
+    assert best_node(np.array([9.0, 7.0, 7.0, 7.0]), idx, rank) == 0
+    assert best_node(np.array([5.0, 7.0, 7.0, 7.0]), idx) == 1   # no tie order: the lowest slot
 
 
 def test_missing_trace_is_a_clear_error(tmp_path):

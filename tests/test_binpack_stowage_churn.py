@@ -12,10 +12,11 @@ import pytest
 
 from benchmarks.binpack.replay import replay
 from benchmarks.latency import cluster as bench_cluster
-from extender import scoring
-from extender.model import ClusterModel
-from extender.policies.stowage import CHURN_COST, StowagePlacer
-from extender.policy import PACK, SPREAD, PodPolicy
+from packing.fit import card_mask, fit
+from packing.registry import get_placer
+from packing.model import ClusterModel
+from packing.strategies.stowage_frag import CHURN_COST, StowageFragPlacer
+from packing.pod_policy import PACK, SPREAD, PodPolicy
 from extender.service import ExtenderService
 from extender.wire import encode, parse_binding_args, parse_extender_args
 from stowage.inventory import Card, Inventory
@@ -25,7 +26,7 @@ from shared_paths import SHARED
 from test_extender_rowcache import partly_used_model, row_local_scores
 from test_latency_equivalence import POD_LIMITS, random_model
 
-scoring.get_placer("most-allocated")  # registers the policy modules
+get_placer("most-allocated")  # registers the policy modules
 MODEL = "NVIDIA A100-SXM4-80GB"
 
 
@@ -43,10 +44,10 @@ def two_nodes() -> ClusterModel:
     return model
 
 
-def four_gpu_workload(model: ClusterModel) -> StowagePlacer:
+def four_gpu_workload(model: ClusterModel) -> StowageFragPlacer:
     """A placer that has learned a workload of 4-GPU pods: a 1-GPU pod on 'used' leaves 3 free
     cards no typical pod fits (fragmentation), on 'empty' 7 that still take one."""
-    placer = StowagePlacer()
+    placer = StowageFragPlacer()
     placer.bind_models(model.models)
     placer.watch_releases(lambda: model.gpu_releases)
     for _ in range(40):
@@ -54,9 +55,9 @@ def four_gpu_workload(model: ClusterModel) -> StowagePlacer:
     return placer
 
 
-def scores(placer: StowagePlacer, model: ClusterModel, req: GpuRequest) -> dict[str, float]:
+def scores(placer: StowageFragPlacer, model: ClusterModel, req: GpuRequest) -> dict[str, float]:
     a = model.a
-    f = scoring.fit(a, req, scoring.card_mask(a, model.models, PodPolicy(), req))
+    f = fit(a, req, card_mask(a, model.models, PodPolicy(), req))
     idx = np.flatnonzero(f.ok)
     return {model.names[i]: float(s) for i, s in zip(idx, placer.score(a, req, idx, f.usable))}
 
@@ -104,7 +105,7 @@ def test_the_extender_service_switches_its_pack_placer_on_a_release():
     model = two_nodes()
     service = ExtenderService(model)
     placer = service.placers[PACK]
-    assert isinstance(placer, StowagePlacer) and not placer.churn
+    assert isinstance(placer, StowageFragPlacer) and not placer.churn
     model.release("big")                          # e.g. the pod watch saw the pod deleted
     assert placer.churn
 
@@ -120,7 +121,7 @@ def test_churn_mode_scores_stay_row_local(seed):
     """score(subset) == score(all)[subset]: what lets the extender cache scores per row."""
     rng = random.Random(seed)
     model = partly_used_model(rng)
-    placer = scoring.get_placer("stowage")
+    placer = get_placer("stowage")
     placer.watch_releases(lambda: model.gpu_releases)
     for _ in range(40):
         placer.observe(random_req(rng))
@@ -141,7 +142,7 @@ def test_cached_answers_equal_fresh_ones_while_pods_come_and_go(seed):
     through binds and releases, including across the switch."""
     rng = random.Random(100 + seed)
     model = random_model(rng, 40)
-    make = (lambda v: scoring.get_placer({PACK: "stowage", SPREAD: "least-allocated"}[v]))
+    make = (lambda v: get_placer({PACK: "stowage", SPREAD: "least-allocated"}[v]))
     cached = ExtenderService(model, placer_factory=make, row_cache=True)
     fresh = ExtenderService(model, placer_factory=make, row_cache=False)
     names = model.node_names()
@@ -176,7 +177,7 @@ def test_static_replay_is_unchanged_because_no_pod_leaves(monkeypatch):
     from benchmarks.binpack import replay as replay_mod
     from benchmarks.binpack.cli import _load
 
-    Default = type(scoring.get_placer("stowage"))  # the pack default (Stowage + SS share packing)
+    Default = type(get_placer("stowage"))  # the pack default (Stowage + SS share packing)
 
     class NoChurn(Default):  # type: ignore[valid-type, misc]
         def churn_cost(self, a, req, idx):
@@ -188,7 +189,7 @@ def test_static_replay_is_unchanged_because_no_pod_leaves(monkeypatch):
             self.note_release()
 
     nodes, pods = _load(str(SHARED / "openb"), "default", 1)
-    made: list[StowagePlacer] = []
+    made: list[StowageFragPlacer] = []
     real_get = replay_mod.get_placer
 
     def spy(name):
@@ -197,19 +198,20 @@ def test_static_replay_is_unchanged_because_no_pod_leaves(monkeypatch):
         return placer
 
     chosen: list[int] = []
-    real_pick = replay_mod.pick
+    real_decide = replay_mod.decide
 
-    def record(*args):
-        i = real_pick(*args)
-        chosen.append(i)
-        return i
+    def record(*args, **kwargs):
+        got = real_decide(*args, **kwargs)
+        if got is not None:
+            chosen.append(got[0])
+        return got
 
     def placements(policy: str) -> list[int]:
         chosen.clear()
         replay(nodes, pods, policy, 42, limit=1500)
         return list(chosen)
 
-    monkeypatch.setattr(replay_mod, "pick", record)
+    monkeypatch.setattr(replay_mod, "decide", record)
     monkeypatch.setattr(replay_mod, "get_placer", spy)
     base = placements("stowage")
     assert not made[-1].churn

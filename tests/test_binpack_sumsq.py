@@ -16,9 +16,10 @@ import numpy as np
 
 from benchmarks.binpack.replay import build_cluster
 from benchmarks.binpack.trace import Nodes
-from extender.policies.sumsq import SumOfSquaresPlacer, ss_delta
-from extender.policy import PodPolicy
-from extender.scoring import card_mask, fit, get_placer
+from packing.strategies.stowage import StowagePlacer, ss_delta
+from packing.pod_policy import PodPolicy
+from packing.fit import card_mask, fit
+from packing.registry import get_placer
 from stowage.resources import GpuRequest
 
 
@@ -67,7 +68,7 @@ def test_ss_delta_by_hand():
 
 
 def test_live_gaps_follow_the_learned_mix():
-    placer = SumOfSquaresPlacer()
+    placer = StowagePlacer()
     assert placer.live_gaps()[1:1000].all()            # nothing seen: every gap is live
     for size, count in {30: 1, 470: 99, 500: 100}.items():
         for _ in range(count):
@@ -93,7 +94,7 @@ def test_ss_term_is_the_hand_computed_delta_and_picks_the_balancing_card():
     for k, d in expected.items():
         assert np.isclose(with_ss[k] - without[k], -ss.ss_weight * d), k
 
-    class SsFirst(SumOfSquaresPlacer):
+    class SsFirst(StowagePlacer):
         ss_weight = 1e9                                 # SS decides, Stowage only breaks its ties
     first = SsFirst()
     first.bind_models(model.models)

@@ -12,7 +12,7 @@ from benchmarks.binpack.trace import Nodes, Pods
 from benchmarks.elastic.cli import default_policies, main
 from benchmarks.elastic.sim import HpaSettings, run
 from benchmarks.elastic.workload import Deployment, Scenario, build
-from extender import scoring
+from packing.registry import POLICY_PLACER
 from stowage.resources import GpuRequest
 
 from shared_paths import SHARED
@@ -106,7 +106,7 @@ def test_releasable_gpu_hours_weigh_an_empty_node_by_its_gpus():
 
 def test_default_policies_put_the_pack_default_first():
     pols = default_policies()
-    assert pols[0] == scoring.POLICY_PLACER["pack"]
+    assert pols[0] == POLICY_PLACER["pack"]
     assert {"most-allocated", "least-allocated"} <= set(pols)
 
 

@@ -213,7 +213,9 @@ def test_bind_when_cards_were_taken_in_between(srv):
 
 def test_bind_recheck_catches_a_bad_card_choice():
     """Even if card choice went wrong, model.assign's re-check refuses an occupied card."""
-    class Stubborn:
+    from packing.placer import PlacerBase
+
+    class Stubborn(PlacerBase):
         name = "stubborn"
 
         def score(self, a, req, idx, usable):
@@ -221,9 +223,6 @@ def test_bind_recheck_catches_a_bad_card_choice():
 
         def choose_cards(self, a, i, req, usable_row, policy):
             return [0]  # always card 0, taken or not
-
-        def observe(self, req):
-            pass
 
     model = cluster()
     take_whole(model, "node-a", [0], "other")

@@ -19,12 +19,15 @@ import random
 import numpy as np
 import pytest
 
-from extender import scoring
-from extender.model import ClusterModel
-from extender.policies.frag import MILLI, FragIndex, card_left
-from extender.policies.stowage import CHURN_COST
-from extender.policies.sumsq import ss_delta
-from extender.policy import PodPolicy
+from extender.fastreasons import SMALL_SETTLE, reasons
+from packing.decide import to_extender_scores
+from packing.fit import card_mask, fit, reason
+from packing.registry import placer_for
+from packing.model import ClusterModel
+from packing.frag import FragIndex, MILLI, card_left
+from packing.strategies.stowage_frag import CHURN_COST
+from packing.strategies.stowage import ss_delta
+from packing.pod_policy import PodPolicy
 from extender.rowcache import RowCache
 from stowage.resources import GpuRequest
 
@@ -37,7 +40,7 @@ SHARES = [GpuRequest(mem_mib=m, core_milli=c) for m, c in
 
 def tracked_placer(model: ClusterModel, rng: random.Random):
     """The default ``pack`` placer wired to the model as the service wires it, having seen a mix."""
-    placer = scoring.placer_for("pack")
+    placer = placer_for("pack")
     placer.track_rows(lambda a: model.row_gen if a is model.a else None, None,
                       lambda a: model.row_tick if a is model.a else None)
     placer.watch_releases(lambda: model.gpu_releases)
@@ -55,7 +58,7 @@ def change(model: ClusterModel, rng: random.Random, live: list[str], step: int) 
     if r < 0.45:
         req = rng.choice(SHARES) if rng.random() < 0.7 else GpuRequest(gpus=1)
         a = model.a
-        f = scoring.fit(a, req, scoring.card_mask(a, model.models, PodPolicy(), req))
+        f = fit(a, req, card_mask(a, model.models, PodPolicy(), req))
         ok = np.flatnonzero(f.ok)
         if len(ok):
             i = int(rng.choice(ok.tolist()))
@@ -101,7 +104,7 @@ def test_ss_term_from_cached_pair_keys_equals_the_term_from_the_arrays(seed):
         j = rng.randrange(len(SHARES))
         req = SHARES[j]
         a = model.a
-        f = scoring.fit(a, req, scoring.card_mask(a, model.models, PodPolicy(), req))
+        f = fit(a, req, card_mask(a, model.models, PodPolicy(), req))
         ok = np.flatnonzero(f.ok)
         if len(ok):
             rows, kk = np.nonzero(f.usable[ok])
@@ -143,8 +146,8 @@ def test_row_tick_shortcuts_equal_fresh_fits_ids_and_index(seed):
         policy = rng.choice(policies)
         a = model.a
         e = cache.fit(model, req, policy)
-        mask = scoring.card_mask(a, model.models, policy, req)
-        f = scoring.fit(a, req, mask)
+        mask = card_mask(a, model.models, policy, req)
+        f = fit(a, req, mask)
         assert (e.mask == mask).all() and (e.usable == f.usable).all(), step
         assert (e.ok == f.ok).all() and (e.unres == f.unresolvable).all(), step
         sig = cache.signatures(model)
@@ -171,13 +174,13 @@ def test_reasons_of_few_rows_equal_reasons_of_many_and_of_one(seed):
     rows = np.array([model.index[n] for n in names])
     for req in SHARES + [GpuRequest(gpus=1), GpuRequest(gpus=4), GpuRequest(mem_mib=81920)]:
         for policy in (PodPolicy(), PodPolicy(models_include=("H100",))):
-            mask = scoring.card_mask(a, model.models, policy, req)
-            fail = rows[~scoring.fit(a, req, mask).ok[rows]]
-            many = scoring.reasons(a, fail, req, mask)
-            few = [t for c in range(0, len(fail), 7) for t in scoring.reasons(a, fail[c:c + 7], req, mask)]
-            one = [scoring.reason(a, int(i), req, mask) for i in fail]
+            mask = card_mask(a, model.models, policy, req)
+            fail = rows[~fit(a, req, mask).ok[rows]]
+            many = reasons(a, fail, req, mask)
+            few = [t for c in range(0, len(fail), 7) for t in reasons(a, fail[c:c + 7], req, mask)]
+            one = [reason(a, int(i), req, mask) for i in fail]
             assert many == few == one
-    assert len(fail) > scoring.SMALL_SETTLE  # the np.unique path ran too
+    assert len(fail) > SMALL_SETTLE  # the np.unique path ran too
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -190,7 +193,7 @@ def test_share_card_choice_over_distinct_cards_equals_argmax_over_every_card(see
     for step in range(100):
         req = rng.choice(SHARES)
         a = model.a
-        f = scoring.fit(a, req, scoring.card_mask(a, model.models, PodPolicy(), req))
+        f = fit(a, req, card_mask(a, model.models, PodPolicy(), req))
         for i in np.flatnonzero(f.ok)[:5].tolist():
             u = np.zeros(a.shape, bool)
             u[i] = f.usable[i]
@@ -219,5 +222,5 @@ def test_ranking_one_value_per_content_equals_ranking_every_row(seed):
             per_row = values[inverse]
             fresh = placer.score(model.a, req, rows, e.usable)
             assert np.allclose(per_row, fresh, rtol=0, atol=1e-6), step
-            assert (scoring.to_extender_scores(values)[inverse] == scoring.to_extender_scores(per_row)).all()
+            assert (to_extender_scores(values)[inverse] == to_extender_scores(per_row)).all()
         change(model, rng, live, step)

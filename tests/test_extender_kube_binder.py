@@ -8,7 +8,7 @@ from extender_kube_helpers import FakeKube, gfd_node, inv_node, make_pod, new_fe
 
 from extender.errors import BindError
 from extender.kube_binder import KubeBinder
-from extender.model import ClusterModel, PodAllocation
+from packing.model import ClusterModel, PodAllocation
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, decode_allocation, encode_allocation
 from stowage.resources import GpuRequest
 

@@ -14,7 +14,7 @@ def service():
         {"name": "h", "gpus": gpus("NVIDIA H100-SXM5-80GB", 8, "80Gi", numa=[0, 0, 0, 0, 1, 1, 1, 1],
                                    nvlink=[[0, 1, 2, 3], [4, 5, 6, 7]])}]})
     svc = ExtenderService(model)
-    assert type(svc.placers["pack"]).__name__ == "SumOfSquaresPlacer"  # the default placer
+    assert type(svc.placers["pack"]).__name__ == "StowagePlacer"  # the default placer
     return model, svc
 
 

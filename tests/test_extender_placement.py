@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from extender.policy import PodPolicy
+from packing.pod_policy import PodPolicy
 from extender.service import ExtenderService
 from extender.wire import BindingArgs, parse_extender_args
 from extender_harness import gpus, model_from, simple_placers, take_shared, take_whole
@@ -216,7 +216,9 @@ def test_prioritize_with_default_placer_scores_only_feasible_nodes():
 def test_placers_observe_each_new_pod_once():
     seen = []
 
-    class Watching:
+    from packing.placer import PlacerBase
+
+    class Watching(PlacerBase):
         name = "watching"
 
         def __init__(self, value):
@@ -248,7 +250,7 @@ def test_extender_scores_keep_the_placers_order_across_tiers():
     deltas) still gets its best node strictly first: scores go by rank, not a linear stretch."""
     import numpy as np
 
-    from extender.scoring import to_extender_scores
+    from packing.decide import to_extender_scores
 
     raw = np.array([-1e5 - 0.5, 0.003, 0.001, -1e5, 0.002, 0.003])
     assert to_extender_scores(raw).tolist() == [6, 10, 8, 7, 9, 10]

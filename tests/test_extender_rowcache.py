@@ -15,9 +15,12 @@ import numpy as np
 import orjson
 import pytest
 
-from extender import scoring
-from extender.model import ClusterModel
-from extender.policy import PACK, SPREAD, PodPolicy
+from packing.decide import RAW_DECIMALS
+from packing.fit import card_mask, fit
+from packing.placer import Placer
+from packing.registry import PLACERS, get_placer
+from packing.model import ClusterModel
+from packing.pod_policy import PACK, SPREAD, PodPolicy
 from extender.rowcache import RowCache, cacheable
 from extender.service import ExtenderService
 from extender.wire import encode, parse_binding_args, parse_extender_args
@@ -28,14 +31,14 @@ from benchmarks.latency import cluster as bench_cluster
 
 from test_latency_equivalence import MEM, MODELS, POD_ANNOTATIONS, POD_LIMITS, random_model, upsert_random
 
-scoring.get_placer("most-allocated")  # registers the policy modules
-ALL_PLACERS = sorted(scoring.PLACERS)
+get_placer("most-allocated")  # registers the policy modules
+ALL_PLACERS = sorted(PLACERS)
 CACHED = [p for p in ALL_PLACERS if p != "random"]
 
 
 def two_services(model: ClusterModel, pack: str, spread: str) -> tuple[ExtenderService, ExtenderService]:
     factory = {PACK: pack, SPREAD: spread}
-    make = (lambda v: scoring.get_placer(factory[v]))
+    make = (lambda v: get_placer(factory[v]))
     return (ExtenderService(model, placer_factory=make, row_cache=True),
             ExtenderService(model, placer_factory=make, row_cache=False))
 
@@ -109,8 +112,8 @@ def test_cached_answers_equal_fresh_ones_on_a_changing_cluster(pack, spread, see
     assert cached.row_cache is not None and len(cached.row_cache) > 0
 
 
-def learned(name: str, n_pods: int, rng: random.Random) -> scoring.Placer:
-    placer = scoring.get_placer(name)
+def learned(name: str, n_pods: int, rng: random.Random) -> Placer:
+    placer = get_placer(name)
     for _ in range(n_pods):
         placer.observe(random_req(rng))
     return placer
@@ -135,17 +138,17 @@ def partly_used_model(rng: random.Random, nodes: int = 80, pods: int = 60) -> Cl
     return model
 
 
-def row_local_scores(placer: scoring.Placer, model: ClusterModel, rng: random.Random, req_fn=random_req,
+def row_local_scores(placer: Placer, model: ClusterModel, rng: random.Random, req_fn=random_req,
                      rounds: int = 12):
     """Check score(subset) == score(all)[subset], and for one row, at the precision scores are
-    compared at (scoring.RAW_DECIMALS: the fragmentation sums differ in the last bit with the
+    compared at (RAW_DECIMALS: the fragmentation sums differ in the last bit with the
     batch shape), for ``rounds`` random requests; yields (request, nodes, rounded scores) of
     every request with at least 4 feasible nodes."""
     a = model.a
-    rounded = lambda x: np.round(np.asarray(x, float), scoring.RAW_DECIMALS)  # noqa: E731
+    rounded = lambda x: np.round(np.asarray(x, float), RAW_DECIMALS)  # noqa: E731
     for _ in range(rounds):
         req = req_fn(rng)
-        f = scoring.fit(a, req, scoring.card_mask(a, model.models, PodPolicy(), req))
+        f = fit(a, req, card_mask(a, model.models, PodPolicy(), req))
         idx = np.flatnonzero(f.ok)
         if idx.size < 4:
             continue
@@ -170,12 +173,12 @@ def test_a_cacheable_placers_score_of_a_node_depends_on_its_row_only(name, n_pod
 
 
 def test_random_placer_is_never_cached():
-    assert not cacheable(scoring.get_placer("random"))
-    assert all(cacheable(scoring.get_placer(n)) for n in CACHED)
+    assert not cacheable(get_placer("random"))
+    assert all(cacheable(get_placer(n)) for n in CACHED)
 
 
 def test_stowage_version_moves_with_its_learned_state_only():
-    placer = scoring.get_placer("stowage")
+    placer = get_placer("stowage")
     versions = []
     for _ in range(9):
         placer.observe(GpuRequest(gpus=1))  # extender pods: no host CPU/memory
@@ -191,7 +194,7 @@ def test_stowage_version_moves_with_its_learned_state_only():
 def test_after_a_bind_only_the_bound_node_is_recomputed():
     rng = random.Random(7)
     model = random_model(rng, 40)
-    service = ExtenderService(model, placer_factory=lambda v: scoring.get_placer("bestfit"))
+    service = ExtenderService(model, placer_factory=lambda v: get_placer("bestfit"))
     cache = service.row_cache
     assert cache is not None
     names = model.node_names()
@@ -334,7 +337,7 @@ def test_frag_index_synced_from_row_gen_equals_array_comparison(name, kind):
                 placer.prime([(random_req(random.Random(step)), ())])
         req = random_req(rng)
         a = model.a
-        f = scoring.fit(a, req, scoring.card_mask(a, model.models, PodPolicy(), req))
+        f = fit(a, req, card_mask(a, model.models, PodPolicy(), req))
         idx = np.flatnonzero(f.ok)
         if idx.size:
             got = np.asarray(tracked.score(a, req, idx, f.usable), float)
@@ -350,7 +353,7 @@ def test_frag_index_synced_from_row_gen_equals_array_comparison(name, kind):
             assert np.allclose(tracked.index.frag, diffing.index.frag, rtol=1e-12, atol=1e-9)
             if name == "stowage":  # exact scores compared at RAW_DECIMALS, as the extender does
                 want = np.asarray(diffing.score(a, req, idx, f.usable), float)
-                assert np.array_equal(np.round(got, scoring.RAW_DECIMALS), np.round(want, scoring.RAW_DECIMALS),
+                assert np.array_equal(np.round(got, RAW_DECIMALS), np.round(want, RAW_DECIMALS),
                                       equal_nan=True), step
             assert tracked.index._snap is None  # no array snapshot kept: row_gen was used
             i = int(idx[rng.randrange(idx.size)])

@@ -1,5 +1,5 @@
 """Placers with a cluster-wide term in their share-pod score (``local_pairs`` + ``global_pairs``,
-extender/rowcache.py ``RowCache._pair_scores``): the row-local part is cached per row content,
+declared by ``split_pairs``; extender/rowcache.py ``RowCache._pair_values``): the row-local part is cached per row content,
 the global part is computed per request; answers equal computing everything afresh."""
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import numpy as np
 import orjson
 import pytest
 
-from extender import scoring
-from extender.model import CardArrays, ClusterModel
-from extender.policy import PACK, SPREAD
+from packing.placer import PlacerBase
+from packing.registry import get_placer
+from packing.model import CardArrays, ClusterModel
+from packing.pod_policy import PACK, SPREAD
 from extender.service import ExtenderService
 from extender.wire import encode, parse_binding_args, parse_extender_args
 from stowage.resources import GpuRequest
@@ -20,15 +21,12 @@ from benchmarks.latency import cluster as bench_cluster
 
 from test_latency_equivalence import POD_ANNOTATIONS, POD_LIMITS, random_model
 
-scoring.get_placer("most-allocated")  # registers the policy modules
-
-
-class GapCrowdPlacer:
+class GapCrowdPlacer(PlacerBase):
     """Toy placer: a share goes where the card's free memory afterwards is smallest (row-local),
     minus how many cards of the whole cluster already have exactly that free memory (global)."""
 
     name = "gap-crowd"
-    version = 0
+    split_pairs = True
 
     def local_pairs(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray):
         rows, kk = np.nonzero(usable[idx])
@@ -52,15 +50,9 @@ class GapCrowdPlacer:
         np.maximum.at(out, rows, tot)
         return out
 
-    def choose_cards(self, a, i, req, usable_row, policy):
-        return scoring.choose_cards_default(a, i, req, usable_row, policy)
-
-    def observe(self, req: GpuRequest) -> None:
-        return None
-
 
 def services(model: ClusterModel) -> tuple[ExtenderService, ExtenderService]:
-    make = (lambda v: GapCrowdPlacer() if v == PACK else scoring.get_placer("least-allocated"))
+    make = (lambda v: GapCrowdPlacer() if v == PACK else get_placer("least-allocated"))
     return (ExtenderService(model, placer_factory=make, row_cache=True),
             ExtenderService(model, placer_factory=make, row_cache=False))
 
@@ -106,7 +98,7 @@ def test_pair_scores_are_cached_per_content_and_the_global_part_is_not():
     for n in ("a", "b", "c"):
         eight_gpu_node(model, n)
     svc = ExtenderService(model, placer_factory=lambda v: GapCrowdPlacer() if v == PACK else
-                          scoring.get_placer("least-allocated"))
+                          get_placer("least-allocated"))
     pod = bench_cluster.pod_object("p", {"nvidia.com/gpu-memory": "10"})
     body = encode({"Pod": pod, "Nodes": None, "NodeNames": ["a", "b", "c"]})
     svc.filter(parse_extender_args(body))
@@ -121,5 +113,5 @@ def test_pair_scores_are_cached_per_content_and_the_global_part_is_not():
     again = orjson.loads(svc.prioritize(parse_extender_args(body), as_json=True))
     assert rc.scores_recomputed == before + 2  # only c's new content
     fresh = ExtenderService(model, placer_factory=lambda v: GapCrowdPlacer() if v == PACK else
-                            scoring.get_placer("least-allocated"), row_cache=False)
+                            get_placer("least-allocated"), row_cache=False)
     assert again == orjson.loads(fresh.prioritize(parse_extender_args(body), as_json=True))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from extender.model import ClusterModel
+from packing.model import ClusterModel
 from extender.simcluster import SimClusterError, load_cluster, node_objects, parse_cluster
 from stowage.inventory import inventory_from_node, model_matches
 from stowage.resources import quantity_to_int

@@ -11,7 +11,7 @@ import copy
 
 import pytest
 
-from extender.model import ClusterModel
+from packing.model import ClusterModel
 from extender.service import WHOLE_ONLY, ExtenderService
 from extender.wire import parse_binding_args, parse_extender_args
 from extender_harness import Server, gpus, model_from, simple_placers, take_shared, take_whole

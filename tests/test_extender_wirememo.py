@@ -8,7 +8,7 @@ import random
 import orjson
 import pytest
 
-from extender.model import ClusterModel
+from packing.model import ClusterModel
 from extender.service import ExtenderService
 from extender.wire import (ExtenderArgs, FilterResult, WireError, encode, encode_filter_result, filter_answer,
                            parse_extender_args)

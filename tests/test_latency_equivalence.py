@@ -14,9 +14,11 @@ import numpy as np
 import orjson
 import pytest
 
-from extender import scoring
-from extender.model import CardArrays, ClusterModel
-from extender.policy import PodPolicy
+from extender.fastreasons import reasons
+from packing.decide import to_extender_scores
+from packing.fit import Fit, card_mask, fit, reason, row_any, row_count
+from packing.model import CardArrays, ClusterModel
+from packing.pod_policy import PodPolicy
 from extender.service import UNKNOWN_NODE, ExtenderService
 from extender.wire import encode, filter_answer, parse_binding_args, parse_extender_args, priority_list
 from stowage.inventory import Card, Inventory
@@ -30,7 +32,7 @@ MEM = {"NVIDIA H100-SXM5-80GB": 81920, "NVIDIA A100-SXM4-80GB": 81920, "NVIDIA A
 
 
 # ------------------------------------------------------------------ the references (slow, obvious)
-def ref_fit(a: CardArrays, req: GpuRequest, allowed: np.ndarray) -> scoring.Fit:
+def ref_fit(a: CardArrays, req: GpuRequest, allowed: np.ndarray) -> Fit:
     healthy = allowed & a.healthy
     host_ok = a.node_ok & (a.cpu_free >= req.cpu_milli) & (a.hmem_free >= req.host_mem_mib)
     if req.is_whole:
@@ -43,7 +45,7 @@ def ref_fit(a: CardArrays, req: GpuRequest, allowed: np.ndarray) -> scoring.Fit:
         big_enough = healthy & (a.mem_total >= req.mem_mib)
         unresolvable = ~big_enough.any(axis=1)
     unresolvable &= ~ok
-    return scoring.Fit(ok=ok, usable=usable, unresolvable=unresolvable | (~a.node_ok & ~ok))
+    return Fit(ok=ok, usable=usable, unresolvable=unresolvable | (~a.node_ok & ~ok))
 
 
 class ReferenceService(ExtenderService):
@@ -62,7 +64,7 @@ class ReferenceService(ExtenderService):
         passing = []
         with self.model.lock:
             a = self.model.a
-            mask = scoring.card_mask(a, self.model.models, policy, req)
+            mask = card_mask(a, self.model.models, policy, req)
             f = ref_fit(a, req, mask)
             for name in names:
                 i = self.model.index.get(name)
@@ -89,13 +91,13 @@ class ReferenceService(ExtenderService):
         if info.req is not None and info.req.is_gpu and names:
             with self.model.lock:
                 a = self.model.a
-                mask = scoring.card_mask(a, self.model.models, info.policy, info.req)
+                mask = card_mask(a, self.model.models, info.policy, info.req)
                 f = ref_fit(a, info.req, mask)
                 pos = [j for j, n in enumerate(names) if n in self.model.index and f.ok[self.model.index[n]]]
                 if pos:
                     idx = np.array([self.model.index[names[j]] for j in pos], np.int64)
                     raw = self.placers[info.policy.node].score(a, info.req, idx, f.usable)
-                    for j, s in zip(pos, scoring.to_extender_scores(raw).tolist()):
+                    for j, s in zip(pos, to_extender_scores(raw).tolist()):
                         scores[j] = s
         return priority_list(names, scores)
 
@@ -135,8 +137,8 @@ def test_row_count_and_row_any_match_numpy(k):
     for density in (0.0, 0.1, 0.5, 1.0):
         b = rng.random((37, k)) < density
         for view in (b, b[::2], b[5:6], b[:0], np.asfortranarray(b)):
-            assert scoring.row_count(view).tolist() == view.sum(axis=1).tolist()
-            assert scoring.row_any(view).tolist() == view.any(axis=1).tolist()
+            assert row_count(view).tolist() == view.sum(axis=1).tolist()
+            assert row_any(view).tolist() == view.any(axis=1).tolist()
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -150,15 +152,15 @@ def test_fit_and_reasons_match_the_reference(seed):
         req = random_req(prng)
         policy = PodPolicy(models_include=prng.choice([(), ("H100",), ("A100-SXM4-40GB", "A10")]),
                            models_exclude=prng.choice([(), ("A10",)]), min_card_mem_mib=prng.choice([0, 81920]))
-        mask = scoring.card_mask(a, models, policy, req)
-        got, want = scoring.fit(a, req, mask), ref_fit(a, req, mask)
+        mask = card_mask(a, models, policy, req)
+        got, want = fit(a, req, mask), ref_fit(a, req, mask)
         for field in ("ok", "usable", "unresolvable"):
             assert np.array_equal(getattr(got, field), getattr(want, field)), field
         rows = np.flatnonzero(~got.ok)
         rng.shuffle(rows)                                   # any order, repeats allowed
         rows = np.r_[rows, rows[:5]]
-        assert scoring.reasons(a, rows, req, mask) == [scoring.reason(a, int(i), req, mask) for i in rows]
-    assert scoring.reasons(a, np.array([], np.int64), GpuRequest(gpus=1), a.exists) == []
+        assert reasons(a, rows, req, mask) == [reason(a, int(i), req, mask) for i in rows]
+    assert reasons(a, np.array([], np.int64), GpuRequest(gpus=1), a.exists) == []
 
 
 # --------------------------------------------------------------------------- the whole service
@@ -248,7 +250,7 @@ def test_service_answers_match_the_reference_on_a_changing_cluster(seed):
 def test_frag_index_incremental_state_matches_plain_sums_and_a_fresh_build():
     """FragIndex keeps per-node aggregates (popcount/einsum sums, changed-row detection): after
     random changes they must equal both the plain numpy sums and an index built from scratch."""
-    from extender.policies.frag import FragIndex, FragTable, PodClass, Workload
+    from packing.frag import FragIndex, FragTable, PodClass, Workload
 
     rng = np.random.default_rng(5)
     prng = random.Random(5)

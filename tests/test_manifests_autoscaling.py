@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from extender.policy import parse_policy
+from packing.pod_policy import parse_policy
 from manifest_validation import Doc, load_docs
 from stowage.inventory import model_matches
 from stowage.resources import pod_gpu_request

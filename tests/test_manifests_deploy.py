@@ -332,7 +332,7 @@ def test_extender_probes_hit_healthz_and_readyz_inside_the_pod():
 
 def _extender_app(url_prefix: str):
     app_mod = pytest.importorskip("extender.app", reason="extender/app.py not present")
-    from extender.model import ClusterModel
+    from packing.model import ClusterModel
     from extender.service import ExtenderService
     return app_mod.create_app(ExtenderService(ClusterModel()), url_prefix=url_prefix)
 

@@ -1,16 +1,16 @@
-"""stowage.planning on small hand-built clusters whose answers are worked out by hand."""
+"""stowage_ops.planning on small hand-built clusters whose answers are worked out by hand."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from extender.policy import PodPolicy
-from stowage.planning import (ShapeError, capacity, drain_plan, fill_random, fragmentation, parse_shape,
+from packing.pod_policy import PodPolicy
+from stowage_ops.planning import (ShapeError, capacity, drain_plan, fill_random, fragmentation, parse_shape,
                               typical_shapes, Shape)
 from stowage.resources import GpuRequest
 
 from planning_clusters import GiB, add_node, mixed_cluster, uniform_cluster
-from extender.model import ClusterModel
+from packing.model import ClusterModel
 
 
 # ----------------------------------------------------------------------------- shapes

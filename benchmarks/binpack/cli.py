@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         stride = QUICK_NODE_STRIDE if args.quick else 1
         seeds = QUICK_SEEDS if args.quick else args.seeds
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-        from extender.scoring import get_placer
+        from packing.registry import get_placer
         for pol in policies:
             get_placer(pol)
         for t in traces:

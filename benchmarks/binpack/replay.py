@@ -5,9 +5,9 @@ then let pods arrive one at a time; each goes where the policy says or is skippe
 nowhere, and never leaves. After every pod we record the GPU-milli arrived (failed pods
 included) and allocated.
 
-The replay only simulates the cluster (a real :class:`extender.model.ClusterModel`) and the pod
-source: filtering, scoring and card choice are the extender's own ``card_mask``/``fit``/placer
-code, so a figure here is a figure for what the extender would do. Ties between equal node
+The replay only simulates the cluster (a real :class:`packing.model.ClusterModel`) and the pod
+source: each pod is placed by :func:`packing.decide.decide`, the code behind the extender's
+verbs, so a figure here is a figure for what the extender would do. Ties between equal node
 scores go to a fixed random node order per seed (as the paper describes).
 """
 from __future__ import annotations
@@ -18,9 +18,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from extender.model import ClusterModel
-from extender.policy import SPREAD, PodPolicy
-from extender.scoring import attach_placer, card_mask, fit, get_placer
+from packing.decide import decide
+from packing.model import ClusterModel
+from packing.placer import attach_placer
+from packing.pod_policy import SPREAD, PodPolicy
+from packing.registry import get_placer
 from stowage.inventory import Card, Inventory
 
 from .trace import Nodes, Pods
@@ -92,13 +94,6 @@ def _pod_policy(models: tuple[str, ...], base: PodPolicy) -> PodPolicy:
     return PodPolicy(node=base.node, card=base.card, models_include=models, topology=base.topology)
 
 
-def pick(scores: np.ndarray, idx: np.ndarray, rank: np.ndarray) -> int:
-    """The best-scoring node; among equals, the one first in the seed's node order."""
-    s = np.asarray(scores, float)
-    cand = idx[s == s.max()]
-    return int(cand[np.argmin(rank[cand])]) if len(cand) > 1 else int(cand[0])
-
-
 def replay(nodes: Nodes, pods: Pods, policy: str, seed: int, *, limit: int | None = None,
            inflate: float = INFLATE) -> SeedRun:
     """Run one seed of one policy; ``limit`` caps the number of arriving pods (smoke runs)."""
@@ -126,12 +121,9 @@ def replay(nodes: Nodes, pods: Pods, policy: str, seed: int, *, limit: int | Non
         done += milli
         pol = _pod_policy(pods.models(j), base)
         placer.observe(req)
-        a = model.a
-        f = fit(a, req, card_mask(a, model.models, pol, req))
-        idx = np.flatnonzero(f.ok)
-        if len(idx):
-            i = pick(placer.score(a, req, idx, f.usable), idx, rank)
-            cards = placer.choose_cards(a, i, req, f.usable[i], pol)
+        got_pod = decide(model.a, model.models, req, pol, placer, tie=rank)
+        if got_pod is not None:
+            i, cards = got_pod
             uid = f"{pods.name}-{seed}-{e}"
             if req.is_gpu:
                 model.assign(uid, uid, names[i], cards, req)

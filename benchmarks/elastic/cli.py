@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from benchmarks.binpack.cli import subset
 from benchmarks.binpack.trace import DEFAULT_TRACE, REPO_ROOT, TraceError, data_dir, load_nodes, load_pods, trace_name
-from extender import scoring
+from packing.registry import PLACERS, POLICY_PLACER
 
 from .report import format_table, write_outputs
 from .sim import HpaSettings, run
@@ -30,9 +30,8 @@ QUICK = {"days": 1.0, "node_stride": 20}
 
 def default_policies() -> list[str]:
     """The two kube-scheduler strategies and every registered placer, Stowage's pack default first."""
-    scoring.get_placer("most-allocated")  # loads extender.policies, which register themselves
-    pack = scoring.POLICY_PLACER["pack"]
-    return [pack] + sorted(n for n in scoring.PLACERS if n != pack)
+    pack = POLICY_PLACER["pack"]
+    return [pack] + sorted(n for n in PLACERS if n != pack)
 
 
 def _shape(req) -> str:
@@ -95,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     known = default_policies()
     policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else known
-    unknown = [p for p in policies if p not in scoring.PLACERS]
+    unknown = [p for p in policies if p not in PLACERS]
     if unknown:
-        print(f"error: unknown policy {', '.join(unknown)} (known: {', '.join(sorted(scoring.PLACERS))})", file=sys.stderr)
+        print(f"error: unknown policy {', '.join(unknown)} (known: {', '.join(sorted(PLACERS))})", file=sys.stderr)
         return 2
     directory = str(data_dir(args.data_dir))
     hpa = HpaSettings(target=args.target, tolerance=args.tolerance, scale_down_window_s=args.window)

@@ -9,8 +9,8 @@ Every ``step_s`` seconds (an HPA sync) the simulation:
    replicas, scale-ins delete replicas in the ReplicaSet controller's order (pending first,
    then those on the nodes holding most replicas of the deployment, newest first);
 3. schedules the queue in creation order, like kube-scheduler's FIFO: each pod goes where the
-   extender's own ``card_mask``/``fit``/placer/card-choice code puts it (ties: the seed's fixed
-   node order, as in the binpack benchmark) or stays Pending and is retried next step. The
+   extender's own code puts it (:func:`packing.decide.decide`; ties: the seed's fixed node
+   order, as in the binpack benchmark) or stays Pending and is retried next step. The
    placer learns each GPU pod once, at its first scheduling attempt, as the extender does
    (``ExtenderService.pod_info`` observes a pod the first time it sees it, and only pods that
    ask for a GPU): retries of a Pending pod are not new pods;
@@ -32,10 +32,13 @@ from typing import Callable
 
 import numpy as np
 
-from benchmarks.binpack.replay import CARD_POLICY, build_cluster, node_rank, pick
+from benchmarks.binpack.replay import CARD_POLICY, build_cluster, node_rank
 from benchmarks.binpack.trace import Nodes
-from extender.policy import PodPolicy
-from extender.scoring import attach_placer, card_mask, fit, get_placer
+from packing.decide import decide
+from packing.fit import card_mask
+from packing.placer import attach_placer
+from packing.pod_policy import PodPolicy
+from packing.registry import get_placer
 from stowage.resources import CORE_MILLI_PER_CARD, GpuRequest
 
 from .hpa import Hpa, HpaSpec
@@ -309,9 +312,8 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
                 mask = masks[key] = card_mask(a, model.models, pol, req)
             if not it.seen:
                 meet_extender(it)
-            f = fit(a, req, mask)
-            idx = np.flatnonzero(f.ok)
-            if not len(idx):
+            got = decide(a, model.models, req, pol, placer, mask=mask, tie=rank)
+            if got is None:
                 # kube-scheduler tries every queued pod this round, so the new pods behind this
                 # head (same shape, so they do not fit either) meet the extender now too. Seen
                 # pods form a prefix of the queue: the unseen ones are its tail.
@@ -324,8 +326,7 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
                     if not other.dead:
                         meet_extender(other)
                 continue
-            i = pick(placer.score(a, req, idx, f.usable), idx, rank)
-            cards = placer.choose_cards(a, i, req, f.usable[i], pol)
+            i, cards = got
             if req.is_gpu:
                 model.assign(it.uid, it.uid, names[i], cards, req)
             else:

@@ -26,7 +26,7 @@ import numpy as np
 import orjson
 
 from extender.app import create_app
-from extender.model import ClusterModel
+from packing.model import ClusterModel
 from extender.service import ExtenderService
 from extender.simcluster import parse_cluster
 from extender.wire import (binding_result, encode, parse_binding_args, parse_extender_args)

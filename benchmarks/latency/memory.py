@@ -14,7 +14,7 @@ import tracemalloc
 
 
 def measure(nodes: int) -> dict[str, float]:
-    from extender.model import ClusterModel
+    from packing.model import ClusterModel
     from extender.simcluster import parse_cluster
 
     from .cluster import cluster_doc

@@ -33,10 +33,12 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from extender.model import CardArrays
-from extender.scoring import row_any, row_count
 from stowage.inventory import model_matches
 from stowage.resources import CORE_MILLI_PER_CARD, GpuRequest
+
+from .fit import row_any, row_count
+from .model import CardArrays
+from .placer import PlacerBase
 
 MILLI = CORE_MILLI_PER_CARD
 
@@ -415,3 +417,87 @@ def workload_of(pairs: Iterable[tuple[GpuRequest, Sequence[str]]], host_memory: 
     for req, models in pairs:
         w.add(PodClass.of(req, models, host_memory=host_memory))
     return w
+
+
+POPULARITY = 0.95         # typical pods cover 95 % of the workload's pods
+
+
+class FragPlacerBase(PlacerBase):
+    """Shared plumbing of the fragmentation-aware placers: a workload, its table and index."""
+
+    coverage = POPULARITY
+    host_memory = False     # count host memory in "does a class fit" (the paper's FGD does not)
+
+    def __init__(self) -> None:
+        self.workload = Workload()
+        self.table: FragTable | None = None
+        self.index: FragIndex | None = None
+        self._models: Sequence[str] = ()
+        # Changes whenever the learned state changes scores (table rebuilt, model table bound):
+        # hosts may cache each node's score per version.
+        self.version = 0
+        # The owner's per-row change counters of an arrays object, or None (see track_rows).
+        self._row_gen_of: Callable[[CardArrays], np.ndarray | None] | None = None
+        self._row_groups_of: Callable[[CardArrays], tuple[np.ndarray, np.ndarray] | None] | None = None
+        self._row_tick_of: Callable[[CardArrays], int | None] | None = None
+
+    def track_rows(self, row_gen_of: Callable[[CardArrays], np.ndarray | None],
+                   row_groups_of: Callable[[CardArrays], tuple[np.ndarray, np.ndarray] | None] | None = None,
+                   row_tick_of: Callable[[CardArrays], int | None] | None = None) -> None:
+        """Let the index learn which rows changed from the owner's per-row change counters
+        (``ClusterModel.row_gen``) instead of comparing whole arrays on every call.
+        ``row_gen_of(a)`` returns the counters of ``a``, or None for arrays it does not own;
+        ``row_groups_of(a)`` optionally groups ``a``'s rows by equal content (``(reps,
+        inverse)``, see ``FragIndex.sync``), so a full build computes each content once.
+        ``row_tick_of(a)`` optionally gives the owner's latest change counter (or None), so a
+        call with nothing changed since the last one skips even the per-row comparison."""
+        self._row_gen_of = row_gen_of
+        self._row_groups_of = row_groups_of
+        self._row_tick_of = row_tick_of
+
+    def prime(self, pairs: Iterable[tuple[GpuRequest, Sequence[str]]]) -> None:
+        """Use a known workload (the trace's own pods, as the paper's FGD does)."""
+        for req, models in pairs:
+            self.workload.add(PodClass.of(req, models, host_memory=self.host_memory))
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        self.table = FragTable(self.workload.typical(self.coverage))
+        self.index = None
+        self.version += 1
+
+    def bind_models(self, models: Sequence[str]) -> None:
+        self._models = models
+        self.index = None
+        self.version += 1
+
+    def _index(self, a: CardArrays) -> FragIndex:
+        if self.table is None:
+            self._rebuild()
+        if self.index is None:
+            self.index = FragIndex(self.table, self._models)
+        gen = self._row_gen_of(a) if self._row_gen_of is not None else None
+        groups_of = self._row_groups_of
+        tick = self._row_tick_of(a) if self._row_tick_of is not None and gen is not None else None
+        self.index.sync(a, gen, None if groups_of is None or gen is None else (lambda: groups_of(a)), tick)
+        return self.index
+
+    def frag_after(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray,
+                   pairs: tuple[np.ndarray, np.ndarray] | None = None):
+        """(F before [n], F after [n] for whole/CPU pods, or per (node, card) pair for shares).
+
+        ``pairs``: for a share, the (rows, cards) to evaluate instead of every usable card,
+        no card identical to the one before it on its node (see ``FragIndex.after_share``)."""
+        ix = self._index(a)
+        before = ix.frag[idx]
+        if req.is_shared:
+            if pairs is not None:
+                rows, kk = pairs
+                return before, ix.after_share(a, idx[rows], kk, req, distinct=True), rows, kk
+            sub = usable[idx]
+            rows, kk = np.nonzero(sub)
+            after = ix.after_share(a, idx[rows], kk, req)
+            return before, after, rows, kk
+        if req.is_whole:
+            return before, ix.after_whole(a, idx, req, usable[idx]), None, None
+        return before, ix.after_cpu(a, idx, req.cpu_milli, req.host_mem_mib), None, None

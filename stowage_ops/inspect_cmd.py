@@ -11,9 +11,9 @@ from typing import Any, Sequence
 
 import click
 
-from extender.model import ClusterModel
-from stowage.cluster_source import Source, cluster_options, load
-from stowage.planning import ShapeError, fragmentation, iter_nodes, parse_shape
+from packing.model import ClusterModel
+from stowage_ops.cluster_source import Source, cluster_options, load
+from stowage_ops.planning import ShapeError, fragmentation, iter_nodes, parse_shape
 from stowage.resources import CORE_MILLI_PER_CARD, fmt_mib
 from stowage.textable import render
 

@@ -1,12 +1,15 @@
 """The live model of the cluster's cards: nodes x cards as numpy arrays, plus who holds what.
 
 Why arrays: the extender scores every candidate node on every request (thousands of nodes) and
-the benchmark replays ~100k placements per policy; both run the same pure functions in
-:mod:`extender.scoring` over :class:`CardArrays`, vectorised with numpy.
+the benchmark replays ~100k placements per policy; both run the same pure functions
+(:mod:`packing.fit`, :mod:`packing.decide`) over :class:`CardArrays`, vectorised with numpy.
 
 Why one model per process, guarded by one lock: a card is never double-booked only if every
-filter/prioritize/bind sees the same state and bind's re-check + commit is atomic. The server
-therefore runs one gunicorn worker process (with threads); see ``extender/gunicorn_conf.py``.
+filter/prioritize/bind sees the same state and bind's re-check + commit is atomic. The extender
+therefore holds the model in one process (see ``extender/gunicorn_conf.py``).
+
+The booking arithmetic — what a pod takes from a card and a node — is :func:`card_shares` and
+:func:`book`, used by :class:`ClusterModel` and by what-ifs on a copy of the arrays alike.
 
 Nothing here is the source of truth: allocations live on the pods as annotations
 (:mod:`stowage.allocation`), so the model can always be rebuilt from the API server.
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -80,6 +83,37 @@ class CardArrays:
     def free_whole(self) -> np.ndarray:
         """[N, K] cards a whole-GPU pod could take now."""
         return self.exists & self.healthy & (self.pods == 0)
+
+
+def card_shares(a: CardArrays, i: int | None, cards: Sequence[int],
+                req: GpuRequest) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(memory MiB, compute milli) the pod takes on each of ``cards`` of node i: a whole card
+    its total memory and all its compute (0 memory when the node or card is unknown), a
+    share what it asks for."""
+    if req.is_whole:
+        mems = tuple(int(a.mem_total[i, k]) if i is not None and k < a.shape[1] else 0 for k in cards)
+        return mems, tuple(CORE_MILLI_PER_CARD for _ in cards)
+    return tuple(req.mem_mib for _ in cards), tuple(req.core_milli for _ in cards)
+
+
+def book(a: CardArrays, i: int, cards: Sequence[int], mem_mib: Sequence[int], core_milli: Sequence[int],
+         cpu_milli: float, host_mem_mib: float, sign: int = 1) -> None:
+    """Book (sign=+1) or give back (-1) a pod's hold on node i: its card shares, one pod on
+    each card, and its host CPU and memory. A card slot that no longer exists is skipped."""
+    a.cpu_free[i] -= sign * cpu_milli
+    a.hmem_free[i] -= sign * host_mem_mib
+    for k, mem, core in zip(cards, mem_mib, core_milli):
+        if k >= a.shape[1]:
+            continue  # card slot vanished; the allocation is kept on record
+        a.mem_free[i, k] -= sign * mem
+        a.core_free[i, k] -= sign * core
+        a.pods[i, k] += sign
+
+
+def book_request(a: CardArrays, i: int, cards: Sequence[int], req: GpuRequest, sign: int = 1) -> None:
+    """:func:`book` a request on ``cards`` of node i, as :meth:`ClusterModel.assign` books it."""
+    mems, cores = card_shares(a, i, cards, req)
+    book(a, i, cards, mems, cores, req.cpu_milli, req.host_mem_mib, sign)
 
 
 @dataclass
@@ -227,15 +261,7 @@ class ClusterModel:
 
     def _apply(self, i: int, alloc: PodAllocation, sign: int) -> None:
         self._touch(i)
-        a = self.a
-        a.cpu_free[i] -= sign * alloc.cpu_milli
-        a.hmem_free[i] -= sign * alloc.host_mem_mib
-        for k, mem, core in zip(alloc.cards, alloc.mem_mib, alloc.core_milli):
-            if k >= a.shape[1]:
-                continue  # card slot vanished; the allocation is kept on record
-            a.mem_free[i, k] -= sign * mem
-            a.core_free[i, k] -= sign * core
-            a.pods[i, k] += sign
+        book(self.a, i, alloc.cards, alloc.mem_mib, alloc.core_milli, alloc.cpu_milli, alloc.host_mem_mib, sign)
         alloc.applied = sign > 0
 
     def remove_node(self, name: str) -> None:
@@ -284,15 +310,11 @@ class ClusterModel:
                 self.release(uid, departed=False)  # replaced by the new record
             i = self.index.get(node)
             a = self.a
-            if req.is_whole and mem_mib is not None:  # replaying a record: it holds each card's total
-                mems = tuple(int(m) for m in mem_mib)
-                cores = tuple(CORE_MILLI_PER_CARD for _ in cards)
-            elif req.is_whole:
-                mems = tuple(int(a.mem_total[i, k]) if i is not None and k < a.shape[1] else 0 for k in cards)
-                cores = tuple(CORE_MILLI_PER_CARD for _ in cards)
-            else:
-                mems = tuple(mem_mib) if mem_mib is not None else tuple(req.mem_mib for _ in cards)
-                cores = tuple(core_milli) if core_milli is not None else tuple(req.core_milli for _ in cards)
+            mems, cores = card_shares(a, i, cards, req)
+            if mem_mib is not None:  # replaying a record: what it holds (a whole card: its total)
+                mems = tuple(int(m) for m in mem_mib) if req.is_whole else tuple(mem_mib)
+            if core_milli is not None and not req.is_whole:
+                cores = tuple(core_milli)
             if check:
                 self._check_room(node, i, cards, req, mems, cores)
             alloc = PodAllocation(uid=uid, name=name, node=node, cards=cards, mem_mib=mems,

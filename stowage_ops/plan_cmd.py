@@ -1,7 +1,7 @@
 """`stowage plan`: what-if answers before scaling — how many more pods of a shape fit now and
 where, and which nodes could be emptied for the cluster autoscaler by moving the fewest pods.
 
-All answers come from :mod:`stowage.planning`, which simulates the extender's own placement
+All answers come from :mod:`stowage_ops.planning`, which simulates the extender's own placement
 code on a copy of the cluster; nothing is changed on the cluster.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from stowage.cluster_source import Source, cluster_options, load
-from stowage.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, ShapeError, capacity,
+from stowage_ops.cluster_source import Source, cluster_options, load
+from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, ShapeError, capacity,
                               drain_plan, parse_shape)
 from stowage.textable import render
 

@@ -1,6 +1,6 @@
-"""Stowage's fragmentation score: the part of ``stowage.io/node-policy: pack`` that scores every
-pod (registered alone as ``stowage-frag``). The ``pack`` default (``stowage``,
-:mod:`.sumsq`) adds the Sum-of-Squares share packing on top of it.
+"""``stowage-frag``: Stowage's fragmentation score, the part of ``stowage.io/node-policy: pack``
+that scores every pod (registered alone for comparison). The ``pack`` default (``stowage``,
+:mod:`.stowage`) adds the Sum-of-Squares share packing on top of it.
 
 Why not plain FGD: on the Alibaba openb trace the paper's best policy (FGD) still leaves ~4.8 %
 of the GPUs unallocated when the arrived workload equals the cluster, and replaying it shows why:
@@ -16,7 +16,7 @@ So the score of placing a pod on a node (higher is better) is::
 
     (F_before - F_after)  -  w * (stranded_after - stranded_before)
 
-- ``F`` is FGD's fragmentation (:mod:`.frag`) over a typical workload *learned online* from the
+- ``F`` is FGD's fragmentation (:mod:`packing.frag`) over a typical workload *learned online* from the
   pods the extender has seen (``observe``; no look-ahead), with host memory counted in "does this
   class fit" alongside CPU;
 - ``stranded`` is the node's idle GPU-milli that its remaining CPU and memory could not feed at
@@ -39,7 +39,7 @@ Scores are exact (not FGD's integer sigmoid), so ties are real ties and go to th
 node order. A share pod goes on the card of the chosen node with the best score (the card
 policy ``spread`` asks for the emptiest card instead); whole-GPU pods take free cards that keep
 NVLink/NUMA locality. Cost per request: one vectorised evaluation over the feasible
-(node, card) pairs with per-node state kept incrementally (:class:`.frag.FragIndex`).
+(node, card) pairs with per-node state kept incrementally (:class:`packing.frag.FragIndex`).
 """
 from __future__ import annotations
 
@@ -47,19 +47,20 @@ from typing import Callable
 
 import numpy as np
 
-from extender.model import CardArrays
-from extender.policy import SPREAD, PodPolicy
-from extender.scoring import choose_cards_default, choose_whole_cards
 from stowage.resources import GpuRequest
 
-from .frag import MILLI, PodClass, same_as_previous_card
-from .reference import FragPlacerBase, first_free_cards, segment_max
+from ..frag import MILLI, FragPlacerBase, PodClass, same_as_previous_card
+from ..model import CardArrays
+from ..placer import choose_cards_default, choose_whole_cards, first_free_cards, segment_max
+from ..pod_policy import SPREAD, PodPolicy
 
 STRAND_WEIGHT = 2.0
 CHURN_COST = 1e5   # churn mode: placing a GPU pod on a node that runs no GPU pod (see the module doc)
 
 
-class StowagePlacer(FragPlacerBase):
+class StowageFragPlacer(FragPlacerBase):
+    """Fragmentation + host-resource stranding + churn mode (see the module doc)."""
+
     name = "stowage-frag"
     host_memory = True
     strand_weight = STRAND_WEIGHT

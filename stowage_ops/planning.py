@@ -1,11 +1,10 @@
-"""What-if planning for operators: pure logic over a :class:`extender.model.ClusterModel`.
+"""What-if planning for operators: pure logic over a :class:`packing.model.ClusterModel`.
 
 Three questions an operator asks before scaling, each answered by *simulating* the extender on
 a private copy of the card arrays (the live model is never touched):
 
 - :func:`capacity` — how many more pods of a shape fit right now, and on which nodes. Pods are
-  placed one after another with the same :func:`extender.scoring.card_mask` / ``fit`` / placer /
-  card-choice code the extender serves, so the answer is what kube-scheduler + Stowage would do,
+  placed one after another with :func:`packing.decide.decide`, the code the extender serves, so the answer is what kube-scheduler + Stowage would do,
   not an arithmetic upper bound (a 40 GiB card with 30 GiB used holds no 20 GiB slice, however
   much memory the cluster has in total).
 - :func:`drain_plan` — which nodes could be emptied (so the cluster autoscaler can remove them)
@@ -26,9 +25,12 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from extender.model import CardArrays, ClusterModel, PodAllocation
-from extender.policy import PodPolicy
-from extender.scoring import Placer, attach_placer, card_mask, fit, get_placer, placer_for, reason
+from packing.decide import decide
+from packing.fit import card_mask, fit, reason
+from packing.model import CardArrays, ClusterModel, PodAllocation, book_request
+from packing.placer import Placer, attach_placer
+from packing.pod_policy import PodPolicy
+from packing.registry import get_placer, placer_for
 from stowage.resources import CORE_MILLI_PER_CARD, GpuRequest, RequestError, parse_quantity
 
 DEFAULT_LIMIT = 10_000
@@ -133,40 +135,6 @@ def copy_arrays(a: CardArrays) -> CardArrays:
     return CardArrays(**{f.name: getattr(a, f.name).copy() for f in fields(a)})
 
 
-def apply_placement(a: CardArrays, i: int, cards: Sequence[int], req: GpuRequest, sign: int = 1) -> None:
-    """Book (sign=+1) or release (-1) ``req`` on cards of node i, exactly as
-    :meth:`ClusterModel.assign` books it: a whole card takes its total memory and all compute."""
-    for k in cards:
-        if req.is_whole:
-            a.mem_free[i, k] -= sign * a.mem_total[i, k]
-            a.core_free[i, k] -= sign * CORE_MILLI_PER_CARD
-        else:
-            a.mem_free[i, k] -= sign * req.mem_mib
-            a.core_free[i, k] -= sign * req.core_milli
-        a.pods[i, k] += sign
-    a.cpu_free[i] -= sign * req.cpu_milli
-    a.hmem_free[i] -= sign * req.host_mem_mib
-
-
-def choose(a: CardArrays, req: GpuRequest, policy: PodPolicy, placer: Placer, mask: np.ndarray,
-           tie: np.ndarray | None = None) -> tuple[int, list[int]] | None:
-    """Where the extender would put this pod now: (node slot, card slots), or None if nowhere.
-
-    ``tie`` (optional, [N]) breaks equal scores (lower first), as kube-scheduler's random pick
-    among equal nodes would; without it the lowest slot wins, which keeps answers reproducible.
-    """
-    f = fit(a, req, mask)
-    idx = np.flatnonzero(f.ok)
-    if idx.size == 0:
-        return None
-    scores = np.asarray(placer.score(a, req, idx, f.usable), float)
-    best = scores.max()
-    top = idx[scores >= best - 1e-12]
-    i = int(top[np.argmin(tie[top])]) if tie is not None and top.size > 1 else int(top[0])
-    cards = placer.choose_cards(a, i, req, f.usable[i], policy)
-    return i, [int(k) for k in cards]
-
-
 def _placer(placer: str | Placer | None) -> Placer:
     if placer is None:
         return placer_for("pack")
@@ -217,11 +185,11 @@ def capacity(model: ClusterModel, shape: Shape, placer: str | Placer | None = No
     placements: list[tuple[str, tuple[int, ...]]] = []
     while len(placements) < limit:
         pl.observe(shape.req)
-        got = choose(a, shape.req, shape.policy, pl, mask)
+        got = decide(a, models, shape.req, shape.policy, pl, mask=mask)
         if got is None:
             break
         i, cards = got
-        apply_placement(a, i, cards, shape.req)
+        book_request(a, i, cards, shape.req)
         name = names[i] or f"#{i}"
         per_node[name] += 1
         placements.append((name, tuple(cards)))
@@ -337,19 +305,19 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
         failed = ""
         for al in sorted(pods[node], key=_size_key):
             req = shape_of_allocation(al)
-            apply_placement(trial, i, al.cards, req, -1)
+            book_request(trial, i, al.cards, req, -1)
             mask = trial.exists.copy()
             if keep_model and al.cards:
                 mask &= trial.model == trial.model[i, al.cards[0]]
             elif al.whole and al.cards:
                 mask &= trial.mem_total >= int(trial.mem_total[i, list(al.cards)].min())
             pol = PodPolicy()
-            got = choose(trial, req, pol, pl, mask)
+            got = decide(trial, (), req, pol, pl, mask=mask)
             if got is None:
                 failed = f"no room elsewhere for {al.name} ({req.describe()})"
                 break
             j, cards = got
-            apply_placement(trial, j, cards, req)
+            book_request(trial, j, cards, req)
             moves.append(Move(pod=al.name, uid=al.uid, source=node, source_cards=tuple(al.cards),
                               target=names[j] or f"#{j}", target_cards=tuple(cards), shape=req.describe()))
         if failed:
@@ -455,7 +423,7 @@ def fill_random(model: ClusterModel, n: int, seed: int = 0, placer: str | Placer
         pol = PodPolicy()
         pl.observe(req)  # as the extender does: the placer sees every pod before scoring it
         with model.lock:
-            got = choose(model.a, req, pol, pl, card_mask(model.a, model.models, pol, req))
+            got = decide(model.a, model.models, req, pol, pl)
             if got is None:
                 continue
             i, cards = got

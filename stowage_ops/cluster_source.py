@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import click
 
-from extender.model import ClusterModel
+from packing.model import ClusterModel
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
 SOURCE_OPTIONS = ("kubeconfig", "context", "in_cluster", "simulated", "fill", "seed", "memory_unit_mib")
@@ -80,7 +80,7 @@ def load(src: Source) -> tuple[ClusterModel, str]:
 
 def _simulated(src: Source) -> tuple[ClusterModel, str]:
     from extender.simcluster import SimClusterError, describe, load_cluster
-    from stowage.planning import fill_random
+    from stowage_ops.planning import fill_random
 
     try:
         cluster = load_cluster(src.simulated)

@@ -1,4 +1,4 @@
-"""Stowage's placement policy: Stowage's fragmentation score plus a Sum-of-Squares (SS) term
+"""``stowage``, what ``stowage.io/node-policy: pack`` means: Stowage's fragmentation score plus a Sum-of-Squares (SS) term
 that decides how share pods fill the cluster's partly used cards.
 
 SS (Csirik, Johnson, Kenyon, Orlin, Shor, Weber, "On the Sum-of-Squares algorithm for bin
@@ -10,7 +10,7 @@ counted. Placing a share on a card moves it from gap g0 to gap g1 (g0 = 1000 for
 
     dSS = live(g1) * (2 N(g1) + 1)  -  live(g0) * (2 N(g0) - 1)
 
-A (node, card) pair's score is Stowage's score (:class:`.stowage.StowagePlacer`: FGD's
+A (node, card) pair's score is Stowage's score (:class:`.stowage_frag.StowageFragPlacer`: FGD's
 fragmentation over the workload learned online, host-resource stranding, churn mode) minus
 ``ss_weight * dSS``. Plain SS counts every gap and, on the openb mix, does badly (a gap next to an
 810-milli pod is 190, which almost no pod fits: SS keeps "balancing" such gaps instead of
@@ -20,7 +20,8 @@ a dead gap counts like a full card (it is waste whatever we do). Whole-GPU and C
 scored by Stowage's score alone.
 
 N is the whole cluster's, so the SS term is not a function of the scored node's row: the
-extender's row cache (extender/rowcache.py) caches :meth:`local_pairs` (row-local) per row
+placer declares its split (``split_pairs``, ``keyed_pairs``, see :mod:`packing.placer`) and a
+host's row cache (the extender's) caches :meth:`local_pairs` (row-local) per row
 content and adds :meth:`global_pairs` (the SS term from the current histogram) at request time,
 before the per-node max; :meth:`score` is exactly that max. Results: docs/binpack.md.
 """
@@ -28,11 +29,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from extender.model import CardArrays
 from stowage.resources import GpuRequest
 
-from .frag import MILLI, same_as_previous_card
-from .stowage import CHURN_COST, StowagePlacer
+from ..frag import MILLI, same_as_previous_card
+from ..model import CardArrays
+from .stowage_frag import CHURN_COST, StowageFragPlacer
 
 # Screened on seeds 42-47 of the openb default trace: weights 0.01..1000 (100 best; SS then
 # decides the card and node of a share pod wherever dSS differs, Stowage's score elsewhere).
@@ -62,10 +63,12 @@ def ss_delta(n: np.ndarray, live: np.ndarray, g0: np.ndarray, g1: np.ndarray,
     return gain[which, g1] - loss[which, g0]
 
 
-class SumOfSquaresPlacer(StowagePlacer):
+class StowagePlacer(StowageFragPlacer):
     """Stowage + ss_weight * (-dSS) per (node, card) pair for share pods (see the module doc)."""
 
     name = "stowage"
+    split_pairs = True   # score = max over pairs of local_pairs + global_pairs
+    keyed_pairs = True   # global_pairs = global_of_keys(pair_keys)
     ss_weight = SS_WEIGHT
     dead_below = DEAD_BELOW
 
@@ -117,7 +120,7 @@ class SumOfSquaresPlacer(StowagePlacer):
             if dup.any():
                 keep = np.concatenate(([True], ~dup))
                 rows, kk = rows[keep], kk[keep]
-        s, rows, kk = StowagePlacer._pair_scores(self, a, req, idx, usable, (rows, kk))
+        s, rows, kk = StowageFragPlacer._pair_scores(self, a, req, idx, usable, (rows, kk))
         churn = self.churn_cost(a, req, idx)
         s = s - (churn[rows] if np.ndim(churn) else churn)
         return s, rows, kk
@@ -187,7 +190,7 @@ class SumOfSquaresPlacer(StowagePlacer):
 
     def _pair_scores(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray | None,
                      pairs: tuple[np.ndarray, np.ndarray] | None = None):
-        s, rows, kk = StowagePlacer._pair_scores(self, a, req, idx, usable, pairs)
+        s, rows, kk = StowageFragPlacer._pair_scores(self, a, req, idx, usable, pairs)
         if rows is None or not len(rows):
             return s, rows, kk
         return s + self.global_pairs(a, req, idx[rows], kk), rows, kk

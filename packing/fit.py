@@ -1,0 +1,171 @@
+"""Fit and reasons: which nodes can take a pod now, and why each other one cannot. Pure and
+vectorised over :class:`packing.model.CardArrays` (all nodes at once, with numpy).
+
+Modelled on kube-scheduler's NodeResourcesFit: what is requested against what is allocatable.
+Two steps, each a function:
+
+1. :func:`card_mask` — which cards the pod may use at all (model include/exclude, card size).
+2. :func:`fit` — which nodes can host the pod now, and per-node facts for the reasons;
+   :func:`reason` — the words for one node that cannot. Its messages are the ``msg_*``
+   functions, which a host's vectorised reasons (the extender's) format with too, so the two
+   can never word a reason differently.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from stowage.inventory import model_matches
+from stowage.resources import GpuRequest, fmt_mib
+
+from .model import CardArrays
+from .pod_policy import PodPolicy
+
+
+# --------------------------------------------------------------------------- step 1: cards
+def allowed_models(models: Sequence[str], policy: PodPolicy) -> np.ndarray:
+    """[M] bool over the model table: which models the pod's include/exclude lists allow."""
+    ok = np.ones(len(models), bool)
+    if policy.models_include:
+        ok &= np.array([any(model_matches(p, m) for p in policy.models_include) for m in models], bool)
+    if policy.models_exclude:
+        ok &= ~np.array([any(model_matches(p, m) for p in policy.models_exclude) for m in models], bool)
+    return ok
+
+
+def card_mask(a: CardArrays, models: Sequence[str], policy: PodPolicy, req: GpuRequest) -> np.ndarray:
+    """[N, K] cards this pod may ever use: they exist and pass model and card-size rules."""
+    mask = a.exists.copy()
+    if policy.models_include or policy.models_exclude:
+        mask &= allowed_models(models, policy)[a.model]
+    min_mem = max(policy.min_card_mem_mib, req.min_card_mem_mib)
+    if min_mem and req.is_whole:
+        mask &= a.mem_total >= min_mem
+    return mask
+
+
+# --------------------------------------------------------------------------- step 2: fit
+def _as_words(b: np.ndarray) -> np.ndarray:
+    """A 2-D bool array as [N, ceil(K/8)] uint64 words (8 cards per word, zero-padded)."""
+    n, k = b.shape
+    if k % 8:
+        padded = np.zeros((n, k + (-k) % 8), bool)
+        padded[:, :k] = b
+        b = padded
+    else:
+        b = np.ascontiguousarray(b)
+    return b.view(np.uint64)
+
+
+def row_count(b: np.ndarray) -> np.ndarray:
+    """Per-row number of True in a 2-D bool array: ``b.sum(axis=1)``, ~50x faster.
+
+    Why: numpy reduces a short inner axis (8 cards) with per-row overhead, which made these
+    sums most of a filter on a 5,000-node cluster; 8 bools are one 64-bit word, and a bool
+    byte is 0 or 1, so a popcount per word is the count.
+    """
+    words = np.bitwise_count(_as_words(b))
+    if words.shape[1] == 1:
+        return words[:, 0].astype(np.int64)
+    return words.sum(axis=1, dtype=np.int64)
+
+
+def row_any(b: np.ndarray) -> np.ndarray:
+    """Per-row any() of a 2-D bool array (``b.any(axis=1)``), on 64-bit words like :func:`row_count`."""
+    words = _as_words(b) != 0
+    return words[:, 0].copy() if words.shape[1] == 1 else words.any(axis=1)
+
+
+@dataclass
+class Fit:
+    """Feasibility of every node for one pod, with what the reasons need."""
+
+    ok: np.ndarray          # [N] node can host the pod now
+    usable: np.ndarray      # [N, K] cards that could take the pod now
+    unresolvable: np.ndarray  # [N] no preemption could help (cards too small/wrong model/too few)
+
+
+def fit(a: CardArrays, req: GpuRequest, allowed: np.ndarray) -> Fit:
+    """Which nodes can take ``req`` now, using only cards in ``allowed`` ([N, K])."""
+    healthy = allowed & a.healthy
+    host_ok = a.node_ok & (a.cpu_free >= req.cpu_milli) & (a.hmem_free >= req.host_mem_mib)
+    if req.is_whole:
+        usable = healthy & (a.pods == 0)
+        ok = host_ok & (row_count(usable) >= req.gpus)
+        unresolvable = row_count(healthy) < req.gpus
+    else:
+        usable = healthy & (a.mem_free >= req.mem_mib) & (a.core_free >= req.core_milli)
+        ok = host_ok & row_any(usable)
+        big_enough = healthy & (a.mem_total >= req.mem_mib)
+        unresolvable = ~row_any(big_enough)
+    unresolvable &= ~ok
+    return Fit(ok=ok, usable=usable, unresolvable=unresolvable | (~a.node_ok & ~ok))
+
+
+NOT_SCHEDULABLE = "node is not schedulable for GPU pods (unknown to Stowage or cordoned)"
+NO_GPUS = "node has no GPUs"
+
+
+def msg_cpu(free: float, req: GpuRequest) -> str:
+    return f"{free:g} mCPU free, pod needs {req.cpu_milli}"
+
+
+def msg_host_memory(free: float, req: GpuRequest) -> str:
+    return f"{fmt_mib(free)} host memory free, pod needs {fmt_mib(req.host_mem_mib)}"
+
+
+def msg_tail(excluded: int, unhealthy: int) -> str:
+    """What a count of free cards leaves out: `` (2 excluded by model/size policy, 1 unhealthy)``."""
+    notes = []
+    if excluded:
+        notes.append(f"{excluded} excluded by model/size policy")
+    if unhealthy:
+        notes.append(f"{unhealthy} unhealthy")
+    return f" ({', '.join(notes)})" if notes else ""
+
+
+def msg_free_cards(free: int, req: GpuRequest, tail: str) -> str:
+    return f"{free} free card{'s' if free != 1 else ''}, pod needs {req.gpus}{tail}"
+
+
+def msg_no_usable_card(req: GpuRequest, tail: str) -> str:
+    return f"no usable card for {req.describe()}{tail}"
+
+
+def msg_memory(req: GpuRequest, best_mib: int, card: int, tail: str) -> str:
+    return (f"no card with {fmt_mib(req.mem_mib)} GPU memory free: best is "
+            f"{fmt_mib(best_mib)} on card {card}{tail}")
+
+
+def msg_compute(req: GpuRequest, best_milli: int, card: int, tail: str) -> str:
+    return (f"no card with {req.core_milli / 10:g}% compute free and {fmt_mib(req.mem_mib)} memory: best is "
+            f"{best_milli / 10:g}% on card {card}{tail}")
+
+
+def reason(a: CardArrays, i: int, req: GpuRequest, allowed: np.ndarray, node_name: str = "") -> str:
+    """Why node i cannot take the pod, in words a person understands."""
+    if not a.node_ok[i]:
+        return NOT_SCHEDULABLE
+    if not a.exists[i].any():
+        return NO_GPUS
+    if a.cpu_free[i] < req.cpu_milli:
+        return msg_cpu(a.cpu_free[i], req)
+    if a.hmem_free[i] < req.host_mem_mib:
+        return msg_host_memory(a.hmem_free[i], req)
+    present = a.exists[i]
+    eligible = allowed[i]
+    healthy = eligible & a.healthy[i]
+    tail = msg_tail(int(present.sum() - eligible.sum()), int((eligible & ~a.healthy[i]).sum()))
+    if req.is_whole:
+        return msg_free_cards(int((healthy & (a.pods[i] == 0)).sum()), req, tail)
+    if not healthy.any():
+        return msg_no_usable_card(req, tail)
+    mem = np.where(healthy, a.mem_free[i], -1)
+    k = int(np.argmax(mem))
+    if a.mem_free[i, k] < req.mem_mib:
+        return msg_memory(req, max(int(a.mem_free[i, k]), 0), k, tail)
+    core = np.where(healthy & (a.mem_free[i] >= req.mem_mib), a.core_free[i], -1)
+    k = int(np.argmax(core))
+    return msg_compute(req, max(int(a.core_free[i, k]), 0), k, tail)
