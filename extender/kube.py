@@ -1,4 +1,4 @@
-"""Feed the :class:`~extender.model.ClusterModel` from the Kubernetes API: list+watch of nodes and pods.
+"""Feed the :class:`~packing.model.ClusterModel` from the Kubernetes API: list+watch of nodes and pods.
 
 Why this shape:
 - The model must follow the cluster closely (filter answers are only as good as the model), so

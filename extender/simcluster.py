@@ -1,6 +1,6 @@
 """An embedded, simulated cluster: nodes and cards from a YAML file, no Kubernetes needed.
 
-It feeds the same :class:`~extender.model.ClusterModel` the Kubernetes feeder feeds, so
+It feeds the same :class:`~packing.model.ClusterModel` the Kubernetes feeder feeds, so
 `stowage demo` and `stowage extender --simulated` exercise exactly the production code path
 above the model. The format is documented at the top of the built-in file,
 ``extender/data/default-cluster.yaml``; :func:`load_cluster` validates a user file of the

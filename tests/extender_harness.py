@@ -94,7 +94,7 @@ class Server:
 
 
 # The simple kube-scheduler-like placers, so tests that assert a ranking do not depend on which
-# policy module currently serves "pack" (see extender.scoring.POLICY_PLACER).
+# policy module currently serves "pack" (see packing.registry.POLICY_PLACER).
 SIMPLE_PLACERS = {"pack": "most-allocated", "spread": "least-allocated"}
 
 

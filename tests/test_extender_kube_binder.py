@@ -124,7 +124,7 @@ def _record_of(model: ClusterModel, alloc: PodAllocation) -> AllocationRecord:
 
 
 def _first_fit(model: ClusterModel, req: GpuRequest) -> tuple[str, list[int]]:
-    """A plain first-fit card choice for the test (the real placers live in extender.scoring)."""
+    """A plain first-fit card choice for the test (the real placers live in packing.strategies)."""
     a = model.a
     for node in sorted(model.node_names()):
         i = model.index[node]
