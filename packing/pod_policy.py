@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from stowage.resources import RequestError, parse_quantity
+from stowage.resources import MAX_CARD_MEMORY_MIB, QuantityOutOfRange, RequestError, split_quantity
 
 PREFIX = "stowage.io/"
 NODE_POLICY = PREFIX + "node-policy"
@@ -70,15 +70,20 @@ def _models(key: str, value: str) -> tuple[str, ...]:
 
 
 def _memory_mib(key: str, value: str) -> int:
-    v = value.strip()
+    """A card size: a bare number is GiB (``80``, ``8e1``: how people say card sizes), a quantity
+    with a unit is bytes (``80Gi``). Bounded, so no size beyond any card reaches the placer."""
     try:
-        q = parse_quantity(v)
+        q, suffix = split_quantity(value.strip())
+    except QuantityOutOfRange as exc:
+        raise PolicyError(f"annotation {key}: {value!r} is more than any card could ever hold") from exc
     except RequestError as exc:
         raise PolicyError(f"annotation {key}: {value!r} is not a quantity (e.g. 80Gi or 80)") from exc
     if q < 0:
         raise PolicyError(f"annotation {key}: must not be negative")
-    # A bare number is GiB (how people say card sizes); with a suffix it is bytes.
-    mib = q * 1024 if v.replace(".", "", 1).isdigit() else q / (1 << 20)
+    mib = q * 1024 if not suffix else q / (1 << 20)
+    if mib > MAX_CARD_MEMORY_MIB:
+        raise PolicyError(f"annotation {key}: {value!r} is more than any card could ever hold (no card has "
+                          f"over {MAX_CARD_MEMORY_MIB // 1024} GiB)")
     return int(mib)
 
 

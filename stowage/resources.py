@@ -21,6 +21,7 @@ Request semantics (documented in the README):
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from decimal import Decimal, ROUND_CEILING
 from typing import Any, Iterable, Mapping
@@ -33,10 +34,18 @@ GPU_RESOURCES = (RESOURCE_GPU, RESOURCE_GPU_MEMORY, RESOURCE_GPU_CORE)
 DEFAULT_MEMORY_UNIT_MIB = 1024
 CORE_MILLI_PER_CARD = 1000
 MAX_GPUS_PER_POD = 64
+# The most memory any one card could ever have (16 TiB; today's largest have 0.2 TiB). A request
+# beyond it is refused for that pod before anything learns from it: it fits nowhere, and numbers
+# that large would overflow the model's 64-bit arithmetic.
+MAX_CARD_MEMORY_MIB = 1 << 24
 
 
 class RequestError(ValueError):
     """A pod's resource request that Stowage cannot honour; the message is shown to the user."""
+
+
+class QuantityOutOfRange(RequestError):
+    """A well-formed quantity beyond Kubernetes' 64-bit range: more than anything could hold."""
 
 
 _SUFFIXES: dict[str, Decimal] = {
@@ -48,37 +57,61 @@ _SUFFIXES: dict[str, Decimal] = {
 }
 
 
-def parse_quantity(value: Any) -> Decimal:
-    """Parse a Kubernetes resource quantity ("2", "500m", "20Gi", "1e3", 4) into a Decimal.
+# Kubernetes' quantity grammar (apimachinery ``resource.Quantity``): a signed decimal number, then
+# at most one suffix: binary SI (Ki..Ei), an exponent (e3, E-2) or decimal SI (n..E). Nothing else:
+# no spaces, no underscores, no hex, no NaN or Infinity (Python's Decimal accepts all of those).
+_QUANTITY = re.compile(r"(?P<num>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+                       r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]+|[numkMGTPE])?")
+# Kubernetes stores quantities in 64 bits; nothing larger can come from a real API server.
+MAX_QUANTITY = Decimal(2**63 - 1)
+_MAX_TEXT = 64   # characters: the longest quantity worth reading
 
-    Kubernetes' own grammar (apimachinery ``resource.Quantity``): a signed decimal number,
-    optionally in exponent form, followed by a binary (Ki..Ei) or decimal (n..E) suffix.
+
+def split_quantity(value: Any) -> tuple[Decimal, str]:
+    """Parse a Kubernetes resource quantity into (value, suffix as written; "" for a bare number).
+
+    The suffix tells a bare number (``80``, ``8e1``) from one with a unit (``80Gi``); an exponent
+    is not a unit. Raises :class:`RequestError` for anything outside Kubernetes' grammar or beyond
+    its 64-bit range, so no NaN, infinity or astronomically large number ever reaches arithmetic.
     """
     if isinstance(value, bool):
         raise RequestError(f"invalid quantity {value!r}")
-    if isinstance(value, (int, float)):
-        return Decimal(str(value))
-    if not isinstance(value, str) or not value.strip():
+    if isinstance(value, int):
+        value = str(value)
+    elif isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise RequestError(f"invalid quantity {value!r}")
+        value = repr(value)
+    if not isinstance(value, str) or not value or len(value) > _MAX_TEXT:
+        raise RequestError(f"invalid quantity {value!r}"[:120])
+    m = _QUANTITY.fullmatch(value)
+    if m is None:
         raise RequestError(f"invalid quantity {value!r}")
-    s = value.strip()
-    for suffix in ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"):
-        if s.endswith(suffix):
-            number, mult = s[: -len(suffix)], _SUFFIXES[suffix]
-            break
+    suffix = m.group("suffix") or ""
+    number = Decimal(m.group("num"))
+    if suffix[:1] in ("e", "E") and len(suffix) > 1:
+        exponent = int(suffix[1:])
+        if abs(exponent) > 40:   # far beyond 2**63 either way: not a size anything has
+            raise QuantityOutOfRange(f"quantity {value!r} is out of range")
+        q, suffix = number.scaleb(exponent), ""
     else:
-        if s[-1] in "numkMGTPE":
-            number, mult = s[:-1], _SUFFIXES[s[-1]]
-        else:
-            number, mult = s, Decimal(1)
-    try:
-        return Decimal(number) * mult
-    except Exception as exc:  # decimal.InvalidOperation
-        raise RequestError(f"invalid quantity {value!r}") from exc
+        q = number * _SUFFIXES[suffix]
+    if abs(q) > MAX_QUANTITY:
+        raise QuantityOutOfRange(f"quantity {value!r} is out of range")
+    return q, suffix
+
+
+def parse_quantity(value: Any) -> Decimal:
+    """Parse a Kubernetes resource quantity ("2", "500m", "20Gi", "1e3", 4) into a Decimal."""
+    return split_quantity(value)[0]
 
 
 def quantity_to_int(value: Any, what: str) -> int:
     """A quantity that must be a non-negative whole number of units (extended resources are)."""
-    q = parse_quantity(value)
+    try:
+        q = parse_quantity(value)
+    except RequestError as exc:
+        raise RequestError(f"{what}: {exc}") from exc
     if q < 0:
         raise RequestError(f"{what} must not be negative, got {value!r}")
     if q != q.to_integral_value():
@@ -215,6 +248,9 @@ def pod_gpu_request(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMOR
         gpus += quantity_to_int(overhead[RESOURCE_GPU], f"overhead {RESOURCE_GPU}")
     if gpus > MAX_GPUS_PER_POD:
         raise RequestError(f"pod asks for {gpus} GPUs; at most {MAX_GPUS_PER_POD} are supported")
+    if mem_mib > MAX_CARD_MEMORY_MIB:
+        raise RequestError(f"{RESOURCE_GPU_MEMORY}: {mem_mib // 1024} GiB on one card is more than any card "
+                           f"could ever hold (at most {MAX_CARD_MEMORY_MIB // 1024} GiB)")
     if gpus > 0:
         # Whole cards: gpu-memory is a per-card minimum, compute is always the whole card.
         return GpuRequest(gpus=gpus, min_card_mem_mib=mem_mib)
