@@ -10,9 +10,9 @@ from typing import Callable
 
 import numpy as np
 
-from packing.fit import (NO_GPUS, NOT_SCHEDULABLE, msg_compute, msg_cpu, msg_free_cards, msg_host_memory, msg_memory,
-                         msg_no_usable_card, msg_tail, row_any, row_count)
-from packing.model import CardArrays
+from packing.fit import (NO_GPUS, NOT_SCHEDULABLE, WHOLE_ONLY, msg_compute, msg_cpu, msg_free_cards, msg_host_memory,
+                         msg_memory, msg_no_usable_card, msg_tail, row_any, row_count)
+from packing.model import CardArrays, ClusterModel
 from stowage.resources import GpuRequest
 
 SMALL_SETTLE = 128  # up to this many rows per branch, distinct keys found with a dict
@@ -99,3 +99,12 @@ def reasons(a: CardArrays, rows: np.ndarray, req: GpuRequest, allowed: np.ndarra
     best_core = np.maximum(core_free[r, k_core], 0)
     settle(left, [k_core, best_core, excluded, unhealthy], lambda k, c, e, u: msg_compute(req, c, k, msg_tail(e, u)))
     return out.tolist()
+
+
+def whole_only_override(model: ClusterModel, rows: np.ndarray, texts: list[str]) -> list[str]:
+    """A shared pod's reasons for ``rows`` of the model with :data:`packing.fit.WHOLE_ONLY` on
+    whole-only nodes that have cards, as :func:`packing.fit.reason` (``whole_only=True``) says."""
+    meta, names = model.meta, model.names
+    has_cards = row_any(model.a.exists[rows]).tolist()
+    return [WHOLE_ONLY if has and (m := meta.get(names[r] or "")) is not None and m.whole_only else text
+            for r, text, has in zip(rows.tolist(), texts, has_cards)]

@@ -93,7 +93,7 @@ class RowEntry:
     raw_ok: np.ndarray     # [N] bool
     placer_version: Any = None
     tick: int = -1         # model.row_tick when every row's results were last made current
-    # Placers with a request-time global term (see RowCache.scores): each distinct row
+    # Placers with a request-time global term (see RowCache.score_values): each distinct row
     # content's row-local (node, card) pair scores, by content id ([ids, K]; -inf: no pair).
     pair_local: np.ndarray | None = None
     pair_known: np.ndarray | None = None
@@ -226,12 +226,6 @@ class RowCache:
         e.tick = tick
         return e
 
-    def scores(self, e: RowEntry, placer: Placer, model: ClusterModel, req: GpuRequest,
-               rows: np.ndarray) -> np.ndarray:
-        """The placer's raw scores of the feasible ``rows`` (any order, repeats allowed)."""
-        values, inverse = self.score_values(e, placer, model, req, rows)
-        return values if inverse is None else values[inverse]
-
     def score_values(self, e: RowEntry, placer: Placer, model: ClusterModel, req: GpuRequest,
                      rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """(values, inverse): the placer's raw scores of the feasible ``rows`` are
@@ -267,11 +261,6 @@ class RowCache:
                 return e.raw[rows], None
         # The placer changes its state on every call: do not trust the cache for it.
         return np.asarray(placer.score(a, req, rows, e.usable), float), None
-
-    def _pair_scores(self, e: RowEntry, placer: Any, model: ClusterModel, req: GpuRequest,
-                     rows: np.ndarray) -> np.ndarray:
-        values, inverse = self._pair_values(e, placer, model, req, rows)
-        return values if inverse is None else values[inverse]
 
     def _pair_values(self, e: RowEntry, placer: Any, model: ClusterModel, req: GpuRequest,
                      rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

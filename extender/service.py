@@ -1,7 +1,18 @@
-"""Filter, prioritize and bind over a :class:`~extender.model.ClusterModel`, without HTTP.
+"""Filter, prioritize and bind over a :class:`~packing.model.ClusterModel`, without HTTP.
 
 The Flask app (:mod:`extender.app`) only decodes bodies and encodes answers; every decision is
-made here so that tests, the demo and the benchmark exercise the very same logic.
+made here, with :mod:`packing.decide` — the same three steps ``stowage plan`` and the benchmarks
+take in one go — so tests, the demo and the benchmarks exercise the very same logic:
+
+- filter: step 1, which nodes fit (and :func:`packing.fit.reason` for each one that does not);
+- prioritize: step 2, the placer's scores of the nodes that fit, ranked 0..10;
+- bind: step 3, the card(s) on the chosen node, re-checked and reserved.
+
+The verbs are written as the plain reference path (:class:`ReferencePath`: every answer computed
+afresh, one node's reason at a time) with ONE seam where the speed-ups plug in: the service asks
+``self.path`` — the reference, or :class:`extender.speedups.FastPath` (the default) — to look up
+node names, find the nodes that fit, word the reasons and score; both answer the same, which
+the tests check by running both (``ExtenderService(speedups=False)``).
 
 Concurrency contract: every read of the model that must be consistent (fit for all nodes,
 scores, card choice) happens under ``model.lock``; bind's re-check and reservation
@@ -16,32 +27,29 @@ import dataclasses
 import logging
 import threading
 from collections import OrderedDict
-from itertools import repeat
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
+from packing import decide
+from packing.fit import reason
+from packing.model import AllocationConflict, CardArrays, ClusterModel, PodAllocation
+from packing.placer import Placer
+from packing.pod_policy import PACK, SPREAD, PodPolicy, PolicyError, parse_policy
+from packing.registry import placer_for
 from stowage.allocation import AllocationRecord, CardShare
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError, pod_gpu_request
 
-from extender.fastreasons import reasons
-from packing.decide import to_extender_scores
-from packing.fit import card_mask, fit, reason, row_any
-from packing.placer import Placer
-from packing.registry import placer_for
-from .rowcache import DEFAULT_MAX_SHAPES, RowCache, cacheable, sorted_unique
 from .errors import BindError  # noqa: F401  (re-exported: binders raise it)
-from packing.model import AllocationConflict, CardArrays, ClusterModel, PodAllocation
-from packing.pod_policy import PACK, SPREAD, PodPolicy, PolicyError, parse_policy
-from .wire import (BindingArgs, ExtenderArgs, FilterResult, encode_priority_list, filter_answer, priority_heads,
-                   priority_list)
+from .rowcache import DEFAULT_MAX_SHAPES
+from .speedups import FastPath
+from .wire import (BindingArgs, ExtenderArgs, FilterResult, PlainParser, encode_priority_list, filter_answer,
+                   priority_list, take)
 
 log = logging.getLogger("stowage.extender")
 
 UNKNOWN_NODE = "node unknown to Stowage"
-WHOLE_ONLY = ("card memory unknown on this node (no stowage.io/gpu-inventory annotation or GPU Feature "
-              "Discovery memory label): only whole-GPU pods can be placed here")
 
 
 class Binder(Protocol):
@@ -93,99 +101,78 @@ class PodInfo:
         return f"{self.namespace}/{self.name}"
 
 
-@dataclass
-class NamesEntry:
-    """A NodeNames list seen recently, its model rows, and (made on first use) its prioritize
-    answer pieces (:func:`extender.wire.priority_heads`)."""
-
-    names: list[str]
-    index_gen: int
-    rows: np.ndarray
-    heads: list[bytes] | None = None
-    # A filter's passing list: the request's list it was taken from, and which positions, so
-    # its heads are a selection of the (kept) heads of the full list.
-    parent: "NamesEntry | None" = None
-    sel: np.ndarray | None = None
-    _arr: np.ndarray | None = None        # names as an object array (made on first take)
-    _heads_arr: np.ndarray | None = None  # answer_heads() as an object array (made on first use)
-
-    def take(self, sel: np.ndarray) -> list[str]:
-        """``names[sel]`` as a list; the object array behind it is made once per list."""
-        if self._arr is None:
-            self._arr = _object_array(self.names)
-        return self._arr[sel].tolist()
-
-    def answer_heads(self) -> list[bytes]:
-        """:func:`extender.wire.priority_heads` of ``names``, made once."""
-        heads = self.heads
-        if heads is None:  # two threads may both make them: same result, no lock needed
-            parent, sel = self.parent, self.sel
-            if parent is not None and sel is not None:
-                heads = parent.take_heads(sel)
-            else:
-                heads = priority_heads(self.names)
-            self.heads = heads
-            self.parent = None  # not needed any more
-        return heads
-
-    def take_heads(self, sel: np.ndarray) -> list[bytes]:
-        """``answer_heads()[sel]`` (a passing list's heads from its full list's)."""
-        if self._heads_arr is None:
-            self._heads_arr = _object_array(self.answer_heads())
-        return self._heads_arr[sel].tolist()
-
-
-class NamesMemo:
-    """The last few NodeNames lists -> model rows (valid while ``model.index_gen`` is unchanged).
-
-    kube-scheduler sends the same lists again and again: the full node list to every filter,
-    and to prioritize the list the filter just passed. With several pods in flight these
-    interleave, so a handful are kept; finding one is a C-level list comparison (cheaper than
-    5,000 hash lookups), tried only on lists of the same length and ends."""
-
-    def __init__(self, size: int = 8) -> None:
-        self.size = size
-        self.entries: list[NamesEntry] = []  # newest first
-
-    def get(self, names: list[str], index_gen: int) -> NamesEntry | None:
-        n = len(names)
-        for j, e in enumerate(self.entries):
-            m = e.names
-            if (e.index_gen == index_gen and len(m) == n and (not n or (m[0] == names[0] and m[-1] == names[-1]))
-                    and m == names):
-                if j:
-                    self.entries.insert(0, self.entries.pop(j))
-                return e
-        return None
-
-    def put(self, names: list[str], index_gen: int, rows: np.ndarray, parent: NamesEntry | None = None,
-            sel: np.ndarray | None = None) -> NamesEntry:
-        """Remember ``names``; ``parent``/``sel``: names == parent.names[sel] (a filter's passing list)."""
-        rows.flags.writeable = False  # shared between requests
-        if parent is not None and parent.parent is not None:
-            parent = None  # one level only: no chains of lists kept alive
-        # Not copied: request lists are fresh per request or shared read-only (wirememo).
-        e = NamesEntry(names, index_gen, rows, parent=parent, sel=None if parent is None else sel)
-        self.entries.insert(0, e)
-        del self.entries[self.size:]
-        return e
-
-
 def row_view(a: CardArrays, i: int) -> CardArrays:
     """Node i alone as a 1-node :class:`CardArrays` (numpy views, no copy)."""
     return CardArrays(**{f.name: getattr(a, f.name)[i:i + 1] for f in dataclasses.fields(CardArrays)})
 
 
-def _object_array(items: list) -> np.ndarray:
-    """A 1-D numpy object array of ``items`` (selections from it run in C)."""
-    arr = np.empty(len(items), dtype=object)
-    arr[:] = items
-    return arr
+@dataclass
+class Feasibility:
+    """Step 1's answer for every row of the model: fit, no-preemption-helps, card mask, usable cards."""
+
+    ok: np.ndarray      # [N] bool
+    unres: np.ndarray   # [N] bool
+    mask: np.ndarray    # [N, K] bool
+    usable: np.ndarray  # [N, K] bool
 
 
-def _take(items: list, sel: np.ndarray) -> list:
-    """items[sel] for a list, through a numpy object array (no Python loop per element)."""
-    return _object_array(items)[sel].tolist()
+@dataclass
+class NodeRows:
+    """Request node names and their model rows (-1: unknown to the model)."""
+
+    names: list[str]
+    rows: np.ndarray
+
+    def take(self, sel: np.ndarray) -> list[str]:
+        return take(self.names, sel)
+
+
+class ReferencePath:
+    """The seam, and the plain path through it: every answer computed afresh from
+    :mod:`packing`, the obvious way. :class:`extender.speedups.FastPath` has the same methods and
+    gives the same answers faster. Called under ``model.lock``."""
+
+    def wire_parser(self) -> PlainParser:
+        """What decodes request bodies (the fast path recognises repeated NodeNames arrays)."""
+        return PlainParser()
+
+    def attach(self, placer: Placer, model: ClusterModel) -> None:
+        """Connect a placer to the model (the fast path lets incremental indexes track rows)."""
+
+    def lookup(self, model: ClusterModel, names: list[str]) -> NodeRows:
+        """The model rows of the request's node names."""
+        return NodeRows(names, np.array([model.index.get(n, -1) for n in names], np.int64))
+
+    def remember_passing(self, model: ClusterModel, entry: NodeRows, passing: list[str], rows: np.ndarray,
+                         sel: np.ndarray) -> None:
+        """A filter's passing list, which the pod's prioritize will send (the fast path keeps it)."""
+
+    def feasible(self, model: ClusterModel, req: GpuRequest, policy: PodPolicy) -> Feasibility:
+        """Step 1 over every node of the model."""
+        mask, f = decide.feasible(model.a, model.models, req, policy)
+        return Feasibility(ok=f.ok, unres=f.unresolvable, mask=mask, usable=f.usable)
+
+    def reasons(self, model: ClusterModel, feas: Feasibility, rows: np.ndarray, req: GpuRequest) -> list[str]:
+        """Why each of ``rows`` cannot take the pod."""
+        return [node_reason(model, model.a, i, req, feas.mask, model.names[i]) for i in rows.tolist()]
+
+    def scores(self, model: ClusterModel, feas: Feasibility, placer: Placer, req: GpuRequest,
+               rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Step 2: raw scores of the feasible ``rows``, as (values, inverse) with the scores
+        ``values[inverse]`` (inverse None: ``values`` itself)."""
+        return decide.score(placer, model.a, req, rows, feas), None
+
+    def answer_heads(self, entry: NodeRows) -> list[bytes] | None:
+        """Prepared pieces of the prioritize answer for these names, if kept (None: encode afresh)."""
+        return None
+
+
+def node_reason(model: ClusterModel, a: CardArrays, i: int, req: GpuRequest, mask: np.ndarray,
+                name: str | None) -> str:
+    """:func:`packing.fit.reason` of row i of ``a`` (the model's arrays, or one node's row of
+    them), knowing whether node ``name`` is whole-only (its card memory is unknown)."""
+    meta = model.meta.get(name) if name else None
+    return reason(a, i, req, mask, whole_only=meta is not None and meta.whole_only)
 
 
 class ExtenderService:
@@ -198,7 +185,7 @@ class ExtenderService:
     def __init__(self, model: ClusterModel, *, binder: Binder | None = None, pod_source: PodSource | None = None,
                  memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB, default_policy: PodPolicy | None = None,
                  placer_factory: Callable[[str], Placer] = placer_for,
-                 pod_cache_size: int = 100_000, row_cache: bool = True,
+                 pod_cache_size: int = 100_000, speedups: bool = True,
                  row_cache_shapes: int = DEFAULT_MAX_SHAPES) -> None:
         if memory_unit_mib <= 0:
             raise ValueError("memory unit must be a positive number of MiB")
@@ -207,37 +194,17 @@ class ExtenderService:
         self.pod_source = pod_source
         self.memory_unit_mib = memory_unit_mib
         self.default_policy = default_policy or PodPolicy()
+        # The seam: the plain reference path, or the speed-ups (same answers; guarded by model.lock).
+        self.path: ReferencePath | FastPath = FastPath(row_cache_shapes) if speedups else ReferencePath()
         self.placers: dict[str, Placer] = {p: placer_factory(p) for p in (PACK, SPREAD)}
         for placer in self.placers.values():
-            placer.track_rows(self._row_gen_of, self._row_groups_of, self._row_tick_of)
             placer.watch_releases(lambda: self.model.gpu_releases)  # pods leaving: churn mode
+            self.path.attach(placer, model)
         self._pods: OrderedDict[str, PodInfo] = OrderedDict()  # uid -> info, LRU
         self._uid_by_key: dict[str, str] = {}
         self._pods_lock = threading.Lock()
         self._cache_size = pod_cache_size
         self._inflight: set[str] = set()  # pod UIDs whose binder call is running (guarded by model.lock)
-        # Per-node results by pod shape, recomputed only for rows that changed (guarded by
-        # model.lock). ``row_cache=False`` computes everything afresh: the tests' reference.
-        self.row_cache: RowCache | None = RowCache(row_cache_shapes) if row_cache else None
-        # NodeNames -> rows of recent full lists and filters' passing lists (guarded by model.lock).
-        self._names = NamesMemo()
-
-    def _row_gen_of(self, a: CardArrays) -> np.ndarray | None:
-        """The model's per-row change counters when ``a`` is the model's arrays (placers call
-        this under ``model.lock``); None for any other arrays (e.g. a planner's copy)."""
-        return self.model.row_gen if a is self.model.a else None
-
-    def _row_tick_of(self, a: CardArrays) -> int | None:
-        """The model's latest row change counter when ``a`` is the model's arrays, else None."""
-        return self.model.row_tick if a is self.model.a else None
-
-    def _row_groups_of(self, a: CardArrays) -> tuple[np.ndarray, np.ndarray] | None:
-        """The model's rows grouped by equal content (``(reps, inverse)``), for a placer's full
-        index build; None when ``a`` is not the model's arrays or no two rows are alike."""
-        if a is not self.model.a or self.row_cache is None:
-            return None
-        reps, inverse = self.row_cache.representatives(self.model, np.arange(a.shape[0]))
-        return None if inverse is None else (reps, inverse)
 
     # ------------------------------------------------------------------------------- pods
     def pod_info(self, pod: Mapping[str, Any]) -> PodInfo:
@@ -303,39 +270,9 @@ class ExtenderService:
         return None
 
     # ----------------------------------------------------------------------------- filter
-    def _indices(self, names: list[str]) -> np.ndarray:
-        """Model rows of ``names`` (-1: unknown). Called under ``model.lock``."""
-        return self._names_entry(names).rows
-
-    def _names_entry(self, names: list[str]) -> NamesEntry:
-        """``names`` with their model rows, from :class:`NamesMemo` when the list was seen since
-        the last node was added or removed. Called under ``model.lock``."""
-        index_gen = self.model.index_gen
-        if self.row_cache is not None:
-            e = self._names.get(names, index_gen)
-            if e is not None:
-                return e
-        # map() over dict.get runs in C: a third of the cost of a generator on 5,000 names.
-        idx = np.fromiter(map(self.model.index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
-        if self.row_cache is None:
-            return NamesEntry(names, index_gen, idx)
-        return self._names.put(names, index_gen, idx)
-
-    def _whole_only(self, a: CardArrays, rows: np.ndarray, names: list[str], texts: list[str]) -> list[str]:
-        """:meth:`_reason`'s whole-only override for a shared pod, over many failing nodes at once."""
-        meta = self.model.meta
-        has_cards = row_any(a.exists[rows]).tolist()
-        return [WHOLE_ONLY if has and (m := meta.get(name)) is not None and m.whole_only else text
-                for name, text, has in zip(names, texts, has_cards)]
-
-    def _reason(self, a: CardArrays, i: int, req: GpuRequest, mask: np.ndarray, name: str) -> str:
-        meta = self.model.meta.get(name)
-        if req.is_shared and meta is not None and meta.whole_only and a.exists[i].any():
-            return WHOLE_ONLY
-        return reason(a, i, req, mask, name)
-
     def filter(self, args: ExtenderArgs) -> FilterResult:
-        """Which of the candidate nodes can host the pod now, and why each other one cannot."""
+        """Which of the candidate nodes can host the pod now (step 1 of :mod:`packing.decide`),
+        and why each other one cannot."""
         names = args.names
         info = self.pod_info(args.pod)
         if info.req is None:
@@ -345,85 +282,54 @@ class ExtenderService:
             return filter_answer(args, passing=names, passing_nodes=args.nodes)
         req, policy = info.req, info.policy
         assert policy is not None
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
+        path = self.path
+        fail_names: list[str] = []
+        texts: list[str] = []
+        unres = np.zeros(0, bool)
         with self.model.lock:
-            a = self.model.a
-            entry = self._names_entry(names)
+            entry = path.lookup(self.model, names)
             idx = entry.rows
-            index_gen = self.model.index_gen
             known = idx >= 0
-            safe = np.where(known, idx, 0)
-            if self.row_cache is not None:
-                e = self.row_cache.fit(self.model, req, policy)
-                node_ok, node_unres, mask = e.ok, e.unres, e.mask
-            else:
-                mask = card_mask(a, self.model.models, policy, req)
-                f = fit(a, req, mask)
-                node_ok, node_unres = f.ok, f.unresolvable
-            ok = known & node_ok[safe]
-            fail = np.flatnonzero(known & ~ok)  # reasons for failing nodes only, all at once
-            fail_names: list[str] = []
-            texts: list[str] = []
-            unres = np.zeros(0, bool)
+            feas = path.feasible(self.model, req, policy)
+            ok = known & feas.ok[np.where(known, idx, 0)]
+            fail = np.flatnonzero(known & ~ok)
             if fail.size:
                 rows = idx[fail]
                 fail_names = entry.take(fail)
-                if self.row_cache is not None:
-                    texts = self._cached_reasons(e, a, rows, req)
-                else:
-                    texts = reasons(a, rows, req, mask)
-                    if req.is_shared:
-                        texts = self._whole_only(a, rows, fail_names, texts)
-                unres = node_unres[rows]
+                texts = path.reasons(self.model, feas, rows, req)
+                unres = feas.unres[rows]
             sel = np.flatnonzero(ok)
             passing = entry.take(sel) if len(sel) < len(names) else names
-            if self.row_cache is not None and passing:  # what the next prioritize of this pod will send
-                self._names.put(passing, index_gen, idx[sel], parent=entry, sel=sel)
+            path.remember_passing(self.model, entry, passing, idx[sel], sel)
         if unres.any():
-            unresolvable = dict(zip(_take(fail_names, unres), _take(texts, unres)))
-            failed = dict(zip(_take(fail_names, ~unres), _take(texts, ~unres)))
+            unresolvable = dict(zip(take(fail_names, unres), take(texts, unres)))
+            failed = dict(zip(take(fail_names, ~unres), take(texts, ~unres)))
         else:
-            failed = dict(zip(fail_names, texts))
+            unresolvable, failed = {}, dict(zip(fail_names, texts))
         for j in np.flatnonzero(~known):
             failed[names[j]] = UNKNOWN_NODE
         passing_nodes = None
         if args.nodes is not None:
             if args.node_names is None:
-                passing_nodes = _take(args.nodes, sel)
+                passing_nodes = take(args.nodes, sel)
             else:  # both forms sent: match Node objects by name
                 keep = set(passing)
                 passing_nodes = [n for n in args.nodes if n["metadata"]["name"] in keep]
         return filter_answer(args, passing=passing, passing_nodes=passing_nodes,
                              failed=failed, unresolvable=unresolvable)
 
-    def _cached_reasons(self, e, a: CardArrays, rows: np.ndarray, req: GpuRequest) -> list[str]:
-        """Failure texts of ``rows`` from the row cache, computing (once) those not known yet."""
-        got = e.reason[rows]
-        missing = np.flatnonzero(np.equal(got, None))
-        if missing.size:
-            new = sorted_unique(rows[missing], len(e.reason))
-            # One row per distinct content: the text depends on the row's content only.
-            reps, inv = self.row_cache.representatives(self.model, new)  # type: ignore[union-attr]
-            texts = reasons(a, reps, req, e.mask)
-            if req.is_shared:
-                texts = self._whole_only(a, reps, [self.model.names[r] for r in reps.tolist()], texts)
-            filled = _object_array(texts)
-            e.reason[new] = filled if inv is None else filled[inv]
-            got = e.reason[rows]
-        return got.tolist()
-
     # ------------------------------------------------------------------------- prioritize
     def prioritize(self, args: ExtenderArgs, *, as_json: bool = False) -> list[dict[str, Any]] | bytes:
-        """Scores 0..10 for every candidate node: the placer's ranking among feasible nodes,
-        0 for nodes that cannot take the pod (or when the pod asks for no GPU).
+        """Scores 0..10 for every candidate node: the placer's ranking among feasible nodes
+        (step 2 of :mod:`packing.decide`), 0 for nodes that cannot take the pod (or when the pod
+        asks for no GPU).
 
         ``as_json``: the answer already encoded (what the app sends), made without a dict per
         node, which on thousands of nodes costs more than the scoring of the simple placers.
         """
         names, scores, entry = self._prioritize(args)
         if as_json:
-            return encode_priority_list(names, scores, None if entry is None else entry.answer_heads())
+            return encode_priority_list(names, scores, None if entry is None else self.path.answer_heads(entry))
         return priority_list(names, scores.tolist())
 
     def prioritize_scores(self, args: ExtenderArgs) -> tuple[list[str], np.ndarray]:
@@ -431,40 +337,27 @@ class ExtenderService:
         names, scores, _ = self._prioritize(args)
         return names, scores
 
-    def _prioritize(self, args: ExtenderArgs) -> tuple[list[str], np.ndarray, NamesEntry | None]:
+    def _prioritize(self, args: ExtenderArgs) -> tuple[list[str], np.ndarray, Any]:
         names = args.names
         scores = np.zeros(len(names), np.int64)
-        entry: NamesEntry | None = None
+        entry = None
         info = self.pod_info(args.pod)
         if info.req is not None and info.req.is_gpu and names:
             req, policy = info.req, info.policy
             assert policy is not None
+            path = self.path
             with self.model.lock:
-                a = self.model.a
-                entry = self._names_entry(names)
+                entry = path.lookup(self.model, names)
                 idx = entry.rows
                 known = idx >= 0
-                placer = self.placers[policy.node]
-                if self.row_cache is not None:
-                    e = self.row_cache.fit(self.model, req, policy)
-                    node_ok, usable = e.ok, e.usable
-                else:
-                    mask = card_mask(a, self.model.models, policy, req)
-                    f = fit(a, req, mask)
-                    node_ok, usable = f.ok, f.usable
-                feasible = known & node_ok[np.where(known, idx, 0)]
+                feas = path.feasible(self.model, req, policy)
+                feasible = known & feas.ok[np.where(known, idx, 0)]
                 fidx = idx[feasible]
                 if fidx.size:
-                    inverse = None
-                    if self.row_cache is not None and cacheable(placer):
-                        # Ranks depend on the raw values alone: rank one value per distinct
-                        # row content where the cache has them that way, then spread.
-                        raw, inverse = self.row_cache.score_values(e, placer, self.model, req, fidx)
-                    else:
-                        raw = placer.score(a, req, fidx, usable)
-                    ranked = to_extender_scores(raw)
+                    raw, inverse = path.scores(self.model, feas, self.placers[policy.node], req, fidx)
+                    ranked = decide.to_extender_scores(raw)
                     scores[feasible] = ranked if inverse is None else ranked[inverse]
-        return names, scores, (entry if self.row_cache is not None else None)
+        return names, scores, entry
 
     # ------------------------------------------------------------------------------- bind
     def _pod_for_bind(self, args: BindingArgs) -> PodInfo | str:
@@ -532,15 +425,15 @@ class ExtenderService:
                 if i is None:
                     return f"cannot bind {info.key} to {node}: {UNKNOWN_NODE}"
                 row = row_view(self.model.a, i)
-                mask = card_mask(row, self.model.models, policy, req)
-                f = fit(row, req, mask)
+                mask, f = decide.feasible(row, self.model.models, req, policy)   # step 1, this node
                 if not f.ok[0]:
-                    msg = f"cannot bind {info.key} to {node} now: {self._reason(row, 0, req, mask, node)}"
+                    why = node_reason(self.model, row, 0, req, mask, node)
+                    msg = f"cannot bind {info.key} to {node} now: {why}"
                     log.info("bind refused: %s", msg)
                     return msg
-                # The whole arrays and row i, not the 1-row view: a placer's incremental index
-                # (FragIndex) is kept for model.a and would be rebuilt twice for another object.
-                cards = self.placers[policy.node].choose_cards(self.model.a, i, req, f.usable[0], policy)
+                # Step 3 on the whole arrays and row i, not the 1-row view: a placer's incremental
+                # index (FragIndex) is kept for model.a and would be rebuilt twice for another object.
+                cards = decide.choose_cards(self.placers[policy.node], self.model.a, i, req, f, policy, row=0)
                 try:
                     alloc = self.model.assign(uid, info.key, node, cards, req, check=True)
                 except AllocationConflict as exc:

@@ -26,7 +26,6 @@ from prometheus_client.core import GaugeMetricFamily
 
 from .service import ExtenderService
 from .wire import WireError, binding_result, encode, encode_filter_result, filter_answer, parse_binding_args
-from .wirememo import NodeNamesMemo
 
 log = logging.getLogger("stowage.extender")
 
@@ -115,7 +114,9 @@ class Verbs:
         self.service = service
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
-        self.names_memo = NodeNamesMemo()  # NodeNames arrays decoded before: recognised by their bytes
+        # Body decoding from the service's seam: the fast path recognises NodeNames arrays
+        # decoded before by their bytes (extender.wirememo).
+        self.names_memo = service.path.wire_parser()
         self._latency = {v: metrics.latency.labels(v) for v in VERBS}  # looked up once
         self._run: dict[str, Callable[[bytes], Reply]] = {
             "filter": self._filter, "prioritize": self._prioritize, "bind": self._bind}

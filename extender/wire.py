@@ -282,3 +282,27 @@ def encode_priority_list(hosts: Sequence[str], scores: Sequence[int], heads: lis
 def binding_result(error: str = "") -> dict[str, str]:
     """An ``ExtenderBindingResult``; empty ``Error`` means success."""
     return {"Error": error}
+
+
+def object_array(items: list) -> np.ndarray:
+    """A 1-D numpy object array of ``items`` (selections from it run in C)."""
+    arr = np.empty(len(items), dtype=object)
+    arr[:] = items
+    return arr
+
+
+def take(items: list, sel: np.ndarray) -> list:
+    """items[sel] for a list, through a numpy object array (no Python loop per element)."""
+    return object_array(items)[sel].tolist()
+
+
+class PlainParser:
+    """Request bodies decoded afresh every time: the reference of
+    :class:`extender.wirememo.NodeNamesMemo` (same interface, nothing remembered)."""
+
+    def parse(self, body: bytes | str) -> ExtenderArgs:
+        return parse_extender_args(body)
+
+    def remember(self, names_json: bytes, names: list[str]) -> None:
+        return None
+

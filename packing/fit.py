@@ -106,6 +106,8 @@ def fit(a: CardArrays, req: GpuRequest, allowed: np.ndarray) -> Fit:
 
 NOT_SCHEDULABLE = "node is not schedulable for GPU pods (unknown to Stowage or cordoned)"
 NO_GPUS = "node has no GPUs"
+WHOLE_ONLY = ("card memory unknown on this node (no stowage.io/gpu-inventory annotation or GPU Feature "
+              "Discovery memory label): only whole-GPU pods can be placed here")
 
 
 def msg_cpu(free: float, req: GpuRequest) -> str:
@@ -144,8 +146,11 @@ def msg_compute(req: GpuRequest, best_milli: int, card: int, tail: str) -> str:
             f"{best_milli / 10:g}% on card {card}{tail}")
 
 
-def reason(a: CardArrays, i: int, req: GpuRequest, allowed: np.ndarray, node_name: str = "") -> str:
-    """Why node i cannot take the pod, in words a person understands."""
+def reason(a: CardArrays, i: int, req: GpuRequest, allowed: np.ndarray, whole_only: bool = False) -> str:
+    """Why node i cannot take the pod, in words a person understands. ``whole_only``: the
+    node's card memory is unknown (:attr:`packing.model.NodeMeta.whole_only`)."""
+    if whole_only and req.is_shared and a.exists[i].any():
+        return WHOLE_ONLY
     if not a.node_ok[i]:
         return NOT_SCHEDULABLE
     if not a.exists[i].any():

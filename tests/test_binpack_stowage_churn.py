@@ -143,8 +143,8 @@ def test_cached_answers_equal_fresh_ones_while_pods_come_and_go(seed):
     rng = random.Random(100 + seed)
     model = random_model(rng, 40)
     make = (lambda v: get_placer({PACK: "stowage", SPREAD: "least-allocated"}[v]))
-    cached = ExtenderService(model, placer_factory=make, row_cache=True)
-    fresh = ExtenderService(model, placer_factory=make, row_cache=False)
+    cached = ExtenderService(model, placer_factory=make, speedups=True)
+    fresh = ExtenderService(model, placer_factory=make, speedups=False)
     names = model.node_names()
     live: list[str] = []
     for step in range(120):

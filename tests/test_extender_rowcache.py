@@ -1,7 +1,7 @@
 """The per-node row cache (extender/rowcache.py) must never change an answer.
 
 Cached filter/prioritize answers are compared byte for byte with the same service computing
-everything afresh (``row_cache=False``), on seeded random clusters, for every registered
+everything afresh (``speedups=False``), on seeded random clusters, for every registered
 placer, with binds, releases, re-inventoried nodes (including a wider one that resizes the
 arrays), removed and added nodes and the placers' learning (observe, table rebuilds) between
 calls. The placers' own contract — a node's score depends on its row only — is checked
@@ -39,8 +39,8 @@ CACHED = [p for p in ALL_PLACERS if p != "random"]
 def two_services(model: ClusterModel, pack: str, spread: str) -> tuple[ExtenderService, ExtenderService]:
     factory = {PACK: pack, SPREAD: spread}
     make = (lambda v: get_placer(factory[v]))
-    return (ExtenderService(model, placer_factory=make, row_cache=True),
-            ExtenderService(model, placer_factory=make, row_cache=False))
+    return (ExtenderService(model, placer_factory=make, speedups=True),
+            ExtenderService(model, placer_factory=make, speedups=False))
 
 
 def wide_node(model: ClusterModel, name: str) -> None:
@@ -109,7 +109,7 @@ def test_cached_answers_equal_fresh_ones_on_a_changing_cluster(pack, spread, see
             wide_node(model, rng.choice(model.node_names() + [f"wide-{step}"]))
         elif r < 0.86:
             all_names_list = model.node_names()
-    assert cached.row_cache is not None and len(cached.row_cache) > 0
+    assert cached.path.row_cache is not None and len(cached.path.row_cache) > 0
 
 
 def learned(name: str, n_pods: int, rng: random.Random) -> Placer:
@@ -195,7 +195,7 @@ def test_after_a_bind_only_the_bound_node_is_recomputed():
     rng = random.Random(7)
     model = random_model(rng, 40)
     service = ExtenderService(model, placer_factory=lambda v: get_placer("bestfit"))
-    cache = service.row_cache
+    cache = service.path.row_cache
     assert cache is not None
     names = model.node_names()
     pods = [bench_cluster.pod_object(f"q{j}", {"nvidia.com/gpu": "1"}, {}) for j in range(3)]
@@ -263,7 +263,7 @@ def test_identical_nodes_are_evaluated_once_and_answers_are_unchanged(pack):
         md = pod["metadata"]
         cached.bind(parse_binding_args({"PodName": md["name"], "PodNamespace": md["namespace"],
                                         "PodUID": md["uid"], "Node": best}))
-    cache = cached.row_cache
+    cache = cached.path.row_cache
     assert cache is not None
     assert 0 < cache.rows_evaluated < cache.rows_recomputed // 3
 
@@ -391,7 +391,7 @@ def test_interleaved_pods_reuse_their_passing_lists_and_answer_as_fresh():
         assert got == answer(fresh, "filter", body)
         passing.append(orjson.loads(got)["NodeNames"])
     assert len({len(p) for p in passing}) == 3  # three different lists
-    memo = cached._names
+    memo = cached.path.names
     for pod, ok in zip(pods, passing):
         body = encode({"Pod": pod, "Nodes": None, "NodeNames": ok})
         assert answer(cached, "prioritize", body) == answer(fresh, "prioritize", body)

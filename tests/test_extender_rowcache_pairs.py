@@ -53,8 +53,8 @@ class GapCrowdPlacer(PlacerBase):
 
 def services(model: ClusterModel) -> tuple[ExtenderService, ExtenderService]:
     make = (lambda v: GapCrowdPlacer() if v == PACK else get_placer("least-allocated"))
-    return (ExtenderService(model, placer_factory=make, row_cache=True),
-            ExtenderService(model, placer_factory=make, row_cache=False))
+    return (ExtenderService(model, placer_factory=make, speedups=True),
+            ExtenderService(model, placer_factory=make, speedups=False))
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -86,7 +86,7 @@ def test_cached_pair_scores_equal_fresh_ones_while_the_cluster_changes(seed):
         elif live and rng.random() < 0.3:
             model.release(live.pop(rng.randrange(len(live))))
     assert checked > 20
-    rc = cached.row_cache
+    rc = cached.path.row_cache
     assert rc is not None and rc.rows_evaluated < rc.scores_recomputed + 150 * len(names)
 
 
@@ -102,7 +102,7 @@ def test_pair_scores_are_cached_per_content_and_the_global_part_is_not():
     pod = bench_cluster.pod_object("p", {"nvidia.com/gpu-memory": "10"})
     body = encode({"Pod": pod, "Nodes": None, "NodeNames": ["a", "b", "c"]})
     svc.filter(parse_extender_args(body))
-    rc = svc.row_cache
+    rc = svc.path.row_cache
     before = rc.scores_recomputed
     first = orjson.loads(svc.prioritize(parse_extender_args(body), as_json=True))
     # three identical empty nodes: one content, its pairs evaluated once
@@ -113,5 +113,5 @@ def test_pair_scores_are_cached_per_content_and_the_global_part_is_not():
     again = orjson.loads(svc.prioritize(parse_extender_args(body), as_json=True))
     assert rc.scores_recomputed == before + 2  # only c's new content
     fresh = ExtenderService(model, placer_factory=lambda v: GapCrowdPlacer() if v == PACK else
-                            get_placer("least-allocated"), row_cache=False)
+                            get_placer("least-allocated"), speedups=False)
     assert again == orjson.loads(fresh.prioritize(parse_extender_args(body), as_json=True))

@@ -12,7 +12,8 @@ import copy
 import pytest
 
 from packing.model import ClusterModel
-from extender.service import WHOLE_ONLY, ExtenderService
+from extender.service import ExtenderService
+from packing.fit import WHOLE_ONLY
 from extender.wire import parse_binding_args, parse_extender_args
 from extender_harness import Server, gpus, model_from, simple_placers, take_shared, take_whole
 from stowage.inventory import inventory_from_node
