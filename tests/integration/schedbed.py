@@ -357,3 +357,21 @@ def settle_and_check(bed: SchedBed, pool: Pool, timeout: float) -> tuple[dict[st
         assert mine["node"] == p.spec.node_name and sorted(mine["cards"]) == sorted(c.index for c in record_of(p).cards)
     assert not {pods[n].metadata.uid for n in unbound} & set(allocs), "the extender holds cards for unbound pods"
     return bound, unbound
+
+
+def node_reasons(message: str) -> dict[str, int]:
+    """kube-scheduler's FailedScheduling message split into {reason: number of nodes}.
+
+    1.28 writes ``0/N nodes are available: <n1> <reason1>, <n2> <reason2>. preemption: ...``.
+    Asserted here, as a reader of the event must be able to: each part is "<count> <reason>"
+    with a reason that does not start with a digit, and the counts add up to N (a reason with
+    ", " inside would split into parts that do not)."""
+    m = re.match(r"0/(\d+) nodes are available: (.*?)\. preemption: ", message)
+    assert m, f"not a FailedScheduling message of kube-scheduler 1.28: {message!r}"
+    counts: dict[str, int] = {}
+    for part in m.group(2).split(", "):
+        pm = re.fullmatch(r"(\d+) (\D.*)", part)
+        assert pm, f"{part!r} does not read as '<count> <reason>' in {message!r}"
+        counts[pm.group(2)] = counts.get(pm.group(2), 0) + int(pm.group(1))
+    assert sum(counts.values()) == int(m.group(1)), f"the counts do not add up to {m.group(1)} nodes: {message!r}"
+    return counts
