@@ -233,7 +233,7 @@ def summarize_failures(total: int, ans: dict) -> str:
     more = len(reasons) - 3
     if more > 0:
         parts.append(f"{more} other reasons")
-    return f"0/{total} nodes are available: " + "; ".join(parts)
+    return f"0/{total} nodes are available: " + ", ".join(parts)
 
 
 # -------------------------------------------------------------------------------------- report

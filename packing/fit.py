@@ -119,17 +119,20 @@ def msg_host_memory(free: float, req: GpuRequest) -> str:
 
 
 def msg_tail(excluded: int, unhealthy: int) -> str:
-    """What a count of free cards leaves out: `` (2 excluded by model/size policy, 1 unhealthy)``."""
+    """What a count of free cards leaves out: `` (2 excluded by model/size policy; 1 unhealthy)``."""
     notes = []
     if excluded:
         notes.append(f"{excluded} excluded by model/size policy")
     if unhealthy:
         notes.append(f"{unhealthy} unhealthy")
-    return f" ({', '.join(notes)})" if notes else ""
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def msg_free_cards(free: int, req: GpuRequest, tail: str) -> str:
-    return f"{free} free card{'s' if free != 1 else ''}, pod needs {req.gpus}{tail}"
+    """Worded to start with a word and to hold no ", ": kube-scheduler's event prefixes each reason
+    with its node count and joins them with ", " ("0/36 nodes are available: 16 too few free
+    cards for 1 GPU: 0 free (8 excluded by model/size policy), ...")."""
+    return f"too few free cards for {req.gpus} GPU{'s' if req.gpus != 1 else ''}: {free} free{tail}"
 
 
 def msg_no_usable_card(req: GpuRequest, tail: str) -> str:

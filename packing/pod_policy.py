@@ -58,7 +58,7 @@ class PodPolicy:
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:
     v = value.strip().lower()
     if v not in allowed:
-        raise PolicyError(f"annotation {key}: unknown value {value!r} (expected one of: {', '.join(allowed)})")
+        raise PolicyError(f"annotation {key}: unknown value {value!r} (expected {' or '.join(allowed)})")
     return v
 
 
@@ -95,7 +95,7 @@ def parse_policy(annotations: Mapping[str, Any] | None, default: PodPolicy | Non
         if not isinstance(key, str) or not key.startswith(PREFIX) or key in OWN_KEYS:
             continue
         if key not in POLICY_KEYS:
-            raise PolicyError(f"unknown annotation {key} (known: {', '.join(sorted(POLICY_KEYS))})")
+            raise PolicyError(f"unknown annotation {key} (known: {' '.join(sorted(POLICY_KEYS))})")
         value = str(raw)
         if key == NODE_POLICY:
             pol = replace(pol, node=_choice(key, value, (PACK, SPREAD)))

@@ -113,9 +113,9 @@ def quantity_to_int(value: Any, what: str) -> int:
     except RequestError as exc:
         raise RequestError(f"{what}: {exc}") from exc
     if q < 0:
-        raise RequestError(f"{what} must not be negative, got {value!r}")
+        raise RequestError(f"{what} must not be negative (got {value!r})")
     if q != q.to_integral_value():
-        raise RequestError(f"{what} must be a whole number, got {value!r}")
+        raise RequestError(f"{what} must be a whole number (got {value!r})")
     return int(q)
 
 
@@ -255,7 +255,7 @@ def pod_gpu_request(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMOR
         # Whole cards: gpu-memory is a per-card minimum, compute is always the whole card.
         return GpuRequest(gpus=gpus, min_card_mem_mib=mem_mib)
     if core_milli > CORE_MILLI_PER_CARD:
-        raise RequestError(f"{RESOURCE_GPU_CORE} is a percentage of one card (1-100), got {core_milli // 10}")
+        raise RequestError(f"{RESOURCE_GPU_CORE} is a percentage of one card (1-100): got {core_milli // 10}")
     if core_milli > 0 and mem_mib == 0:
         raise RequestError(f"{RESOURCE_GPU_CORE} needs {RESOURCE_GPU_MEMORY} too: a card share without memory cannot be enforced")
     return GpuRequest(mem_mib=mem_mib, core_milli=core_milli)

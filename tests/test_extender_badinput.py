@@ -207,7 +207,7 @@ def test_bind_when_cards_were_taken_in_between(srv):
     take_whole(model, "node-a", [0, 1], "other")
     before = snapshot(model)
     err = srv.post("/bind", {"PodName": "p1", "PodNamespace": "default", "PodUID": "uid-p1", "Node": "node-a"}).json()
-    assert err["Error"] == "cannot bind default/p1 to node-a now: 2 free cards, pod needs 3"
+    assert err["Error"] == "cannot bind default/p1 to node-a now: too few free cards for 3 GPUs: 2 free"
     assert same(before, snapshot(model))
 
 

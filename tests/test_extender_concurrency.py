@@ -142,7 +142,7 @@ def test_simultaneous_binds_to_one_node_take_exactly_its_capacity():
     winners = sorted(u for u, e in results.items() if e == "")
     losers = [e for e in results.values() if e]
     assert len(winners) == 4 and len(losers) == 6
-    assert all(e.endswith("now: 0 free cards, pod needs 1") for e in losers)
+    assert all(e.endswith("now: too few free cards for 1 GPU: 0 free") for e in losers)
     assert sorted(model.allocations) == winners
     assert sorted(k for al in model.allocations.values() for k in al.cards) == [0, 1, 2, 3]
     check_no_overbooking(model)

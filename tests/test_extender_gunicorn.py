@@ -39,7 +39,7 @@ def test_gunicorn_end_to_end(extender, wire):
     url = proc.url + "/stowage/v1"
     ans = http.post(url + "/filter", json=wire("node-cache", "01-filter"), timeout=30).json()
     assert ans["NodeNames"] == ["node-b", "node-c"] and ans["FailedAndUnresolvableNodes"] == {
-        "node-a": "1 free card, pod needs 2"}
+        "node-a": "too few free cards for 2 GPUs: 1 free"}
     scores = http.post(url + "/prioritize", json=wire("node-cache", "02-prioritize"), timeout=30).json()
     assert [s["Host"] for s in scores] == ["node-a", "node-b", "node-c"]
     assert scores[0]["Score"] == 0 and max(s["Score"] for s in scores) == 10

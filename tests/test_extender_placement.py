@@ -44,13 +44,13 @@ def test_reason_too_few_free_cards():
     svc = service([{"name": "n", "gpus": gpus("NVIDIA A100-SXM4-80GB", 4, "80Gi")}])
     take_whole(svc.model, "n", [0, 1], "x")
     res = run_filter(svc, pod("p", {"nvidia.com/gpu": "4"}))
-    assert res.failed == {"n": "2 free cards, pod needs 4"} and res.unresolvable == {}
+    assert res.failed == {"n": "too few free cards for 4 GPUs: 2 free"} and res.unresolvable == {}
 
 
 def test_reason_too_many_gpus_for_node_is_unresolvable():
     svc = service([{"name": "n", "gpus": gpus("Tesla T4", 2, "16Gi", unhealthy=[1])}])
     res = run_filter(svc, pod("p", {"nvidia.com/gpu": "2"}))
-    assert res.unresolvable == {"n": "1 free card, pod needs 2 (1 unhealthy)"}
+    assert res.unresolvable == {"n": "too few free cards for 2 GPUs: 1 free (1 unhealthy)"}
 
 
 def test_reason_best_card_memory():
@@ -103,7 +103,7 @@ def test_model_and_size_selection(annotations, expect):
     # Nodes whose cards are all excluded can never take the pod: unresolvable, with the count.
     assert set(res.unresolvable) == {n["name"] for n in MIXED} - set(expect)
     for node, why in res.unresolvable.items():
-        assert why == "0 free cards, pod needs 1 (4 excluded by model/size policy)"
+        assert why == "too few free cards for 1 GPU: 0 free (4 excluded by model/size policy)"
 
 
 def test_a10_pod_never_lands_on_a100_even_when_only_a100_is_free():
@@ -111,9 +111,9 @@ def test_a10_pod_never_lands_on_a100_even_when_only_a100_is_free():
     take_whole(svc.model, "a10", [0, 1, 2, 3], "full")
     p = pod("p", {"nvidia.com/gpu": "1"}, {"stowage.io/gpu-model": "A10"})
     res = run_filter(svc, p)
-    assert res.node_names == [] and res.failed == {"a10": "0 free cards, pod needs 1"}
+    assert res.node_names == [] and res.failed == {"a10": "too few free cards for 1 GPU: 0 free"}
     err = bind(svc, p, "a100")
-    assert err.startswith("cannot bind default/p to a100 now: 0 free cards, pod needs 1 (4 excluded")
+    assert err.startswith("cannot bind default/p to a100 now: too few free cards for 1 GPU: 0 free (4 excluded")
     assert "p" not in svc.model.allocations
 
 

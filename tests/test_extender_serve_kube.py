@@ -66,7 +66,7 @@ def test_kube_mode_bind_and_restart_rebuild(tmp_path, kube, workers):
         # ...so the cards taken before the restart are not handed out again.
         big = kube.create_pod(make_pod("big", gpus=3))
         ans = http.post(proc.url + "/filter", json={"Pod": big, "NodeNames": ["gpu-1", "gpu-2"]}, timeout=30).json()
-        assert ans["NodeNames"] == [] and ans["FailedNodes"]["gpu-1"] == "2 free cards, pod needs 3"
+        assert ans["NodeNames"] == [] and ans["FailedNodes"]["gpu-1"] == "too few free cards for 3 GPUs: 2 free"
     finally:
         http.close()
         proc.stop()

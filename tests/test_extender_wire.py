@@ -79,7 +79,7 @@ def test_wire_sequence(server, wire, mode):
     assert set(ans) == {"NodeNames", "Nodes", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
     assert ans["Error"] == ""
     assert sorted(passing(mode, ans)) == ["node-b", "node-c"]
-    assert ans["FailedNodes"] == {"node-a": "1 free card, pod needs 2"}
+    assert ans["FailedNodes"] == {"node-a": "too few free cards for 2 GPUs: 1 free"}
     assert ans["FailedAndUnresolvableNodes"] == {}
     if mode == "full-nodes":  # the Node objects come back exactly as received
         sent = {n["metadata"]["name"]: n for n in wire(mode, "01-filter")["Nodes"]["items"]}
@@ -128,7 +128,7 @@ def test_wire_sequence(server, wire, mode):
     ans = server.post("/filter", wire(mode, "07-filter")).json()
     assert sorted(passing(mode, ans)) == ["node-a", "node-c"]
     assert ans["FailedAndUnresolvableNodes"] == {
-        "node-b": "0 free cards, pod needs 1 (4 excluded by model/size policy)"}
+        "node-b": "too few free cards for 1 GPU: 0 free (4 excluded by model/size policy)"}
     s = scores(server.post("/prioritize", wire(mode, "08-prioritize")).json())
     assert s["node-b"] == 0
     assert server.post("/bind", wire(mode, "09-bind")).json() == {"Error": ""}
@@ -179,4 +179,4 @@ def test_unknown_nodes_fail_without_error(server, wire):
     body["NodeNames"] = ["node-c", "ghost-1", "node-a"]
     ans = server.post("/filter", body).json()
     assert ans["Error"] == "" and ans["NodeNames"] == ["node-c"]
-    assert ans["FailedNodes"] == {"ghost-1": "node unknown to Stowage", "node-a": "1 free card, pod needs 2"}
+    assert ans["FailedNodes"] == {"ghost-1": "node unknown to Stowage", "node-a": "too few free cards for 2 GPUs: 1 free"}

@@ -97,7 +97,7 @@ def test_capacity_explains_why_nothing_more_fits():
     res = capacity(mixed_cluster(), parse_shape("4"))
     assert res.count == 0
     assert sum(res.why_not.values()) == 3
-    assert any("pod needs 4" in k for k in res.why_not)
+    assert any("too few free cards for 4 GPUs" in k for k in res.why_not)
 
 
 def test_capacity_skips_unhealthy_cards():
