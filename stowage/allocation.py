@@ -9,12 +9,26 @@ cards; a restarted extender rebuilds its model from it. JSON::
      "whole": false}
 
 For whole-GPU pods ``whole`` is true and each card's memoryMiB/coreMilli is the card's total.
+
+Any pod author can write this annotation on their own pod, so a record is honoured only when it
+could have come from the extender (docs/security.md):
+
+- Signed: with a :class:`RecordKey` (a Secret only the extender and the device plugin can read,
+  ``--record-key-file``) the record carries ``"sig"``, an HMAC-SHA256 over the record and the
+  pod's uid. A record without it, with a wrong one, or copied from another pod is not honoured.
+- Consistent: :func:`record_mismatch` compares the record with the pod's own request (how many
+  whole cards, which slice), so even an unsigned cluster never books more than a pod asks for.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Mapping
+
+from .resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError, pod_gpu_request
 
 ALLOCATION_ANNOTATION = "stowage.io/allocation"
 ALLOCATION_VERSION = 1
@@ -37,17 +51,56 @@ class AllocationRecord:
     node: str
     cards: tuple[CardShare, ...]
     whole: bool
+    sig: str = ""   # HMAC of the record and its pod's uid, when the cluster signs records
 
     @property
     def uuids(self) -> list[str]:
         return [c.uuid for c in self.cards]
 
 
-def encode_allocation(rec: AllocationRecord) -> str:
+MIN_KEY_BYTES = 32
+
+
+@dataclass(frozen=True)
+class RecordKey:
+    """The secret records are signed with: only the extender and the device plugin can read it."""
+
+    secret: bytes
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RecordKey":
+        """Read the key file (a mounted Secret); at least 32 bytes, surrounding whitespace ignored."""
+        try:
+            secret = Path(path).read_bytes().strip()
+        except OSError as exc:
+            raise AllocationError(f"cannot read the record key file {path}: {exc.strerror or exc}") from exc
+        if len(secret) < MIN_KEY_BYTES:
+            raise AllocationError(f"the record key in {path} has {len(secret)} bytes; at least {MIN_KEY_BYTES} are "
+                                  "needed (e.g. `openssl rand -hex 32`)")
+        return cls(secret)
+
+    def signature(self, rec: AllocationRecord, pod_uid: str) -> str:
+        payload = _canonical(rec).encode() + b"\n" + pod_uid.encode()
+        return hmac.new(self.secret, payload, hashlib.sha256).hexdigest()
+
+    def signs(self, rec: AllocationRecord, pod_uid: str) -> bool:
+        return bool(rec.sig) and hmac.compare_digest(rec.sig, self.signature(rec, pod_uid))
+
+
+def _canonical(rec: AllocationRecord) -> str:
     return json.dumps({"version": ALLOCATION_VERSION, "node": rec.node, "whole": rec.whole,
                        "cards": [{"index": c.index, "uuid": c.uuid, "memoryMiB": c.memory_mib,
                                   "coreMilli": c.core_milli} for c in rec.cards]},
                       separators=(",", ":"), sort_keys=True)
+
+
+def encode_allocation(rec: AllocationRecord, key: RecordKey | None = None, pod_uid: str = "") -> str:
+    """The annotation value; signed for ``pod_uid`` when ``key`` is given."""
+    if key is None:
+        return _canonical(replace(rec, sig=""))
+    doc = json.loads(_canonical(rec))
+    doc["sig"] = key.signature(rec, pod_uid)
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
 
 def decode_allocation(value: str) -> AllocationRecord:
@@ -57,15 +110,109 @@ def decode_allocation(value: str) -> AllocationRecord:
             raise AllocationError(f"unsupported {ALLOCATION_ANNOTATION} version {doc.get('version')!r}")
         cards = tuple(CardShare(index=int(c["index"]), uuid=str(c["uuid"]), memory_mib=int(c["memoryMiB"]),
                                 core_milli=int(c["coreMilli"])) for c in doc["cards"])
-        return AllocationRecord(node=str(doc["node"]), cards=cards, whole=bool(doc["whole"]))
+        sig = doc.get("sig", "")
+        return AllocationRecord(node=str(doc["node"]), cards=cards, whole=bool(doc["whole"]),
+                                sig=sig if isinstance(sig, str) else "")
     except AllocationError:
         raise
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise AllocationError(f"{ALLOCATION_ANNOTATION} is malformed: {exc!r}") from exc
 
 
-def allocation_of_pod(pod: Mapping[str, Any]) -> AllocationRecord | None:
-    """The record on a pod object, or None when it has none. Malformed records raise."""
-    ann = ((pod.get("metadata") or {}).get("annotations") or {})
+def allocation_of_pod(pod: Mapping[str, Any], key: RecordKey | None = None) -> AllocationRecord | None:
+    """The record on a pod object, or None when it has none.
+
+    Malformed records raise :class:`AllocationError`; with ``key``, so do records that the
+    extender did not sign for this very pod (unsigned, forged, or copied from another pod).
+    """
+    meta = pod.get("metadata") or {}
+    ann = meta.get("annotations") or {}
     value = ann.get(ALLOCATION_ANNOTATION)
-    return decode_allocation(value) if value else None
+    if not value:
+        return None
+    rec = decode_allocation(value)
+    if key is not None:
+        if not rec.sig:
+            raise AllocationError(f"{ALLOCATION_ANNOTATION} is not signed, and this cluster signs every record the "
+                                  "extender writes: not honoured")
+        if not key.signs(rec, str(meta.get("uid") or "")):
+            raise AllocationError(f"{ALLOCATION_ANNOTATION} carries a signature that does not match this pod "
+                                  "(forged, altered, or copied from another pod): not honoured")
+    return rec
+
+
+def record_mismatch(rec: AllocationRecord, req: GpuRequest) -> str:
+    """Why ``rec`` cannot be this pod's record, given the pod's own GPU request ('' when it can be).
+
+    The extender writes N whole cards for a pod asking N GPUs, and one card with exactly the
+    slice asked for otherwise; anything else was not written by it for this pod.
+    """
+    if not req.is_gpu:
+        return f"{ALLOCATION_ANNOTATION} names card(s) but the pod asks for no GPU"
+    if req.gpus > 0:
+        if not rec.whole or len(rec.cards) != req.gpus:
+            kind = "whole card(s)" if rec.whole else "card share(s)"
+            return (f"{ALLOCATION_ANNOTATION} names {len(rec.cards)} {kind}; the pod asks for {req.gpus} whole "
+                    f"GPU(s)")
+        return ""
+    if rec.whole or len(rec.cards) != 1:
+        return f"{ALLOCATION_ANNOTATION} names {len(rec.cards)} card(s) {'whole' if rec.whole else ''}; the pod asks " \
+               f"for a share of one card"
+    c = rec.cards[0]
+    if (c.memory_mib, c.core_milli) != (req.mem_mib, req.core_milli):
+        return (f"{ALLOCATION_ANNOTATION} books {c.memory_mib} MiB and {c.core_milli / 10:g}% of a card; the pod asks "
+                f"for {req.mem_mib} MiB and {req.core_milli / 10:g}%")
+    return ""
+
+
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+def honoured_allocation_of_pod(pod: Mapping[str, Any], key: RecordKey | None = None,
+                               memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB,
+                               scheduler_names: frozenset[str] | None = None) -> AllocationRecord | None:
+    """The pod's record if it could have been written by the extender for this pod, else raise.
+
+    On top of :func:`allocation_of_pod` (well-formed; signed for this pod when ``key`` is set):
+    the pod is one of Stowage's schedulers' (``scheduler_names``; None: any), it is bound to the
+    node the record names (or not bound yet), and the record books exactly what the pod asks for.
+    The extender replays only such records into its model and the device plugin hands out cards
+    only by them, so a hand-written record can neither fill a node nor take another pod's card.
+    """
+    rec = allocation_of_pod(pod, key)
+    if rec is None:
+        return None
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    scheduler = str(spec.get("schedulerName") or DEFAULT_SCHEDULER)
+    if scheduler_names is not None and scheduler not in scheduler_names:
+        raise AllocationError(f"{ALLOCATION_ANNOTATION} on a pod of scheduler {scheduler!r}, which is not Stowage's "
+                              f"({', '.join(sorted(scheduler_names))}): not honoured")
+    node = spec.get("nodeName")
+    if node and node != rec.node:
+        raise AllocationError(f"{ALLOCATION_ANNOTATION} names node {rec.node!r} but the pod is bound to {node!r}: "
+                              "not honoured")
+    try:
+        req = pod_gpu_request(pod, memory_unit_mib)
+    except RequestError as exc:
+        raise AllocationError(f"{ALLOCATION_ANNOTATION} on a pod whose GPU request is invalid ({exc}): "
+                              "not honoured") from exc
+    problem = record_mismatch(rec, req)
+    if problem:
+        raise AllocationError(problem + ": not honoured")
+    return rec
+
+
+@dataclass(frozen=True)
+class RecordTrust:
+    """What a component needs to read records safely and write them so that others honour them."""
+
+    key: RecordKey | None = None                 # None: records are not signed in this cluster
+    memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB
+    scheduler_names: frozenset[str] | None = None   # None: any scheduler's pods
+
+    def record_of(self, pod: Mapping[str, Any]) -> AllocationRecord | None:
+        """:func:`honoured_allocation_of_pod` with this component's settings."""
+        return honoured_allocation_of_pod(pod, self.key, self.memory_unit_mib, self.scheduler_names)
+
+    def encode(self, rec: AllocationRecord, pod_uid: str) -> str:
+        return encode_allocation(rec, self.key, pod_uid)
