@@ -16,6 +16,7 @@ from typing import Any, Callable
 import click
 from flask import Flask
 
+from stowage.allocation import AllocationError, RecordKey, RecordTrust
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
 from .app import DEFAULT_MAX_BODY_BYTES, create_app
@@ -44,6 +45,8 @@ class ServeConfig:
     memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     metrics_bind: str | None = None         # HOST:PORT serving /metrics only
+    record_key_file: str | None = None      # kube mode: sign records (and honour only signed ones)
+    scheduler_names: tuple[str, ...] = ()   # kube mode: honour records only on these schedulers' pods
 
 
 def parse_host_port(value: str) -> tuple[str, int]:
@@ -91,8 +94,10 @@ def _build_app(cfg: ServeConfig) -> Flask:
     from .kube_binder import KubeBinder
 
     api_client = load_api_client(kubeconfig=cfg.kubeconfig, in_cluster=cfg.in_cluster)
-    feeder = KubeFeeder(model, api_client, memory_unit_mib=cfg.memory_unit_mib)
-    service = ExtenderService(model, binder=KubeBinder(api_client), pod_source=feeder,
+    trust = RecordTrust(key=RecordKey.load(cfg.record_key_file) if cfg.record_key_file else None,
+                        memory_unit_mib=cfg.memory_unit_mib, scheduler_names=frozenset(cfg.scheduler_names) or None)
+    feeder = KubeFeeder(model, api_client, memory_unit_mib=cfg.memory_unit_mib, trust=trust)
+    service = ExtenderService(model, binder=KubeBinder(api_client, trust=trust), pod_source=feeder,
                               memory_unit_mib=cfg.memory_unit_mib, default_policy=cfg.default_policy)
     feeder.start()
     register_exit(feeder.stop)
@@ -191,6 +196,14 @@ def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str |
 @click.option("--metrics-bind", metavar="HOST:PORT", default=None, callback=_check_metrics_bind,
               help="Also serve /metrics (only) on this address, e.g. 0.0.0.0:9888: for Prometheus when "
                    "--bind is the pod's loopback (the sidecar layout). Default: /metrics on --bind only.")
+@click.option("--record-key-file", envvar="STOWAGE_RECORD_KEY_FILE", type=click.Path(dir_okay=False),
+              help="Kube mode: sign every allocation record with this key (a Secret only the extender and the "
+                   "device plugin can read) and honour only records signed for their pod. Without it, records "
+                   "are honoured when they match the pod's request, node and scheduler (docs/security.md).")
+@click.option("--scheduler-name", "scheduler_names", multiple=True, default=("stowage-scheduler",),
+              show_default=True,
+              help="Kube mode: the schedulerName(s) of Stowage's profile(s); records on other schedulers' pods "
+                   "are not honoured. Repeat for several profiles.")
 @click.option("--timeout", type=click.IntRange(5), default=60, show_default=True,
               help="Seconds a request may run before gunicorn restarts the worker.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
@@ -198,7 +211,8 @@ def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str |
 def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: str | None,
           allow_unauthenticated: bool, workers: int, threads: int, url_prefix: str, simulated: str | None,
           kubeconfig: str | None, in_cluster: bool, default_node_policy: str, default_card_policy: str,
-          memory_unit_mib: int, max_body_mib: int, metrics_bind: str | None, timeout: int, log_level: str) -> None:
+          memory_unit_mib: int, max_body_mib: int, metrics_bind: str | None, record_key_file: str | None,
+          scheduler_names: tuple[str, ...], timeout: int, log_level: str) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, /healthz, /readyz, /metrics).
 
     The card model lives in ONE process (several would each hand out the same cards): the one
@@ -236,10 +250,16 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
             raise click.ClickException(str(exc)) from None
         except Exception as exc:  # e.g. a kubeconfig that is not YAML
             raise click.ClickException(f"cannot load the Kubernetes configuration: {exc}") from None
+        if record_key_file:
+            try:
+                RecordKey.load(record_key_file)
+            except AllocationError as exc:
+                raise click.BadParameter(str(exc), param_hint="--record-key-file") from None
     cfg = ServeConfig(url_prefix=url_prefix, cluster=cluster, kubeconfig=kubeconfig, in_cluster=in_cluster,
                       default_policy=PodPolicy(node=default_node_policy, card=default_card_policy),
                       memory_unit_mib=memory_unit_mib, max_body_bytes=max_body_mib << 20,
-                      metrics_bind=metrics_bind)
+                      metrics_bind=metrics_bind, record_key_file=record_key_file,
+                      scheduler_names=tuple(scheduler_names))
     run_server(cfg, bind=bind, threads=threads, log_level=log_level, timeout=timeout, workers=workers, tls=tls)
 
 

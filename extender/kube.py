@@ -32,7 +32,7 @@ import kubernetes.client
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
-from stowage.allocation import AllocationRecord
+from stowage.allocation import AllocationRecord, RecordTrust
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, RequestError, pod_gpu_request
 
 from .errors import KubeConfigError
@@ -163,8 +163,11 @@ class KubeFeeder:
                  memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB, resync_s: float = 600.0,
                  watch_timeout_s: int = 300, stale_after_s: float = 60.0, backoff_base_s: float = 0.5,
                  backoff_max_s: float = 30.0, request_timeout_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
+                 trust: RecordTrust | None = None) -> None:
         self.model = model
+        # Which records count: by default, well-formed ones that book exactly the pod's request.
+        self.trust = trust or RecordTrust(memory_unit_mib=memory_unit_mib)
         self.api_client = api_client
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.memory_unit_mib = memory_unit_mib
@@ -455,7 +458,7 @@ class KubeFeeder:
             log.exception("pod %s could not be applied", meta(pod).get("name"))
 
     def _apply_pod_unsafe(self, pod: Mapping[str, Any], deleted: bool) -> None:
-        v = pod_view(pod)
+        v = pod_view(pod, self.trust)
         with self._lock:
             if deleted or v.terminal or v.node:
                 self._pending.pop(v.key, None)
@@ -478,12 +481,17 @@ class KubeFeeder:
         with self._lock:
             self._pod_errors.pop(v.uid, None)
             known = self._records.get(v.uid)
+        if v.record is not None and not v.node:
+            # Recorded but not bound: a bind in flight (this extender already booked it in memory),
+            # or one whose extender died between the record and the Binding. Such a record must not
+            # count against the pod itself when it is scheduled again, so only bound pods' records
+            # are replayed; a record applied earlier is taken back (the pod was never bound).
+            if known is not None:
+                self._forget_pod(v.uid, departed=False)
+            return
         if v.record is not None:
             if known == v.record:
                 return  # nothing new for the model (status updates, our own bind echo)
-            if v.node and v.node != v.record.node:
-                log.warning("pod %s is bound to %s but its allocation record says %s; following the record",
-                            v.key, v.node, v.record.node)
             self.model.assign(v.uid, v.key, **assign_args(v.record))
             with self._lock:
                 self._records[v.uid] = v.record

@@ -26,7 +26,7 @@ from typing import Any
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 
-from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, encode_allocation
+from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, RecordTrust
 
 from .errors import BindError
 from .kube import api_message, read_json
@@ -50,8 +50,9 @@ class KubeBinder:
     """Binds pods through the API server; the ``Binder`` of :mod:`extender.service` in Kubernetes mode."""
 
     def __init__(self, api_client: kubernetes.client.ApiClient, request_timeout_s: float = 10.0,
-                 readback_attempts: int = 3, readback_delay_s: float = 0.2) -> None:
+                 readback_attempts: int = 3, readback_delay_s: float = 0.2, trust: RecordTrust | None = None) -> None:
         self.core = kubernetes.client.CoreV1Api(api_client)
+        self.trust = trust or RecordTrust()   # signs the records it writes when the cluster has a key
         self.timeout = request_timeout_s
         self.readback_attempts = max(1, readback_attempts)
         self.readback_delay_s = readback_delay_s
@@ -64,7 +65,7 @@ class KubeBinder:
             if pod is None:
                 raise BindError(f"pod {key} not found")
             uid = str((pod.get("metadata") or {}).get("uid") or "")
-        value = encode_allocation(record) if record is not None else None
+        value = self.trust.encode(record, uid) if record is not None else None
         if value is not None:
             self._record(namespace, name, uid, value)
         try:

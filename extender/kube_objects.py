@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from stowage.allocation import ALLOCATION_ANNOTATION, AllocationError, AllocationRecord, allocation_of_pod
+from stowage.allocation import (ALLOCATION_ANNOTATION, AllocationError, AllocationRecord, RecordTrust,
+                                allocation_of_pod)
 from stowage.inventory import Inventory, InventoryError, inventory_from_node
 from stowage.resources import GpuRequest
 
@@ -84,14 +85,17 @@ class PodView:
         return self.record is not None and not self.terminal
 
 
-def pod_view(pod: Mapping[str, Any]) -> PodView:
+def pod_view(pod: Mapping[str, Any], trust: RecordTrust | None = None) -> PodView:
+    """Pod -> what the model needs. With ``trust``, a record counts only if it could have been
+    written by the extender for this pod (signed, right scheduler and node, exactly the request);
+    otherwise ``error`` says why and the pod holds no cards in the model."""
     m = meta(pod)
     spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
     status = pod.get("status") if isinstance(pod.get("status"), Mapping) else {}
     ann = m.get("annotations") if isinstance(m.get("annotations"), Mapping) else {}
     record, err = None, ""
     try:
-        record = allocation_of_pod(pod)
+        record = trust.record_of(pod) if trust is not None else allocation_of_pod(pod)
     except AllocationError as exc:
         err = str(exc)
     except (TypeError, ValueError, AttributeError) as exc:

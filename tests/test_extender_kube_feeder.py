@@ -50,7 +50,7 @@ def test_initial_list_builds_model_from_annotation_gfd_and_allocatable(kube, fee
     kube.create_node(make_node("notready", gpus=1, ready=False))
     kube.create_node(make_node("cordoned", gpus=1, unschedulable=True))
     kube.create_node(make_node("broken", gpus=2, annotations={INVENTORY_ANNOTATION: "{not json"}))
-    shared = kube.create_pod(make_pod("shared", gpu_memory=20, node="a100", phase="Running",
+    shared = kube.create_pod(make_pod("shared", gpu_memory=20, gpu_core=30, node="a100", phase="Running",
                                       annotations={ALLOCATION_ANNOTATION: rec("a100", [(2, 20 * GiB, 300)])}))
     whole = kube.create_pod(make_pod("whole", gpus=2, node="a100", phase="Running",
                                      annotations={ALLOCATION_ANNOTATION: rec("a100", [(0, 80 * GiB, 1000), (1, 80 * GiB, 1000)], whole=True)}))
@@ -123,18 +123,25 @@ def test_watch_applies_node_and_pod_changes(kube, feeders):
     assert f.streams[PODS].lists == 1 and f.streams[NODES].lists == 1
 
 
-def test_record_removed_by_a_rolled_back_bind_frees_the_cards(kube, feeders):
+def test_record_of_a_pod_not_bound_holds_no_cards_and_a_bound_one_does(kube, feeders):
+    """A record is replayed only once the pod is bound: a bind in flight is booked in memory by the
+    extender that makes it, and a record left by an extender that died before the Binding (issue 12
+    item 6) must not count against the pod itself when it is scheduled again."""
     kube.create_node(inv_node("n1", [40]))
     p = kube.create_pod(make_pod("p", gpu_memory=10))
     f = started(kube, feeders)
     kube.patch_pod("default", "p", {"metadata": {"annotations": {ALLOCATION_ANNOTATION: rec("n1", [(0, 10 * GiB, 0)])}}})
-    kube.wait_for(lambda: p["metadata"]["uid"] in f.model.allocations)
-    kube.patch_pod("default", "p", {"metadata": {"annotations": {ALLOCATION_ANNOTATION: None}}})
-    kube.wait_for(lambda: p["metadata"]["uid"] not in f.model.allocations)
+    kube.create_pod(make_pod("marker"))
+    kube.wait_for(lambda: f.get_pod("default", "marker") is not None)    # the record's event came before
+    assert p["metadata"]["uid"] not in f.model.allocations
     assert row(f.model, "n1")["mem_free"] == [40 * GiB]
-    assert f.model.gpu_releases == 0  # a rollback is not a pod leaving (no churn mode for placers)
-    kube.patch_pod("default", "p", {"metadata": {"annotations": {ALLOCATION_ANNOTATION: rec("n1", [(0, 10 * GiB, 0)])}}})
+    # a fresh extender (restart, failover) does not count it either
+    g = started(kube, feeders)
+    assert p["metadata"]["uid"] not in g.model.allocations and row(g.model, "n1")["mem_free"] == [40 * GiB]
+    kube.patch_pod("default", "p", {"spec": {"nodeName": "n1"}})           # the Binding
     kube.wait_for(lambda: p["metadata"]["uid"] in f.model.allocations)
+    assert row(f.model, "n1")["mem_free"] == [30 * GiB]
+    assert f.model.gpu_releases == 0
     kube.delete_pod("default", "p")
     kube.wait_for(lambda: p["metadata"]["uid"] not in f.model.allocations)
     assert f.model.gpu_releases == 1

@@ -28,10 +28,16 @@ def start(tmp_path, kube, workers=1):
     return start_process(None, str(tmp_path), "--kubeconfig", kubeconfig(tmp_path, kube.url), "--workers", str(workers))
 
 
+def stowage_pod(pod: dict) -> dict:
+    """A pod of Stowage's profile: the extender honours records only on its scheduler's pods."""
+    pod["spec"]["schedulerName"] = "stowage-scheduler"
+    return pod
+
+
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "split"])
 def test_kube_mode_bind_and_restart_rebuild(tmp_path, kube, workers):
-    pod = kube.create_pod(make_pod("train", gpus=2))
-    other = kube.create_pod(make_pod("late", gpu_memory=8))
+    pod = kube.create_pod(stowage_pod(make_pod("train", gpus=2)))
+    other = kube.create_pod(stowage_pod(make_pod("late", gpu_memory=8)))
     proc, http = start(tmp_path, kube, workers)
     try:
         body = {"Pod": pod, "NodeNames": ["gpu-1", "gpu-2"]}
