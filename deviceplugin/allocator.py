@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from stowage.allocation import AllocationError, AllocationRecord, allocation_of_pod
+from stowage.allocation import AllocationError, AllocationRecord, RecordTrust
 from stowage.resources import (RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, RequestError,
                                quantity_to_int)
 
@@ -169,7 +169,8 @@ def _progress(pod: Mapping[str, Any], uid: str, ref: tuple[str, str], ledger: Le
 
 
 def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: Ledger,
-           view: KubeletView | None = None, overrides: Mapping[str, AllocationRecord] | None = None) -> PodSurvey:
+           view: KubeletView | None = None, overrides: Mapping[str, AllocationRecord] | None = None,
+           trust: RecordTrust | None = None, table: DeviceTable | None = None) -> PodSurvey:
     """The candidates among the pods bound to ``node``, plus notes explaining the others.
 
     ``view``: what the kubelet lists as allocated (None when PodResources is unreachable);
@@ -201,7 +202,7 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
         # admission failed must not block the others
         in_progress = any(listed > 0 for _, listed in progress.values())
         try:
-            rec = (overrides or {}).get(uid) or allocation_of_pod(pod)
+            rec = (overrides or {}).get(uid) or (trust or RecordTrust()).record_of(pod)
         except AllocationError as exc:
             notes.append(f"{ref}: {exc}")
             continue
@@ -211,6 +212,10 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
         if rec.node != node or not rec.cards:
             notes.append(f"{ref}: its record names node {rec.node!r} with {len(rec.cards)} card(s), this is {node!r}")
             continue
+        clash = _held_by_others(view, table, (str(meta.get("namespace") or ""), str(meta.get("name") or "")), rec)
+        if clash:
+            notes.append(f"{ref}: {clash}")
+            continue
         cands.append(Candidate(uid=uid, namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""),
                                record=rec, sizes=sizes, done=done, order=_order(pod), in_progress=in_progress))
     cands.sort(key=lambda c: c.order)
@@ -219,6 +224,30 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
         notes += [f"{c.ref}: waits, the kubelet is admitting {', '.join(b.ref for b in busy)}" for c in cands if not c.in_progress]
         cands = busy
     return PodSurvey(cands, notes)
+
+
+def _held_by_others(view: KubeletView | None, table: DeviceTable | None, ref: tuple[str, str],
+                    rec: AllocationRecord) -> str:
+    """Why the kubelet's own list says ``rec``'s cards are not this pod's to have ('' if they are).
+
+    A whole card is its pod's alone: its record cannot name a card on which another pod holds
+    devices, and a share cannot land on a card another pod holds whole (the kubelet counts the
+    three resources apart, so only the plugin can see this).
+    """
+    if view is None or table is None:
+        return ""
+    mine = set(rec.uuids)
+    for other, conts in view.pods.items():
+        if other == ref:
+            continue
+        for res in conts.values():
+            for resource, ids in res.items():
+                for i in ids:
+                    uuid = table.card_of(resource, i).uuid
+                    if uuid in mine and (rec.whole or resource == RESOURCE_GPU):
+                        return (f"its record names card {uuid}, which pod {other[0]}/{other[1]} already holds "
+                                f"{'devices on' if rec.whole else 'whole'}: not honoured")
+    return ""
 
 
 def _explain(survey_: PodSurvey) -> str:

@@ -43,6 +43,13 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
               type=click.FloatRange(min=0.1), default=5.0,
               help="How often pods' allocation records are compared with the kubelet's allocations "
                    "(also 0.5 s after every Allocate).")
+@click.option("--record-key-file", envvar="STOWAGE_RECORD_KEY_FILE", type=click.Path(dir_okay=False), default=None,
+              help="The key the extender signs allocation records with (the same Secret): only records signed "
+                   "for their pod are honoured, and corrected records are signed. Without it, a record is "
+                   "honoured when it matches its pod's request, node and scheduler (docs/security.md).")
+@click.option("--scheduler-name", "scheduler_names", envvar="STOWAGE_SCHEDULER_NAMES", multiple=True,
+              default=("stowage-scheduler",),
+              help="schedulerName(s) of Stowage's profile(s): records on other schedulers' pods are not honoured.")
 @click.option("--metrics-port", envvar="STOWAGE_METRICS_PORT", type=click.IntRange(min=0, max=65535), default=0,
               help="Serve the plugin's Prometheus metrics (record corrections) on this port; 0: off.")
 @click.option("--kube-api", envvar="STOWAGE_KUBE_API", default=None,
@@ -52,8 +59,8 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple[str, ...], ignored_xids: str | None,
          recovery_quiet_seconds: float, probe_interval_seconds: float, dev_root: str, pod_resources_socket: str,
-         reconcile_interval_seconds: float, metrics_port: int, kube_api: str | None, no_kube: bool,
-         log_level: str) -> None:
+         reconcile_interval_seconds: float, record_key_file: str | None, scheduler_names: tuple[str, ...],
+         metrics_port: int, kube_api: str | None, no_kube: bool, log_level: str) -> None:
     """Advertise this node's GPUs to the kubelet as nvidia.com/gpu (whole cards),
     nvidia.com/gpu-memory (one device per memory unit) and nvidia.com/gpu-core (100 per card),
     keep their health current (XID events, probes, recovery), publish the card inventory the
@@ -67,6 +74,14 @@ def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--ignored-xids") from exc
     from .server import DevicePlugin, PluginConfig  # grpc + stubs: only when actually running
+    from stowage.allocation import AllocationError, RecordKey
+
+    record_key = None
+    if record_key_file:
+        try:
+            record_key = RecordKey.load(record_key_file)
+        except AllocationError as exc:
+            raise click.BadParameter(str(exc), param_hint="--record-key-file") from None
 
     core_api = None
     if not no_kube:
@@ -82,7 +97,8 @@ def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple
                        resources=tuple(dict.fromkeys(resources)), ignored_xids=ignored, health_disabled=disabled,
                        recovery_quiet_s=recovery_quiet_seconds, probe_interval_s=probe_interval_seconds,
                        dev_root=dev_root, core_api=core_api, pod_resources_socket=pod_resources_socket,
-                       reconcile_interval_s=reconcile_interval_seconds)
+                       reconcile_interval_s=reconcile_interval_seconds, record_key=record_key,
+                       scheduler_names=frozenset(scheduler_names) or None)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
-from stowage.allocation import AllocationError, AllocationRecord, CardShare, allocation_of_pod
+from stowage.allocation import AllocationError, AllocationRecord, CardShare, RecordTrust
 from stowage.resources import GPU_RESOURCES
 
 from gpunode.devices import DeviceTable, UnknownDevice
@@ -121,7 +121,8 @@ def _share_on(table: DeviceTable, old: CardShare, uuid: str, whole: bool) -> Car
                      core_milli=old.core_milli)
 
 
-def _pods_of_node(pods: Iterable[Mapping[str, Any]], node: str, view: KubeletView, table: DeviceTable) -> list[_Pod]:
+def _pods_of_node(pods: Iterable[Mapping[str, Any]], node: str, view: KubeletView, table: DeviceTable,
+                  trust: RecordTrust | None = None) -> list[_Pod]:
     out = []
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -130,7 +131,7 @@ def _pods_of_node(pods: Iterable[Mapping[str, Any]], node: str, view: KubeletVie
         if (pod.get("status") or {}).get("phase") in _TERMINAL:
             continue
         try:
-            rec = allocation_of_pod(pod)
+            rec = (trust or RecordTrust()).record_of(pod)
         except AllocationError:
             continue
         if rec is None or rec.node != node or not rec.cards or any(u not in table.by_uuid for u in rec.uuids):
@@ -141,14 +142,14 @@ def _pods_of_node(pods: Iterable[Mapping[str, Any]], node: str, view: KubeletVie
 
 
 def corrections(pods: Iterable[Mapping[str, Any]], view: KubeletView, node: str,
-                table: DeviceTable) -> tuple[list[Correction], list[str]]:
+                table: DeviceTable, trust: RecordTrust | None = None) -> tuple[list[Correction], list[str]]:
     """Records of this node's pods to correct (partners first), and notes on mismatches left alone.
 
     A pod's record is corrected only when the kubelet gave it devices on a card its record does
     not name; a pod still being admitted whose devices so far lie on recorded cards agrees.
     Pods of other nodes, terminal or deleted pods and pods with unreadable records are skipped.
     """
-    mine = sorted(_pods_of_node(pods, node, view, table), key=lambda p: p.order)
+    mine = sorted(_pods_of_node(pods, node, view, table, trust), key=lambda p: p.order)
     fixes: list[Correction] = []
     partners: list[Correction] = []
     notes: list[str] = []

@@ -19,7 +19,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from stowage.allocation import ALLOCATION_ANNOTATION, encode_allocation
+from stowage.allocation import ALLOCATION_ANNOTATION, RecordTrust
 
 from gpunode.devices import DeviceTable
 from .podres import KubeletAllocations
@@ -31,7 +31,8 @@ log = logging.getLogger("stowage.deviceplugin.reconciler")
 class Reconciler:
     def __init__(self, table: DeviceTable, node: str, pod_lister: Any, source: KubeletAllocations, core_api: Any,
                  interval_s: float = 5.0, after_allocate_s: float = 0.5,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, trust: RecordTrust | None = None) -> None:
+        self.trust = trust or RecordTrust()   # reads records as Allocate does; signs the ones it rewrites
         self.table, self.node, self.pod_lister, self.source, self.core_api = table, node, pod_lister, source, core_api
         self.interval_s, self.after_allocate_s = interval_s, after_allocate_s
         self.registry = registry or CollectorRegistry()
@@ -60,7 +61,7 @@ class Reconciler:
             self._cond.notify_all()
 
     def _patch(self, c: Correction) -> None:
-        body = {"metadata": {"uid": c.uid, "annotations": {ALLOCATION_ANNOTATION: encode_allocation(c.new)}}}
+        body = {"metadata": {"uid": c.uid, "annotations": {ALLOCATION_ANNOTATION: self.trust.encode(c.new, c.uid)}}}
         self.core_api.patch_namespaced_pod(c.name, c.namespace, body, _content_type="application/merge-patch+json",
                                            _request_timeout=10)
 
@@ -76,7 +77,7 @@ class Reconciler:
             except Exception as exc:
                 log.warning("reconciliation skipped: cannot list the pods of node %s (%s)", self.node, exc)
                 return []
-            fixes, notes = corrections(pods, kubelet_view(rows, self.table), self.node, self.table)
+            fixes, notes = corrections(pods, kubelet_view(rows, self.table), self.node, self.table, self.trust)
             self.mismatches.set(len(notes))
             for note in notes:
                 if note not in self._noted:

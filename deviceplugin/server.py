@@ -22,6 +22,7 @@ from typing import Any, Callable
 import grpc
 
 from stowage import genprotos
+from stowage.allocation import RecordKey, RecordTrust
 from stowage.inventory import Card, encode_inventory
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES
 
@@ -90,6 +91,12 @@ class PluginConfig:
     pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET   # "" disables (in-memory fallback)
     reconcile_interval_s: float = 5.0
     reconcile_after_allocate_s: float = 0.5
+    record_key: RecordKey | None = None        # records are signed in this cluster: honour only signed ones
+    scheduler_names: frozenset[str] | None = None   # honour records only on these schedulers' pods (None: any)
+
+    @property
+    def trust(self) -> RecordTrust:
+        return RecordTrust(self.record_key, self.memory_unit_mib, self.scheduler_names)
 
 
 class DeviceState:
@@ -128,8 +135,10 @@ class Allocations:
     """Glue between the kubelet calls and the pure :mod:`allocator`: pod listing, ledger, steering."""
 
     def __init__(self, state: DeviceState, node: str, pod_lister: Any, dev_root: str,
-                 kubelet: KubeletAllocations | None = None, on_allocated: Callable[[], None] | None = None) -> None:
+                 kubelet: KubeletAllocations | None = None, on_allocated: Callable[[], None] | None = None,
+                 trust: RecordTrust | None = None) -> None:
         self.state, self.node, self.pod_lister, self.dev_root = state, node, pod_lister, dev_root
+        self.trust = trust or RecordTrust()
         self.kubelet, self.on_allocated = kubelet, on_allocated
         self.ledger = allocator.Ledger()
         self._steered: dict[tuple[str, frozenset[str]], str] = {}
@@ -147,14 +156,15 @@ class Allocations:
         self.ledger.forget_except({str((p.get("metadata") or {}).get("uid")) for p in pods})
         rows = self.kubelet.rows() if self.kubelet is not None else None
         if rows is None:  # PodResources unreachable: this process's ledger is all we know
-            return allocator.survey(pods, self.node, resource, self.ledger)
+            return allocator.survey(pods, self.node, resource, self.ledger, trust=self.trust)
         view = reconcile.kubelet_view(rows, self.state.table)
         uid_of = {(str(m.get("namespace") or ""), str(m.get("name") or "")): str(m.get("uid") or "")
                   for m in ((p.get("metadata") or {}) for p in pods)}
         owners = {r: view.owners(r) for r in GPU_RESOURCES}
         self.ledger.reattribute(lambda r, i: uid_of.get(owners[r][i]) if i in owners.get(r, {}) else None)
-        fixes, _ = reconcile.corrections(pods, view, self.node, self.state.table)
-        return allocator.survey(pods, self.node, resource, self.ledger, view, {f.uid: f.new for f in fixes})
+        fixes, _ = reconcile.corrections(pods, view, self.node, self.state.table, self.trust)
+        return allocator.survey(pods, self.node, resource, self.ledger, view, {f.uid: f.new for f in fixes},
+                                trust=self.trust, table=self.state.table)
 
     def preferred(self, resource: str, req: Any) -> Any:
         out = []
@@ -385,10 +395,10 @@ class DevicePlugin:
         if lister is not None:
             from .reconciler import Reconciler
             self.reconciler = Reconciler(self.state.table, cfg.node, lister, source, cfg.core_api,
-                                         cfg.reconcile_interval_s, cfg.reconcile_after_allocate_s)
+                                         cfg.reconcile_interval_s, cfg.reconcile_after_allocate_s, trust=cfg.trust)
             self.reconciler.start()
         self.allocs = Allocations(self.state, cfg.node, lister, cfg.dev_root, source,
-                                  self.reconciler.poke if self.reconciler is not None else None)
+                                  self.reconciler.poke if self.reconciler is not None else None, trust=cfg.trust)
         for r in cfg.resources:
             ep = Endpoint(r, os.path.join(cfg.plugin_dir, socket_name(r)), self.state, self.allocs)
             ep.serve()

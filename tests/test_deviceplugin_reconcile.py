@@ -25,7 +25,8 @@ def _pod(name: str, cards: list[int], whole: bool = False, node: str = NODE, rec
         CardShare(i, UUIDS[i], 40960 + 1024 * i if whole else 4096, 1000 if whole else 100) for i in cards))
     pod = {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
                         "annotations": {ALLOCATION_ANNOTATION: encode_allocation(rec)}},
-           "spec": {"nodeName": node, "containers": [{"name": "main"}]},
+           "spec": {"nodeName": node, "containers": [{"name": "main", "resources": {"limits": (
+               {RESOURCE_GPU: str(len(cards))} if whole else {RESOURCE_GPU_MEMORY: "4", "nvidia.com/gpu-core": "10"})}}]},
            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "lastTransitionTime": bound}]}}
     pod.update(extra)
     return pod

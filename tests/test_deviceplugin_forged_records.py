@@ -1,0 +1,52 @@
+"""Issue 12, item 1: the device plugin hands out a card only by a record the extender could have
+written for that pod (fake NVML + fake kubelet + fake API server, the plugin's code real)."""
+from __future__ import annotations
+
+import pytest
+
+from dp_harness import bind_pod, container, record, rig
+from fakekubelet import AdmissionError
+
+from stowage.allocation import AllocationRecord, CardShare, RecordKey, encode_allocation
+from stowage.resources import RESOURCE_GPU, RESOURCE_GPU_MEMORY
+
+KEY = RecordKey(b"q" * 32)
+
+
+def test_a_share_recorded_on_a_card_another_pod_holds_whole_gets_nothing(monkeypatch):
+    """A pod created with spec.nodeName and a hand-written record naming the card another pod holds
+    whole used to get that card in NVIDIA_VISIBLE_DEVICES."""
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        owner = bind_pod(r, "owner", [container("main", gpus=1)],
+                         record([(0, r.uuid(0))], whole=True, mem_mib=81920, core_milli=1000), "2024-01-01T00:00:01Z")
+        assert r.kubelet.admit(owner)["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == r.uuid(0)
+        thief = bind_pod(r, "thief", [container("main", mem=4)], record([(0, r.uuid(0))], whole=False, mem_mib=4096),
+                         "2024-01-01T00:00:02Z")
+        with pytest.raises(AdmissionError, match="already holds"):
+            r.kubelet.admit(thief)
+
+
+def test_a_record_booking_more_than_the_pod_asks_gets_nothing(monkeypatch):
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        greedy = bind_pod(r, "greedy", [container("main", gpus=1)],
+                          record([(0, r.uuid(0)), (1, r.uuid(1))], whole=True, mem_mib=81920, core_milli=1000),
+                          "2024-01-01T00:00:01Z")
+        with pytest.raises(AdmissionError, match="names 2 whole card"):
+            r.kubelet.admit(greedy)
+
+
+def test_signed_cluster_refuses_unsigned_records_and_honours_signed_ones(monkeypatch):
+    with rig(monkeypatch, record_key=KEY) as r:
+        assert r.registered()
+        rec = AllocationRecord("gpu-node-1", (CardShare(2, r.uuid(2), 4096, 0),), False)
+        unsigned = bind_pod(r, "unsigned", [container("main", mem=4)], encode_allocation(rec), "2024-01-01T00:00:01Z")
+        with pytest.raises(AdmissionError, match="not signed"):
+            r.kubelet.admit(unsigned)
+        pod = bind_pod(r, "signed", [container("main", mem=4)], None, "2024-01-01T00:00:02Z")
+        r.kube.patch_pod("default", "signed", {"metadata": {"annotations": {
+            "stowage.io/allocation": encode_allocation(rec, KEY, pod["metadata"]["uid"])}}})
+        pod = r.kube.get_pod("default", "signed")
+        resp = r.kubelet.admit(pod)["main"][RESOURCE_GPU_MEMORY]
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == r.uuid(2) and resp.envs["STOWAGE_POD"] == "default/signed"
