@@ -401,3 +401,29 @@ def test_xid_marks_a_card_unhealthy_on_the_node_and_it_recovers(clean: GpuNode) 
     wait_until(lambda: n.node_resources()[1].get(RESOURCE_GPU) == str(total), 60, "the card to come back")
     inv = decode_inventory((n.k8s.core.read_node(NODE).metadata.annotations or {})[INVENTORY_ANNOTATION])
     assert all(c.healthy for c in inv.cards)
+
+
+def test_forged_record_on_a_pod_created_on_the_node_gets_no_card(clean: GpuNode) -> None:
+    """Issue 12, item 1: a pod author creates a pod with spec.nodeName and a hand-written record
+    naming the card another pod holds whole; it used to start with that card in its environment.
+    The plugin refuses, so the kubelet fails the pod at admission; the owner is untouched."""
+    n = clean
+    owner = n.create_pod("owner", [gpu_container("main", gpus=1)])
+    n.bind(owner, n.record([0], whole=True))
+    n.wait_running("owner")
+    from stowage.allocation import encode_allocation
+    body = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "thief", "namespace": NS, "annotations": {
+                ALLOCATION_ANNOTATION: encode_allocation(n.record([0], whole=False, mem_gib=4, core_pct=10))}},
+            "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 1,
+                     "containers": [gpu_container("main", mem=4, core=10)]}}
+    n.k8s.core.create_namespaced_pod(NS, body)
+
+    def failed() -> dict | None:
+        p = n.pod("thief")
+        return p if p["status"].get("phase") == "Failed" else None
+    p = wait_until(failed, 60, "the kubelet to refuse the pod with the forged record")
+    assert p["status"].get("reason") == "UnexpectedAdmissionError", p["status"]
+    assert "already holds" in p["status"].get("message", ""), p["status"]
+    assert n.pod("owner")["status"]["phase"] == "Running"
+    assert n.container_env("owner", "main")["NVIDIA_VISIBLE_DEVICES"] == n.uuid(0)

@@ -1,0 +1,269 @@
+"""Adversarial requests against the extender as deployed (gunicorn, both serving layouts).
+
+Each request is a captured kube-scheduler body (``../shared/wire``, or a built-in pod when that
+is absent) mutated the way an attacker or a broken client would: leaves replaced by hostile
+values (NaN, 1e400, 2**70, huge strings, wrong types, deep nesting), keys dropped or added, node
+name lists that are huge, duplicated or not strings, bodies that are not JSON at all, and binds of
+random pods to random (and real) nodes. The run passes when every answer is a 2xx/4xx (never a 5xx),
+no request hangs, the server's log has no traceback, its memory stays bounded, and no card ended up
+with more than it holds (the model's own invariants, read from /state).
+
+    python tests/fuzzing.py --per-verb 10000 [--workers 2]    # the issue 12 run (docs/security.md)
+
+``tests/test_extender_fuzz.py`` runs a few hundred per verb in both layouts on every ``make test``.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+WIRE = HERE.parent.parent / "shared" / "wire" / "node-cache"
+NODES = ["a100-80g-01", "a100-80g-02", "h100-01", "t4-01", "l4-01"]   # in the built-in cluster (some)
+
+HOSTILE = [None, True, False, 0, -1, 1.5, 1e308, -1e308, 2 ** 70, -(2 ** 70), "", "NaN", "Infinity", "-Infinity",
+           "1e400", "99999999999999999999999", "80_000", "0x10", " 4", "4Gi ", "-4", "1.5", "8e1", "\u0000",
+           "\ud7ff" * 10, "a" * 5000, "💥" * 100, [], [1, 2], {}, {"a": {"b": {"c": None}}}]
+KEYS = ["nvidia.com/gpu", "nvidia.com/gpu-memory", "nvidia.com/gpu-core", "cpu", "memory",
+        "stowage.io/node-policy", "stowage.io/card-policy", "stowage.io/gpu-model", "stowage.io/gpu-model-exclude",
+        "stowage.io/min-card-memory", "stowage.io/gpu-topology", "stowage.io/allocation", "stowage.io/bogus"]
+
+
+def base_pods() -> list[dict]:
+    pods = []
+    if WIRE.is_dir():
+        for f in sorted(WIRE.glob("*-filter.json")):
+            pods.append(json.loads(f.read_text())["Pod"])
+    if not pods:
+        pods.append({"metadata": {"name": "p", "namespace": "default", "uid": "u-p", "annotations": {}},
+                     "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    return pods
+
+
+def _leaves(obj: Any, path: tuple = ()) -> list[tuple]:
+    out = [path]
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += _leaves(v, path + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += _leaves(v, path + (i,))
+    return out
+
+
+def _set(obj: Any, path: tuple, value: Any) -> Any:
+    if not path:
+        return value
+    cur = obj
+    for p in path[:-1]:
+        cur = cur[p]
+    cur[path[-1]] = value
+    return obj
+
+
+def _deep(depth: int) -> Any:
+    v: Any = "x"
+    for _ in range(depth):
+        v = {"a": v}
+    return v
+
+
+def mutate_pod(rng: random.Random, pod: dict) -> Any:
+    pod = copy.deepcopy(pod)
+    pod.setdefault("metadata", {})["uid"] = f"fuzz-{rng.getrandbits(40):x}"
+    pod["metadata"]["name"] = rng.choice([f"fuzz-{rng.getrandbits(20)}", "x" * rng.choice([1, 63, 300]), "", "💥"])
+    for _ in range(rng.randint(1, 4)):
+        kind = rng.random()
+        leaves = _leaves(pod)
+        if kind < 0.45:
+            pod = _set(pod, rng.choice(leaves), rng.choice(HOSTILE))
+        elif kind < 0.7:   # a hostile request or annotation
+            spec = pod.get("spec") if isinstance(pod, dict) and isinstance(pod.get("spec"), dict) else None
+            meta = pod.get("metadata") if isinstance(pod, dict) and isinstance(pod.get("metadata"), dict) else None
+            key = rng.choice(KEYS)
+            if key.startswith("stowage.io") and meta is not None:
+                if not isinstance(meta.get("annotations"), dict):
+                    meta["annotations"] = {}
+                meta["annotations"][key] = rng.choice(HOSTILE + ["pack", "spread", "A10,A100", "80Gi", "any"])
+            elif spec is not None:
+                cs = spec.get("containers")
+                if isinstance(cs, list) and cs and isinstance(cs[0], dict):
+                    res = cs[0].setdefault("resources", {})
+                    if isinstance(res, dict):
+                        lim = res.setdefault("limits", {})
+                        if isinstance(lim, dict):
+                            lim[key] = rng.choice(HOSTILE + ["1", "2", "8", "20", "100"])
+        elif kind < 0.85 and len(leaves) > 1:   # drop a key
+            path = rng.choice(leaves[1:])
+            parent = pod
+            for p in path[:-1]:
+                parent = parent[p]
+            try:
+                del parent[path[-1]]
+            except (KeyError, IndexError, TypeError):
+                pass
+        else:
+            pod = _set(pod, rng.choice(leaves), _deep(rng.choice([10, 100, 400])))
+    return pod
+
+
+def node_names(rng: random.Random) -> Any:
+    r = rng.random()
+    if r < 0.5:
+        return rng.sample(NODES, rng.randint(1, len(NODES)))
+    if r < 0.6:
+        return [rng.choice(NODES)] * rng.randint(2, 50)
+    if r < 0.7:
+        return [f"ghost-{i}" for i in range(rng.choice([1, 100, 5000]))]
+    if r < 0.8:
+        return [rng.choice(HOSTILE) for _ in range(rng.randint(1, 20))]
+    return rng.choice(HOSTILE)
+
+
+def body_for(rng: random.Random, verb: str, pods: list[dict]) -> bytes:
+    r = rng.random()
+    if r < 0.08:   # not JSON / not an object / truncated
+        return rng.choice([b"", b"{", b"[]", b"42", b"null", b'"x"', bytes(rng.getrandbits(8) for _ in range(64)),
+                           b'{"Pod":' * 200, b"\xff\xfe{}"])
+    if verb == "bind":
+        body: Any = {"PodName": rng.choice([f"fuzz-{rng.getrandbits(16)}", "", None, 7, "x" * 300]),
+                     "PodNamespace": rng.choice(["default", "kube-system", "", None, "💥"]),
+                     "PodUID": rng.choice([f"fuzz-{rng.getrandbits(40):x}", "", None, [], "a" * 1000]),
+                     "Node": rng.choice(NODES + ["ghost", "", None, 1])}
+        if rng.random() < 0.3:
+            body = _set(body, rng.choice(_leaves(body)), rng.choice(HOSTILE))
+    else:
+        body = {"Pod": mutate_pod(rng, rng.choice(pods)), "Nodes": None, "NodeNames": node_names(rng)}
+        if rng.random() < 0.1:
+            body["Nodes"] = rng.choice(HOSTILE + [{"items": [{"metadata": {"name": rng.choice(NODES)}}]}])
+    text = json.dumps(body, ensure_ascii=rng.random() < 0.5)
+    if rng.random() < 0.05:
+        text = text[: rng.randint(0, len(text))]
+    return text.encode("utf-8", "surrogatepass")
+
+
+@dataclass
+class FuzzResult:
+    requests: dict[str, int] = field(default_factory=dict)
+    statuses: dict[int, int] = field(default_factory=dict)
+    five_xx: list[str] = field(default_factory=list)
+    slowest_s: float = 0.0
+    tracebacks: int = 0
+    peak_rss_mib: float = 0.0
+    start_rss_mib: float = 0.0
+    overbooked: list[str] = field(default_factory=list)
+
+    def ok(self) -> bool:
+        return not self.five_xx and not self.tracebacks and not self.overbooked
+
+
+def _rss_mib(pid: int) -> float:
+    """Resident memory of ``pid`` and all its descendants (gunicorn master, workers, decision process)."""
+    total = 0.0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            pass
+    return total
+
+
+def overbooked(state: dict) -> list[str]:
+    """Cards booked beyond what they hold, from /state: negative free memory or compute, a card
+    held whole by one pod and used by any other."""
+    bad = []
+    for node in state["nodes"]:
+        for card in node["cards"]:
+            if card["freeMemoryMiB"] < 0 or card["freeCoreMilli"] < 0:
+                bad.append(f"{node['name']} card {card['index']}: {card}")
+    users: dict[tuple, list[tuple[str, bool]]] = {}
+    for uid, a in state["allocations"].items():
+        for k in a["cards"]:
+            users.setdefault((a["node"], k), []).append((uid, a["whole"]))
+    for key, us in users.items():
+        if len(us) > 1 and any(whole for _, whole in us):
+            bad.append(f"{key} held whole and shared: {us}")
+    return bad
+
+
+def run(per_verb: int, workers: int = 1, seed: int = 1, log_dir: str = "/tmp", progress: bool = False) -> FuzzResult:
+    import socket
+    import http.client
+    from extender_harness import start_process
+
+    rng = random.Random(seed)
+    pods = base_pods()
+    proc, session = start_process("builtin", log_dir, "--workers", str(workers))
+    res = FuzzResult()
+    try:
+        host, port = proc.url.split("//")[1].split(":")
+        res.start_rss_mib = res.peak_rss_mib = _rss_mib(proc.proc.pid)
+        for verb in ("filter", "prioritize", "bind"):
+            for n in range(per_verb):
+                body = body_for(rng, verb, pods)
+                conn = http.client.HTTPConnection(host, int(port), timeout=30)
+                t0 = time.monotonic()
+                try:
+                    ctype = rng.choice(["application/json", "application/json", "text/plain", "application/x-www-form-urlencoded"])
+                    conn.request("POST", "/" + verb, body=body, headers={"Content-Type": ctype})
+                    resp = conn.getresponse()
+                    resp.read()
+                    status = resp.status
+                except (socket.timeout, TimeoutError) as exc:
+                    raise AssertionError(f"{verb} request {n} hung past 30 s: {body[:200]!r}") from exc
+                finally:
+                    conn.close()
+                res.slowest_s = max(res.slowest_s, time.monotonic() - t0)
+                res.requests[verb] = res.requests.get(verb, 0) + 1
+                res.statuses[status] = res.statuses.get(status, 0) + 1
+                if status >= 500:
+                    res.five_xx.append(f"{verb} -> {status}: {body[:300]!r}")
+                if n % 500 == 0:
+                    res.peak_rss_mib = max(res.peak_rss_mib, _rss_mib(proc.proc.pid))
+                    if progress:
+                        print(f"{verb} {n}/{per_verb} statuses {res.statuses} rss {res.peak_rss_mib:.0f} MiB",
+                              file=sys.stderr)
+        res.peak_rss_mib = max(res.peak_rss_mib, _rss_mib(proc.proc.pid))
+        res.overbooked = overbooked(session.get(proc.url + "/state", timeout=30).json())
+    finally:
+        session.close()
+        proc.stop()
+        log = Path(proc.log.name).read_text(errors="replace")
+        res.tracebacks = log.count("Traceback (most recent call last)")
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--per-verb", type=int, default=10_000, help="requests per verb (filter, prioritize, bind)")
+    ap.add_argument("--workers", type=int, default=1, help="1: one process; 2+: the split layout")
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    res = run(a.per_verb, a.workers, a.seed, progress=True)
+    print(json.dumps({"requests": res.requests, "statuses": res.statuses, "5xx": len(res.five_xx),
+                      "tracebacks": res.tracebacks, "slowest_s": round(res.slowest_s, 3),
+                      "rss_mib_start": round(res.start_rss_mib), "rss_mib_peak": round(res.peak_rss_mib),
+                      "overbooked_cards": res.overbooked}, indent=1))
+    for line in res.five_xx[:10]:
+        print("5xx:", line)
+    return 0 if res.ok() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
