@@ -87,8 +87,7 @@ def test_placer_answers_in_every_learning_state(name, history, units):
         if units == "extender" and not req.is_gpu:
             continue               # the extender only ever scores GPU pods
         placer = get_placer(name)
-        if hasattr(placer, "bind_models"):
-            placer.bind_models(model.models)
+        placer.bind_models(model.models)
         for h in HISTORIES[history]:
             placer.observe(conv(SHAPES[h]))
         placer.observe(req)

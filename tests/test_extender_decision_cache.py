@@ -44,8 +44,7 @@ def tracked_placer(model: ClusterModel, rng: random.Random):
     placer.track_rows(lambda a: model.row_gen if a is model.a else None, None,
                       lambda a: model.row_tick if a is model.a else None)
     placer.watch_releases(lambda: model.gpu_releases)
-    if hasattr(placer, "bind_models"):
-        placer.bind_models(model.models)
+    placer.bind_models(model.models)
     for _ in range(40):
         placer.observe(rng.choice(SHARES) if rng.random() < 0.7 else GpuRequest(gpus=rng.choice([1, 2])))
     return placer

@@ -87,8 +87,7 @@ def test_cached_answers_equal_fresh_ones_on_a_changing_cluster(pack, spread, see
         if passing:
             body = encode({"Pod": pod, "Nodes": None, "NodeNames": passing + names[:3]})
             for placer in (*cached.placers.values(), *fresh.placers.values()):
-                if hasattr(placer, "reseed"):  # random: binds (one service only) draw from it too
-                    placer.reseed(step)
+                placer.reseed(step)  # random: binds (one service only) draw from it too
             got, want = answer(cached, "prioritize", body), answer(fresh, "prioritize", body)
             assert got == want, step
         r = rng.random()
