@@ -86,10 +86,17 @@ class PodSpec:
     mem_gib: int = 0
     core_pct: int = 0
     annotations: dict[str, str] = field(default_factory=dict)
+    init_gpus: int = 0          # an init container asking for this many whole GPUs
+    init_sidecar: bool = False  # ... with restartPolicy: Always (a KEP-753 sidecar)
 
     @property
     def whole(self) -> bool:
-        return self.gpus > 0
+        return self.effective_gpus > 0
+
+    @property
+    def effective_gpus(self) -> int:
+        """Kubernetes' effective request for plain init containers: max(app, each init)."""
+        return max(self.gpus, self.init_gpus)
 
     def limits(self) -> dict[str, str]:
         out = {}
@@ -153,7 +160,12 @@ class Pool:
                 "spec": {"schedulerName": SCHEDULER_NAME, "nodeSelector": {POOL_LABEL: self.name},
                          "terminationGracePeriodSeconds": 0,
                          "containers": [{"name": "main", "image": IMAGE,
-                                         "resources": {"limits": spec.limits()}}]}}
+                                         "resources": {"limits": spec.limits()}}],
+                         **({"initContainers": [{
+                             "name": "init", "image": IMAGE,
+                             "resources": {"limits": {"nvidia.com/gpu": str(spec.init_gpus)}},
+                             **({"restartPolicy": "Always"} if spec.init_sidecar else {})}]}
+                            if spec.init_gpus else {})}}
 
     def create(self, spec: PodSpec) -> PodSpec:
         self.specs[spec.name] = spec
@@ -232,7 +244,7 @@ def check_record(pod: Any, spec: PodSpec, nodes: dict[str, list[Card]]) -> Alloc
     what it asked for (the README's request table). Returns the record (None for a pod that asks
     for no GPU, which must have none)."""
     rec = record_of(pod)
-    if not spec.limits():  # no managed resource: never sent to the extender, nothing recorded
+    if not spec.limits() and not spec.init_gpus:  # no managed resource: never sent to the extender, nothing recorded
         assert rec is None, f"{spec.name} asks for no GPU but carries {rec}"
         return None
     assert rec is not None, f"{spec.name} is bound to {pod.spec.node_name} without {ALLOCATION_ANNOTATION}"
@@ -246,7 +258,8 @@ def check_record(pod: Any, spec: PodSpec, nodes: dict[str, list[Card]]) -> Alloc
         assert card.healthy, f"{spec.name}: got unhealthy card {share.index}"
         assert share.uuid == card.uuid, f"{spec.name}: card {share.index} uuid {share.uuid} != {card.uuid}"
     if spec.whole:
-        assert rec.whole and len(rec.cards) == spec.gpus, f"{spec.name}: {rec} for {spec.gpus} whole GPUs"
+        assert rec.whole and len(rec.cards) == spec.effective_gpus, \
+            f"{spec.name}: {rec} for {spec.effective_gpus} whole GPUs"
         for share in rec.cards:
             card = inv[share.index]
             assert share.memory_mib == card.memory_mib and share.core_milli == 1000, f"{spec.name}: {share}"
@@ -303,7 +316,7 @@ def fits_somewhere(spec: PodSpec, use: dict[tuple[str, int], CardUse], nodes: di
         healthy = [c for c in cs if c.healthy]
         if spec.whole:
             free = [c for c in healthy if (node, c.index) not in use and c.memory_mib >= spec.mem_gib * GIB]
-            if len(free) >= spec.gpus:
+            if len(free) >= spec.effective_gpus:
                 return f"{node}: {len(free)} free cards"
         else:
             for c in healthy:
@@ -350,7 +363,7 @@ def settle_and_check(bed: SchedBed, pool: Pool, timeout: float) -> tuple[dict[st
         assert record_of(pods[n]) is None and not pods[n].spec.node_name, f"{n} has a record but is not bound"
     allocs = bed.extender.state()["allocations"]
     for n, p in bound.items():
-        if not pool.specs[n].limits():
+        if not pool.specs[n].limits() and not pool.specs[n].init_gpus:
             continue  # no GPU asked for: not in the extender's model (checked above: no record)
         mine = allocs.get(p.metadata.uid)
         assert mine is not None, f"the extender's model lacks {n}"

@@ -42,6 +42,13 @@ def test_every_request_kind_is_bound_with_a_matching_record(sched: SchedBed, poo
     # a slice bigger than any T4 card: only the A100 node
     _, rec = pool.place(PodSpec("slice-20-core-50", mem_gib=20, core_pct=50))
     assert rec.node == big
+    # an init container's GPUs count by Kubernetes' effective-request rule: max(app, init) = 3
+    _, rec = pool.place(PodSpec("init-3", gpus=1, init_gpus=3))
+    assert len(rec.cards) == 3
+    # kube-apiserver 1.28 drops an init container's restartPolicy (the SidecarContainers gate is
+    # alpha, off): the "sidecar" is a plain init container for the scheduler and the extender alike
+    pod, rec = pool.place(PodSpec("sidecar", gpus=1, init_gpus=1, init_sidecar=True))
+    assert pod.spec.init_containers[0].restart_policy is None and len(rec.cards) == 1
     assert_no_overcommit(card_usage(pool.pods().values()), pool.nodes)
     # the extender's own view agrees with every record on the API server
     state = sched.extender.state()["allocations"]
@@ -192,3 +199,41 @@ def test_rejected_pods_show_our_reason_in_failed_scheduling(sched: SchedBed, poo
         assert not p.spec.node_name and record_of(p) is None, spec.name
         assert any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
                    for c in p.status.conditions or []), spec.name
+
+
+def test_a_departed_pods_cards_go_to_the_next_pod(sched: SchedBed, pool: Pool) -> None:
+    """Pods leave: the extender releases their cards from its watch of the API server (a DELETED
+    event), and the next pods get exactly those cards.
+
+    The next pod is created once the extender's model has let go of the departed pod: when the
+    waiting pod is already there, kube-scheduler requeues it on the same deletion and may ask the
+    extender before its watch delivered it; the pod then waits for the next cluster event (see
+    docs/extender.md, "When kube-scheduler retries a waiting GPU pod")."""
+    node = pool.node("n", lambda n: cards(n, A100, 2, 80))
+    pool.wait_extender_knows(sched)
+    a = pool.place(PodSpec("a", mem_gib=50))
+    b = pool.place(PodSpec("b", mem_gib=50))
+    assert a[1].cards[0].index != b[1].cards[0].index
+
+    def leave(pod) -> None:  # noqa: ANN001 - a V1Pod
+        pool.k8s.core.delete_namespaced_pod(pod.metadata.name, pool.namespace, grace_period_seconds=0)
+        del pool.specs[pod.metadata.name]
+        wait_until(lambda: pod.metadata.uid not in sched.extender.state()["allocations"], 30,
+                   f"the extender to release {pod.metadata.name}'s cards")
+
+    # 40 GiB fits on neither card now (30 GiB free on each), though the node's gpu-memory count
+    # (160 - 100 = 60 units) lets kube-scheduler's own filter pass: the extender refuses it
+    assert_refused = pool.create(PodSpec("too-big-now", mem_gib=40))
+    msg = wait_until(lambda: pool.failed_scheduling(assert_refused.name), 30, "a FailedScheduling event")[-1]
+    assert "no card with 40 GiB GPU memory free: best is 30 GiB on card" in msg, msg
+    pool.k8s.core.delete_namespaced_pod(assert_refused.name, pool.namespace, grace_period_seconds=0)
+    del pool.specs[assert_refused.name]
+
+    leave(a[0])
+    _, rec = pool.place(PodSpec("next-slice", mem_gib=40))
+    assert rec.node == node and rec.cards[0].index == a[1].cards[0].index
+    # both cards are shared now: a whole GPU only once b's card is empty again
+    leave(b[0])
+    _, rec = pool.place(PodSpec("next-whole", gpus=1))
+    assert rec.cards[0].index == b[1].cards[0].index
+    assert_no_overcommit(card_usage(pool.pods().values()), pool.nodes)
