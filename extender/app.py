@@ -15,8 +15,9 @@ from flask import Blueprint, Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from .intake import BigBodyLane, BodyReader, Refusal, refusal_reply
 from .service import ExtenderService
-from .verbs import Metrics, Reply, Verbs, read_body, verb_prefix
+from .verbs import Metrics, Reply, Verbs, verb_prefix
 from .wire import encode
 
 log = logging.getLogger("stowage.extender")
@@ -33,7 +34,7 @@ def _json(doc: Any, status: int = 200) -> Response:
 
 
 def create_app(service: ExtenderService, *, url_prefix: str = "", ready: ReadyFn | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Flask:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, lane: BigBodyLane | None = None) -> Flask:
     """The Flask app serving ``service`` at ``{url_prefix}/filter``, ``/prioritize``, ``/bind``.
 
     ``ready`` reports whether the model is being kept up to date (the Kubernetes feeder says
@@ -51,24 +52,35 @@ def create_app(service: ExtenderService, *, url_prefix: str = "", ready: ReadyFn
     prefix = verb_prefix(url_prefix)
     bp = Blueprint("extender", __name__, url_prefix=prefix or None)
 
-    def body() -> bytes | None:
-        """The request body, or None when it is larger than allowed (then it is not read)."""
-        return read_body(request.environ, max_body_bytes)
+    reader = BodyReader(max_body_bytes, lane)
 
     def respond(reply: Reply) -> Response:
         return Response(reply.body, status=reply.status, content_type=reply.content_type)
 
+    def run_verb(verb: str) -> Response:
+        """Read the body within the time and memory bounds (extender.intake), then decide."""
+        body, held = reader.read(request.environ)
+        try:
+            if isinstance(body, Refusal):
+                if body.status == 413:
+                    return respond(verbs.handle(verb, None))  # counted as too_large there
+                metrics.requests.labels(verb, body.outcome).inc()
+                return respond(refusal_reply(verb, body))
+            return respond(verbs.handle(verb, body))
+        finally:
+            reader.done(held)
+
     @bp.post("/filter")
     def filter_view() -> Response:
-        return respond(verbs.handle("filter", body()))
+        return run_verb("filter")
 
     @bp.post("/prioritize")
     def prioritize_view() -> Response:
-        return respond(verbs.handle("prioritize", body()))
+        return run_verb("prioritize")
 
     @bp.post("/bind")
     def bind_view() -> Response:
-        return respond(verbs.handle("bind", body()))
+        return run_verb("bind")
 
     @bp.get("/state")
     def state_view() -> Response:

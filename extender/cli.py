@@ -21,6 +21,7 @@ from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
 from .app import DEFAULT_MAX_BODY_BYTES, create_app
 from .gunicorn_conf import ExtenderServer, TLSFiles, gunicorn_options, register_exit
+from .intake import DEFAULT_CLIENT_TIMEOUT_S, return_big_buffers_to_the_system, set_client_timeout
 from packing.model import ClusterModel
 from packing.pod_policy import PACK, SPREAD, PodPolicy
 from .service import ExtenderService
@@ -204,6 +205,9 @@ def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str |
               show_default=True,
               help="Kube mode: the schedulerName(s) of Stowage's profile(s); records on other schedulers' pods "
                    "are not honoured. Repeat for several profiles.")
+@click.option("--client-timeout", type=click.FloatRange(1, 600), default=DEFAULT_CLIENT_TIMEOUT_S, show_default=True,
+              help="Seconds a client has to send a whole request (TLS handshake, head, body) once it started, "
+                   "and again to take the answer; past it: 408, and the thread serves others.")
 @click.option("--timeout", type=click.IntRange(5), default=60, show_default=True,
               help="Seconds a request may run before gunicorn restarts the worker.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
@@ -212,7 +216,7 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
           allow_unauthenticated: bool, workers: int, threads: int, url_prefix: str, simulated: str | None,
           kubeconfig: str | None, in_cluster: bool, default_node_policy: str, default_card_policy: str,
           memory_unit_mib: int, max_body_mib: int, metrics_bind: str | None, record_key_file: str | None,
-          scheduler_names: tuple[str, ...], timeout: int, log_level: str) -> None:
+          scheduler_names: tuple[str, ...], client_timeout: float, timeout: int, log_level: str) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, /healthz, /readyz, /metrics).
 
     The card model lives in ONE process (several would each hand out the same cards): the one
@@ -260,6 +264,8 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
                       memory_unit_mib=memory_unit_mib, max_body_bytes=max_body_mib << 20,
                       metrics_bind=metrics_bind, record_key_file=record_key_file,
                       scheduler_names=tuple(scheduler_names))
+    set_client_timeout(client_timeout)  # the workers fork from this process and inherit it
+    return_big_buffers_to_the_system()
     run_server(cfg, bind=bind, threads=threads, log_level=log_level, timeout=timeout, workers=workers, tls=tls)
 
 

@@ -16,8 +16,9 @@ import logging
 from http import HTTPStatus
 from typing import Any, Callable, Iterable
 
+from .intake import BigBodyLane, BodyReader, Refusal, refusal_reply
 from .relay import OP_OTHER, OPS, TOO_LARGE, RelayClient, RelayError
-from .verbs import Reply, json_reply, read_body, too_large_reply, verb_prefix
+from .verbs import Reply, json_reply, too_large_reply, verb_prefix
 from .wire import WireError, binding_result, filter_answer, parse_extender_args
 
 log = logging.getLogger("stowage.extender")
@@ -48,9 +49,15 @@ def unavailable_reply(verb: str | None, body: bytes | None, reason: str) -> Repl
     return json_reply({"Error": msg}, 503, "unavailable")
 
 
-def create_frontend(socket_path: str, *, url_prefix: str = "", max_body_bytes: int) -> WSGIApp:
-    """The WSGI app of a split-layout worker, relaying to the decision process at ``socket_path``."""
+def create_frontend(socket_path: str, *, url_prefix: str = "", max_body_bytes: int,
+                    lane: BigBodyLane | None = None) -> WSGIApp:
+    """The WSGI app of a split-layout worker, relaying to the decision process at ``socket_path``.
+
+    ``lane``: the big-body lane shared by every worker of this extender (:mod:`extender.intake`);
+    a worker holds it until the decision process has answered, so that process too works on
+    at most one big body at a time."""
     relay = RelayClient(socket_path)
+    reader = BodyReader(max_body_bytes, lane)
     routes = {f"{verb_prefix(url_prefix)}/{verb}": (verb, op) for verb, op in OPS.items()}
     too_large = too_large_reply(max_body_bytes)  # made once: not on every request
 
@@ -58,9 +65,12 @@ def create_frontend(socket_path: str, *, url_prefix: str = "", max_body_bytes: i
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO") or "/"
         verb, op = routes.get(path, (None, OP_OTHER)) if method == "POST" else (None, OP_OTHER)
-        body = read_body(environ, max_body_bytes)
+        got, held = reader.read(environ)
+        body = None if isinstance(got, Refusal) else got
         try:
-            if op != OP_OTHER:  # an oversized verb body is refused there too, so that it is counted
+            if isinstance(got, Refusal) and got.status != 413:
+                reply = refusal_reply(verb, got)  # (not counted: the decision process never saw it)
+            elif op != OP_OTHER:  # an oversized verb body is refused there too, so that it is counted
                 reply = relay.call(op, body or b"", flags=TOO_LARGE if body is None else 0)
             elif body is None:
                 reply = too_large
@@ -70,6 +80,8 @@ def create_frontend(socket_path: str, *, url_prefix: str = "", max_body_bytes: i
         except RelayError as exc:
             log.error("%s %s: %s", method, path, exc)
             reply = too_large if body is None else unavailable_reply(verb, body, str(exc))
+        finally:
+            reader.done(held)
         start_response(_status_line(reply.status), [("Content-Type", reply.content_type),
                                                     ("Content-Length", str(len(reply.body)))])
         return [reply.body]

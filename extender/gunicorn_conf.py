@@ -28,6 +28,8 @@ from typing import Any, Callable
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 
+from .intake import WORKER_CLASS, WORKER_CONNECTIONS
+
 log = logging.getLogger("stowage.extender")
 
 # Called (no arguments) when the worker exits, e.g. to stop the Kubernetes watch threads.
@@ -86,7 +88,10 @@ def gunicorn_options(bind: str, threads: int, log_level: str, timeout: int = 60,
     return {**tls_options(tls),
         "bind": bind,
         "workers": max(1, workers),
-        "worker_class": "gthread",
+        # gthread with a deadline on every read of a connection (extender.intake): a client that
+        # stops half-way through its request cannot hold a thread for longer than that.
+        "worker_class": WORKER_CLASS,
+        "worker_connections": WORKER_CONNECTIONS,
         "threads": max(1, threads),
         "timeout": timeout,
         "graceful_timeout": 10,

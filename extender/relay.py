@@ -85,8 +85,9 @@ class RelayClient:
             raise RelayError(f"cannot reach the decision process at {self.path}: {exc}") from exc
         return s
 
-    def _round_trip(self, s: socket.socket, frame: bytes) -> Reply:
-        s.sendall(frame)
+    def _round_trip(self, s: socket.socket, frame: bytes | tuple[bytes, bytes]) -> Reply:
+        for part in (frame,) if isinstance(frame, bytes) else frame:
+            s.sendall(part)
         head = _recv_exact(s, ANS.size)
         if len(head) < ANS.size:
             raise RelayError("the decision process closed the connection")
@@ -103,7 +104,9 @@ class RelayClient:
         repeated to the node whose cards the pod already holds just completes). When the
         decision process is gone the reconnect fails and the caller answers with an error."""
         p = path.encode()
-        frame = REQ.pack(op, flags, len(p), len(body)) + p + body
+        head = REQ.pack(op, flags, len(p), len(body)) + p
+        # A big body is sent as it is: joining would copy it (memory is bounded in bytes).
+        frame: bytes | tuple[bytes, bytes] = head + body if len(body) <= INLINE_MAX_BODY else (head, body)
         for attempt in (0, 1):
             s = getattr(self._local, "sock", None)
             fresh = s is None

@@ -34,7 +34,7 @@ from stowage.resources import GpuRequest
 from .fastreasons import reasons, whole_only_override
 from .rowcache import DEFAULT_MAX_SHAPES, RowCache, RowEntry, cacheable, sorted_unique
 from .wire import object_array, priority_heads
-from .wirememo import NodeNamesMemo
+from .wirememo import MAX_ARRAY_BYTES, MAX_NAMES, NodeNamesMemo
 
 
 @dataclass
@@ -111,6 +111,8 @@ class NamesMemo:
             parent = None  # one level only: no chains of lists kept alive
         # Not copied: request lists are fresh per request or shared read-only (wirememo).
         e = NamesEntry(names, index_gen, rows, parent=parent, sel=None if parent is None else sel)
+        if len(names) > MAX_NAMES or sum(map(len, names)) > MAX_ARRAY_BYTES:
+            return e  # made-up lists are not kept: the memo stays bounded in bytes
         self.entries.insert(0, e)
         del self.entries[self.size:]
         return e

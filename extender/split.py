@@ -37,6 +37,7 @@ from flask import Flask
 from . import gunicorn_conf
 from .frontend import create_frontend
 from .gunicorn_conf import ExtenderServer, gunicorn_options
+from .intake import BigBodyLane
 from .relay import OtherFn, RelayServer
 from .verbs import Reply
 
@@ -150,9 +151,10 @@ def run_split(app_factory: Callable[[], Flask], *, bind: str, workers: int, thre
 
     options = gunicorn_options(bind=bind, threads=threads, log_level=log_level, workers=workers, **extra)
     options.update(when_ready=when_ready, on_exit=on_exit)
+    lane = BigBodyLane()  # made before the workers fork: one lane for all of them
     try:
-        ExtenderServer(lambda: create_frontend(path, url_prefix=url_prefix, max_body_bytes=max_body_bytes),
-                       options).run()
+        ExtenderServer(lambda: create_frontend(path, url_prefix=url_prefix, max_body_bytes=max_body_bytes,
+                                               lane=lane), options).run()
     except SystemExit as exc:
         if died.is_set() and not exc.code:
             raise SystemExit(1) from None

@@ -30,6 +30,10 @@ from .wire import ExtenderArgs, WireError, decode_body, parse_extender_args
 
 MIN_NAMES = 64          # shorter lists decode faster than they are looked up and kept
 MIN_BODY_BYTES = 2048   # bodies below this are decoded as they are
+# Lists beyond these are not kept (anyone reaching the port can send made-up names; kube-scheduler's
+# list of 10,000 nodes is ~150 KB): what the memo holds stays bounded in bytes.
+MAX_NAMES = 50_000
+MAX_ARRAY_BYTES = 4 << 20
 _WS = b" \t\r\n"
 # The key, then ':' and the array's opening bracket (whitespace allowed as JSON allows).
 _KEY = re.compile(rb'"NodeNames"[ \t\r\n]*:[ \t\r\n]*\[')
@@ -94,7 +98,7 @@ class NodeNamesMemo:
         The caller vouches that ``orjson.loads(array) == names``: the service remembers the
         filter's passing list as encoded in its answer, which is what kube-scheduler sends to
         prioritize next (Go's compact encoding of DNS names is byte-identical to orjson's)."""
-        if len(names) < MIN_NAMES:
+        if len(names) < MIN_NAMES or len(names) > MAX_NAMES or len(array) > MAX_ARRAY_BYTES:
             return
         with self._lock:
             for j, (b, _) in enumerate(self._entries):

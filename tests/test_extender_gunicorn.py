@@ -73,7 +73,7 @@ def test_gunicorn_end_to_end(extender, wire):
 def test_worker_processes_with_threads(extender):
     proc, http = extender
     log = open(proc.log.name).read()  # start_process waited for every worker to boot
-    assert "Using worker: gthread" in log and log.count("Booting worker") == proc.workers
+    assert "Using worker: extender.intake.GuardedWorker" in log and log.count("Booting worker") == proc.workers
     assert ("decision process" in log) == (proc.workers > 1)
 
 

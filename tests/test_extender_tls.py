@@ -155,3 +155,34 @@ def test_only_clients_with_a_certificate_from_the_client_ca_get_answers(tmp_path
     finally:
         ok.close()
         ext.stop()
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "split"])
+def test_a_stalled_tls_handshake_does_not_hold_a_thread(tmp_path, tls, workers):
+    """Clients that start a TLS handshake and stop (more of them than request threads) are cut off
+    after --client-timeout; kube-scheduler's requests are served meanwhile and after."""
+    ext = TLSExtender(tmp_path, [*tls.server_args(), "--workers", str(workers), "--client-timeout", "3"])
+    https = f"https://127.0.0.1:{ext.port}"
+    ok = requests.Session()
+    ok.trust_env = False
+    ok.verify, ok.cert = str(tls.ca.cert), (str(tls.client.cert), str(tls.client.key))
+    stalled = []
+    try:
+        ext.wait(lambda: ok.get(https + "/readyz", timeout=5))
+        for _ in range(4 * 2 * workers):  # --threads 2 per worker
+            s = socket.create_connection(("127.0.0.1", ext.port), timeout=60)
+            s.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # the start of a ClientHello
+            stalled.append(s)
+        time.sleep(1.0)
+        assert ok.get(https + "/state", timeout=60).status_code == 200
+        for s in stalled:
+            try:
+                assert s.recv(65536) == b""  # closed by the server, not left hanging
+            except ConnectionResetError:
+                pass
+        assert ok.get(https + "/readyz", timeout=60).status_code == 200
+    finally:
+        for s in stalled:
+            s.close()
+        ok.close()
+        ext.stop()

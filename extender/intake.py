@@ -1,0 +1,406 @@
+"""Reading requests from clients we do not trust: bounded in time and in memory.
+
+Anything that reaches the extender's port may be slow or hostile (docs/security.md). Two bounds
+hold for every request, in both serving layouts:
+
+- **Time.** A request (the TLS handshake, its head, its body) must arrive within
+  ``client_timeout`` seconds of its first byte, and its answer must be taken within as long
+  again: gunicorn's ``gthread`` worker commits a request thread as soon as the first bytes
+  arrive and then reads with no timeout at all, so 8 clients that sent a ``Content-Length`` and
+  stopped held all 8 threads forever. :class:`GuardedWorker` puts a deadline on every read of
+  the connection; a client past it gets a 408 (or, mid-head, a closed connection), and its
+  thread serves the next request.
+- **Memory.** A body of up to 1 MiB is read as it comes (the largest kube-scheduler sends with
+  ``nodeCacheCapable: true`` is ~150 KB at 10,000 nodes). A bigger one, or one of unknown length
+  (chunked), first takes the *big-body lane*: one at a time per extender, across all its
+  processes (an ``flock`` on a file the processes share), so however many arrive at once the
+  extender holds about one big body, not one per thread. A chunked body is read in steps and
+  refused with a 413 the moment it passes the limit. A client that cannot get the lane before
+  its deadline gets a 503 (nothing was read).
+
+A malformed chunked body (a chunk size that is no number, a missing CRLF) is a 400, not a
+500.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import re
+import socket
+import ssl
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gunicorn import sock as gsock
+from gunicorn.http import errors as http_errors
+from gunicorn.http import get_parser
+from gunicorn.http.unreader import SocketUnreader
+from gunicorn.workers.gthread import _DEFER, ThreadWorker, TConn
+
+from .verbs import Reply, json_reply
+
+log = logging.getLogger("stowage.extender")
+
+# Seconds a client has to send a request (and, again, to take its answer). kube-scheduler sends
+# each request at once and gives up after its httpTimeout (5 s in scheduler-config.yaml).
+DEFAULT_CLIENT_TIMEOUT_S = 10.0
+# Bodies up to this size are read without the lane.
+SMALL_BODY = 1 << 20
+READ_STEP = 1 << 20
+
+_settings = {"client_timeout": DEFAULT_CLIENT_TIMEOUT_S}
+
+
+def set_client_timeout(seconds: float) -> None:
+    """Set before gunicorn forks its workers (they inherit it)."""
+    _settings["client_timeout"] = float(seconds)
+
+
+def client_timeout() -> float:
+    return _settings["client_timeout"]
+
+
+class ClientTooSlow(ConnectionResetError):
+    """The client did not send its request (or take its answer) within the deadline.
+
+    A ConnectionResetError, so that gunicorn closes the connection quietly when it happens in
+    the middle of a request head."""
+
+    def __init__(self, what: str = "request") -> None:
+        super().__init__(errno.ECONNRESET, f"the client did not send its {what} in time ({client_timeout():g} s)")
+
+
+def return_big_buffers_to_the_system(threshold: int = SMALL_BODY) -> bool:
+    """glibc: serve allocations of ``threshold`` bytes and more from their own mappings, given back
+    to the system when freed. By default glibc raises that threshold (up to 32 MiB) after the first
+    big free, and the request threads' arenas then keep every big body's pages: the resident set
+    grew by a body per thread even with one big body at a time. True when set (glibc only)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        m_mmap_threshold = -3
+        return bool(libc.mallopt(m_mmap_threshold, threshold))
+    except (OSError, AttributeError):
+        return False
+
+
+# ----------------------------------------------------------------------------- the worker
+# A request is read ahead, without a thread, until its head and up to PREFETCH_BODY bytes of its
+# body are there; only then does a request thread take it.
+HEAD_MAX = 64 << 10
+PREFETCH_BODY = 64 << 10
+# Open connections per worker process (gunicorn's default is 1,000): each may hold up to
+# HEAD_MAX + PREFETCH_BODY bytes read ahead, so this bounds that memory (64 MiB).
+WORKER_CONNECTIONS = 512
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*(\d+)", re.IGNORECASE)
+_CHUNKED = re.compile(rb"\r\ntransfer-encoding[ \t]*:", re.IGNORECASE)
+MORE, COMPLETE, CLOSE = "more", "complete", "close"
+
+
+def request_is_complete(buf: bytes | bytearray) -> bool:
+    """Whether ``buf`` holds a request head and all of its body, or as much as we read ahead
+    (a head too long for us is complete too: the parser then refuses it)."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return len(buf) >= HEAD_MAX
+    have = len(buf) - end - 4
+    if have >= PREFETCH_BODY:
+        return True
+    head = bytes(buf[:end])
+    if _CHUNKED.search(head):
+        return buf.endswith(b"0\r\n\r\n")
+    m = _CONTENT_LENGTH.search(head)
+    return have >= (int(m.group(1)) if m else 0)
+
+
+class _DeadlineSocket:
+    """The connection as gunicorn's parser reads it: every recv() bounded by the request's
+    deadline; the socket keeps a full ``client_timeout`` for the answer's writes."""
+
+    def __init__(self, sock: socket.socket, conn: "DeadlineConn") -> None:
+        self._sock = sock
+        self._conn = conn
+
+    def recv(self, n: int) -> bytes:
+        left = self._conn.deadline - time.monotonic()
+        if left <= 0:
+            raise ClientTooSlow()
+        self._sock.settimeout(left)
+        try:
+            return self._sock.recv(n)
+        except socket.timeout:
+            raise ClientTooSlow() from None
+        finally:
+            try:
+                self._sock.settimeout(client_timeout())
+            except OSError:
+                pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class DeadlineConn(TConn):
+    """A gthread connection read ahead without a thread, then read with a deadline."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deadline = float("inf")      # of the request being read (None between requests)
+        self.started: float | None = None
+        self.ahead = bytearray()          # read ahead, not yet given to the parser
+        self.tls: ssl.SSLSocket | None = None   # after a handshake done without a thread
+
+    def init(self) -> None:
+        if self.initialized:
+            return
+        if self.tls is not None:
+            self.initialized = True
+            self.sock = self.tls
+            self.sock.setblocking(True)
+            self.parser = get_parser(self.cfg, self.sock, self.client)
+        else:
+            super().init()
+        unreader = getattr(self.parser, "unreader", None)
+        if isinstance(unreader, SocketUnreader) and not isinstance(unreader.sock, _DeadlineSocket):
+            unreader.sock = _DeadlineSocket(unreader.sock, self)
+
+    def read_ahead(self) -> str:
+        """Read what has arrived, without blocking: MORE (wait for the poller), COMPLETE (a thread
+        may take it now) or CLOSE (past its deadline, or the client went away)."""
+        now = time.monotonic()
+        if self.started is None:
+            self.started = now
+            self.deadline = now + client_timeout()
+        if now >= self.deadline:
+            return CLOSE
+        if self.parser is not None:  # a kept-alive connection: what the parser holds comes first
+            self.ahead[:0] = self.parser.unreader.take_buffered()
+        src: Any = self.sock
+        if self.cfg.is_ssl and not self.initialized:
+            if self.tls is None:
+                self.sock.setblocking(False)
+                try:
+                    # wrapping detaches the plain socket: from here on the connection is this one
+                    self.sock = self.tls = gsock.ssl_wrap_socket(self.sock, self.cfg)
+                except (OSError, ValueError):
+                    return CLOSE
+            try:
+                self.tls.do_handshake()
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return MORE
+            except (ssl.SSLError, OSError) as exc:
+                log.info("TLS handshake with %s failed: %s", self.client, exc)
+                return CLOSE
+            src = self.tls
+        src.setblocking(False)
+        try:
+            while len(self.ahead) < HEAD_MAX + PREFETCH_BODY:
+                data = src.recv(HEAD_MAX + PREFETCH_BODY - len(self.ahead))
+                if not data:  # the client closed its side: the parser sees what there is
+                    return COMPLETE if self.ahead else CLOSE
+                self.ahead += data
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            pass
+        except (ssl.SSLError, OSError):
+            return CLOSE
+        return COMPLETE if self.ahead and request_is_complete(self.ahead) else MORE
+
+    def refuse_late(self) -> None:
+        """Tell a client that sent a request head but not the rest in time why it is cut off
+        (best effort: one non-blocking send)."""
+        if b"\r\n\r\n" not in self.ahead:
+            return
+        msg = f'{{"Error": "{ClientTooSlow().strerror}"}}'.encode()
+        answer = (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                  b"Content-Length: " + str(len(msg)).encode() + b"\r\n\r\n" + msg)
+        try:
+            (self.tls or self.sock).setblocking(False)
+            (self.tls or self.sock).send(answer)
+        except (OSError, ValueError):
+            pass
+
+    def hand_over(self) -> None:
+        """Give what was read ahead to the parser (the thread reads the rest, before the deadline)."""
+        self.sock.setblocking(True)
+        self.init()
+        if self.ahead:
+            self.parser.unreader.unread(bytes(self.ahead))
+            self.ahead = bytearray()
+        self.data_ready = True
+
+
+class GuardedWorker(ThreadWorker):
+    """gunicorn's ``gthread`` worker that gives a request a thread only once it has arrived, and
+    then a deadline (see the module docstring)."""
+
+    def accept(self, listener: socket.socket) -> None:
+        try:
+            client_sock, client_addr = listener.accept()
+            self.nr_conns += 1
+            client_sock.setblocking(True)
+            self.enqueue_req(DeadlineConn(self.cfg, client_sock, client_addr, listener.getsockname()))
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
+                raise
+
+    def handle(self, conn: DeadlineConn):  # type: ignore[override]
+        state = conn.read_ahead()
+        if state == MORE:
+            return _DEFER  # back to the poller, holding no thread
+        if state == CLOSE:
+            return False
+        try:
+            conn.hand_over()
+        except (OSError, ValueError):
+            return False
+        try:
+            return super().handle(conn)
+        finally:
+            conn.started = None  # the next request on this connection gets its own deadline
+
+    def murder_pending(self) -> None:
+        """Also close connections waiting for the rest of a request past its deadline."""
+        super().murder_pending()
+        now = time.monotonic()
+        late = [c for c in self.pending_conns if c.started is not None and now >= c.deadline]
+        for conn in late:
+            self.pending_conns.remove(conn)
+            conn.refuse_late()
+            try:
+                self.poller.unregister(conn.sock)
+            except (OSError, KeyError, ValueError):
+                pass
+            self.nr_conns -= 1
+            conn.close()
+
+
+WORKER_CLASS = f"{__name__}.GuardedWorker"
+
+
+# ------------------------------------------------------------------------- the big-body lane
+class BigBodyLane:
+    """One big body at a time across every process that shares this lane.
+
+    An unlinked temporary file held open by the creator; each acquisition opens it anew through
+    ``/proc/self/fd`` (a new open file description) and ``flock``s that, so threads and forked
+    processes exclude each other alike, and nothing is left on disk."""
+
+    def __init__(self) -> None:
+        fd, path = tempfile.mkstemp(prefix="stowage-lane-")
+        os.unlink(path)
+        self.fd = fd
+
+    def acquire(self, deadline: float) -> int | None:
+        """An fd holding the lane (give it to :meth:`release`), or None at the deadline."""
+        fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return None
+                time.sleep(0.005)
+
+    @staticmethod
+    def release(fd: int | None) -> None:
+        if fd is not None:
+            os.close(fd)  # closing the description releases its lock
+
+
+# ----------------------------------------------------------------------------- the body
+@dataclass
+class Refusal:
+    """Why a body was not read: HTTP status, message, the metrics outcome."""
+
+    status: int
+    message: str
+    outcome: str
+
+
+def refusal_reply(verb: str | None, refusal: Refusal) -> Reply:
+    """The answer to a request whose body was not read whole: its status (408, 400, 503) with
+    ``Error`` saying why, for every verb (``Error`` is the field kube-scheduler reads in a bind
+    answer too)."""
+    return json_reply({"Error": refusal.message}, refusal.status, refusal.outcome)
+
+
+class BodyReader:
+    """Reads request bodies within the bounds above (one per app / per split-layout worker)."""
+
+    def __init__(self, limit: int, lane: BigBodyLane | None = None) -> None:
+        self.limit = limit
+        self.lane = lane if lane is not None else BigBodyLane()
+
+    def read(self, environ: dict[str, Any]) -> tuple[bytes | Refusal, int | None]:
+        """``(body or refusal, lane)``: release ``lane`` (:meth:`done`) once the answer is made."""
+        length = environ.get("CONTENT_LENGTH") or ""
+        stream = environ["wsgi.input"]
+        known = length.isdigit() and "HTTP_TRANSFER_ENCODING" not in environ
+        n = int(length) if known else -1
+        if known and n > self.limit:
+            return self.too_large(), None
+        held = None
+        if not known or n > SMALL_BODY:
+            held = self.lane.acquire(time.monotonic() + client_timeout())
+            if held is None:
+                return Refusal(503, "the extender is busy reading another large request body; retry",
+                               "busy"), None
+        try:
+            if known:
+                body = self._read_known(stream, n)
+            else:
+                body = self._read_chunked(stream)
+        except ClientTooSlow as exc:
+            log.info("%s %s: %s", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"), exc)
+            body = Refusal(408, str(exc), "timeout")
+        except socket.timeout:
+            body = Refusal(408, str(ClientTooSlow()), "timeout")
+        except (http_errors.ParseException, http_errors.NoMoreData, ValueError) as exc:
+            body = Refusal(400, f"malformed chunked request body: {type(exc).__name__}: {exc}", "bad_request")
+        if isinstance(body, Refusal):
+            self.done(held)
+            held = None
+        return body, held
+
+    @staticmethod
+    def done(held: int | None) -> None:
+        BigBodyLane.release(held)
+
+    def too_large(self) -> Refusal:
+        return Refusal(413, f"request body larger than {self.limit} bytes (raise the extender's --max-body-mib)",
+                       "too_large")
+
+    @staticmethod
+    def _read_known(stream: Any, n: int) -> bytes:
+        if n <= READ_STEP:
+            return stream.read(n) if n else b""
+        parts, got = [], 0
+        while got < n:
+            part = stream.read(min(READ_STEP, n - got))
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        return b"".join(parts)
+
+    def _read_chunked(self, stream: Any) -> bytes | Refusal:
+        parts, got = [], 0
+        while True:
+            part = stream.read(READ_STEP)
+            if not part:
+                return b"".join(parts)
+            got += len(part)
+            if got > self.limit:  # stop here: the rest is never read
+                return self.too_large()
+            parts.append(part)

@@ -1,0 +1,178 @@
+"""Issue 12, item 5 ("exhaustion"), over real sockets against the real gunicorn server in both
+serving layouts: a client that stops half-way through a request times out without blocking the
+others; a malformed chunked body is a 400; the memory that request bodies take is bounded in
+bytes however many arrive at once."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+import requests
+import yaml
+
+from extender_harness import start_process
+
+CLUSTER = {"nodes": [{"name": "node-b", "gpus": {"model": "Tesla T4", "count": 4, "memory": "16Gi"}}]}
+POD = {"metadata": {"name": "p", "namespace": "default", "uid": "uid-1"},
+       "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+FILTER = orjson.dumps({"Pod": POD, "NodeNames": ["node-b"]})
+THREADS = 2
+
+
+def _start(tmp_path: Path, workers: int, *args: str, threads: int = THREADS):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(CLUSTER))
+    return start_process(str(path), str(tmp_path), "--workers", str(workers), *args, threads=threads)
+
+
+def _port(proc) -> int:
+    return int(proc.url.rsplit(":", 1)[1])
+
+
+def _read_all(s: socket.socket, limit_s: float) -> bytes:
+    """What the server sends until it closes the connection (fails the test after ``limit_s``)."""
+    s.settimeout(limit_s)
+    data = b""
+    try:
+        while chunk := s.recv(65536):
+            data += chunk
+    except socket.timeout:
+        raise AssertionError(f"the server kept a stalled connection open for {limit_s:.0f}s; got {data[:200]!r}")
+    except ConnectionResetError:
+        pass
+    return data
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "split"])
+def test_stalled_clients_time_out_and_others_are_served(tmp_path, workers):
+    proc, http = _start(tmp_path, workers, "--client-timeout", "20")
+    stalled: list[tuple[str, socket.socket]] = []
+    try:
+        port = _port(proc)
+        # Four times as many stalled clients as there are request threads in all workers: half send
+        # a Content-Length and part of the body, half stop in the middle of the headers.
+        for i in range(4 * THREADS * workers):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            if i % 2:
+                s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 100000\r\n\r\n{\"Pod\":")
+                stalled.append(("body", s))
+            else:
+                s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Le")
+                stalled.append(("headers", s))
+        time.sleep(1.0)  # every one of them has reached a request thread by now
+        # A well-behaved client is answered (the liveness bound is generous: not a speed test).
+        r = requests.post(proc.url + "/filter", data=FILTER, timeout=60)
+        assert r.status_code == 200 and r.json()["NodeNames"] == ["node-b"]
+        # ... without waiting for the stalled ones to be cut off: they are all still open.
+        for _, s in stalled:
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)
+            s.setblocking(True)
+        for kind, s in stalled:
+            data = _read_all(s, 60)
+            if kind == "body":  # it had a request: it gets an answer that says why
+                assert data.startswith(b"HTTP/1.1 408 "), data[:300]
+                assert b"did not send its request in time" in data
+        assert proc.proc.poll() is None
+    finally:
+        for _, s in stalled:
+            s.close()
+        http.close()
+        proc.stop()
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "split"])
+def test_a_malformed_chunked_body_is_a_400(tmp_path, workers):
+    proc, http = _start(tmp_path, workers)
+    try:
+        for bad in (b"zz\r\n{}\r\n0\r\n\r\n", b"2\r\n{}XX0\r\n\r\n"):  # a chunk size that is no number; no CRLF
+            with socket.create_connection(("127.0.0.1", _port(proc)), timeout=30) as s:
+                s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Transfer-Encoding: chunked\r\n\r\n" + bad)
+                data = _read_all(s, 30)
+            assert data.startswith(b"HTTP/1.1 400 "), data[:300]
+            assert b"malformed chunked request body" in data
+        assert http.post(proc.url + "/filter", data=FILTER, timeout=30).status_code == 200
+        assert "Traceback" not in Path(proc.log.name).read_text()
+    finally:
+        http.close()
+        proc.stop()
+
+
+def _tree_kib(pid: int, field: str = "VmHWM") -> int:
+    """The sum of ``field`` (VmHWM: peak resident set; VmRSS: now) over ``pid`` and its descendants."""
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        try:
+            for t in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (t / "children").read_text().split()]
+        except FileNotFoundError:
+            pass
+    total = 0
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith(field + ":"):
+                    total += int(line.split()[1])
+        except FileNotFoundError:
+            pass
+    return total
+
+
+BIG_MIB = 32
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "split"])
+def test_concurrent_big_bodies_take_bounded_memory(tmp_path, workers):
+    """Eight clients send a 32 MiB body each at once (four with a length, four chunked). Without a
+    bound, each is read and decoded at the same time (several times 32 MiB each); with it, the
+    extender as a whole holds about one big body at a time, whatever arrives."""
+    proc, http = _start(tmp_path, workers, "--max-body-mib", "64", threads=8)
+    try:
+        before = _tree_kib(proc.proc.pid)
+        rss_before = _tree_kib(proc.proc.pid, "VmRSS")
+        rss_peak = [rss_before]
+        sending = threading.Event()
+
+        def sample() -> None:
+            while not sending.wait(0.005):
+                rss_peak[0] = max(rss_peak[0], _tree_kib(proc.proc.pid, "VmRSS"))
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        pad = b"a" * (BIG_MIB << 20)
+        body = b'{"Pod":' + orjson.dumps(POD) + b',"NodeNames":["node-b"],"Pad":"' + pad + b'"}'
+        answers: list[int] = []
+
+        def send(i: int) -> None:
+            data = body if i % 2 else iter([body[j:j + (1 << 20)] for j in range(0, len(body), 1 << 20)])
+            r = requests.post(proc.url + "/filter", data=data, timeout=120)
+            answers.append(r.status_code)
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        sending.set()
+        sampler.join(30)
+        assert sorted(answers) and set(answers) <= {200, 503}, answers
+        assert answers.count(200) >= 1
+        hwm_mib = (_tree_kib(proc.proc.pid) - before) / 1024
+        rss_mib = (rss_peak[0] - rss_before) / 1024
+        print(f"8 concurrent {BIG_MIB} MiB bodies, {workers} worker(s): resident set of the extender's processes "
+              f"grew by at most {rss_mib:.0f} MiB at once (sampled), sum of per-process peaks +{hwm_mib:.0f} MiB; "
+              f"answers {sorted(answers)}")
+        # About one big body at a time (read, joined, relayed, decoded): 8 at once before.
+        assert rss_mib < 5 * BIG_MIB, f"{rss_mib:.0f} MiB"
+        assert http.post(proc.url + "/filter", data=FILTER, timeout=30).status_code == 200
+    finally:
+        http.close()
+        proc.stop()
