@@ -15,6 +15,7 @@ from flask import Blueprint, Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from .gate import GatedVerbs
 from .intake import BigBodyLane, BodyReader, Refusal, refusal_reply
 from .service import ExtenderService
 from .verbs import Metrics, Reply, Verbs, verb_prefix
@@ -45,10 +46,12 @@ def create_app(service: ExtenderService, *, url_prefix: str = "", ready: ReadyFn
     # other route's body read through werkzeug (413 via the handler below).
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes + 1
     metrics = Metrics(service)
-    verbs = Verbs(service, metrics, max_body_bytes)
+    ready_fn: ReadyFn = ready or (lambda: (True, "ready"))
+    # Every verb asks ready_fn first: no decision from a model that is not complete and current
+    # (extender.gate). The split layout's decision process serves these very verbs.
+    verbs = GatedVerbs(Verbs(service, metrics, max_body_bytes), ready_fn)
     app.extensions["stowage"] = {"service": service, "metrics": metrics, "names_memo": verbs.names_memo,
                                  "verbs": verbs}
-    ready_fn: ReadyFn = ready or (lambda: (True, "ready"))
     prefix = verb_prefix(url_prefix)
     bp = Blueprint("extender", __name__, url_prefix=prefix or None)
 

@@ -240,8 +240,8 @@ class KubeFeeder:
             return False, "the Kubernetes feed is stopped"
         if t_dead:
             return False, f"{', '.join(t_dead)} watch thread stopped"
-        return True, (f"in sync with the API server: {len(self.model.node_names())} nodes, "
-                      f"{len(self.model.allocations)} GPU pods")
+        # (Asked before every verb too: counts only, nothing copied.)
+        return True, f"in sync with the API server: {len(self.model.index)} nodes, {len(self.model.allocations)} GPU pods"
 
     def status(self) -> dict[str, Any]:
         """Counters for /metrics and ``stowage inspect``."""
