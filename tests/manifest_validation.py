@@ -71,7 +71,12 @@ BUILTIN_GROUPS: dict[str, str] = {
     "Role": "rbac.authorization.k8s.io", "RoleBinding": "rbac.authorization.k8s.io",
     "PriorityClass": "scheduling.k8s.io", "RuntimeClass": "node.k8s.io",
     "NetworkPolicy": "networking.k8s.io", "PodDisruptionBudget": "policy",
+    "ValidatingAdmissionPolicy": "admissionregistration.k8s.io",
+    "ValidatingAdmissionPolicyBinding": "admissionregistration.k8s.io",
 }
+# Beta versions whose fields the GA version kept unchanged, checked against the GA models (the
+# client has only those): ValidatingAdmissionPolicy v1beta1 (Kubernetes 1.28-1.29) = v1 (1.30).
+SAME_FIELDS_AS = {("admissionregistration.k8s.io", "v1beta1"): "v1"}
 
 # Fields the client types as `str` that the API server accepts as numbers too (resource.Quantity).
 QUANTITY_FIELDS = {
@@ -119,6 +124,7 @@ def model_class(api_version: str, kind: str) -> type | None:
     group, version = split_api_version(api_version)
     if BUILTIN_GROUPS.get(kind) != group or not version:
         return None
+    version = SAME_FIELDS_AS.get((group, version), version)
     return getattr(k8s, version[0].upper() + version[1:] + kind, None)
 
 

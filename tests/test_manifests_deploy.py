@@ -102,7 +102,8 @@ def test_kustomize_build_renders_valid_objects_with_the_generated_config():
 
 def test_everything_but_one_rolebinding_lives_in_our_namespace():
     for d in installed_docs():
-        if d.kind in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+        if d.kind in ("Namespace", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                      "ValidatingAdmissionPolicyBinding"):
             assert "namespace" not in d.body["metadata"], f"{d.where}: cluster-scoped object with a namespace"
             continue
         ns = d.body["metadata"].get("namespace")
@@ -197,15 +198,35 @@ def test_extender_role_is_exactly_what_the_extender_does():
         ("", "nodes"): {"get", "list", "watch"},              # inventory annotation, GFD labels, allocatable
         ("", "pods"): {"get", "list", "watch", "patch"},      # allocations; record the card choice at bind
         ("", "pods/binding"): {"create"},                     # the Binding itself
-        ("", "events"): {"create"},                           # why a pod waits (docs/kube.md)
     }
-    # ...and the scheduler pod's service account (the extender runs there) holds it.
-    assert _grants("stowage-scheduler")[("", "pods")] >= {"patch"}
+    # ...held by the extender's own account, not by kube-scheduler's (the pod's): issue 12 item 7.
+    assert _grants("stowage-extender") == granted
+    assert ("", "pods") not in _grants("stowage-scheduler")
 
 
-def test_exporter_may_only_read_nodes():
-    grants = _grants("stowage-exporter")
-    assert grants == {("", "nodes"): {"get"}}
+def test_exporter_holds_no_grants_and_no_token():
+    assert _grants("stowage-exporter") == {}
+    assert one("rbac.yaml", "ServiceAccount", "stowage-exporter")["automountServiceAccountToken"] is False
+    pod = one("exporter.yaml", "DaemonSet", "stowage-exporter")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_device_plugin_role_is_what_it_calls():
+    assert _grants("stowage-device-plugin") == {("", "nodes"): {"patch"}, ("", "pods"): {"list", "patch"}}
+
+
+def test_each_scheduler_pod_container_holds_only_its_own_account():
+    pod = scheduler_deployment()["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "stowage-scheduler" and pod["automountServiceAccountToken"] is False
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {c["name"]: {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])} for c in pod["containers"]}
+    path = "/var/run/secrets/kubernetes.io/serviceaccount"
+    sched_vol = volumes[mounts["kube-scheduler"][path]]
+    assert any("serviceAccountToken" in src for src in sched_vol["projected"]["sources"])
+    ext_vol = volumes[mounts["extender"][path]]
+    secret = one("rbac.yaml", "Secret", ext_vol["secret"]["secretName"])
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    assert secret["metadata"]["annotations"]["kubernetes.io/service-account.name"] == "stowage-extender"
 
 
 def test_leader_election_lease_is_granted_where_the_config_puts_it():
@@ -228,7 +249,7 @@ def test_scheduler_service_account_gets_the_builtin_scheduler_roles():
              if d.kind in ("RoleBinding", "ClusterRoleBinding")
              and any(s["name"] == "stowage-scheduler" for s in d.body["subjects"])}
     assert {"system:kube-scheduler", "system:volume-scheduler",
-            "extension-apiserver-authentication-reader", "stowage-extender"} <= bound
+            "extension-apiserver-authentication-reader"} <= bound and "stowage-extender" not in bound
 
 
 def test_pods_run_under_service_accounts_that_exist():

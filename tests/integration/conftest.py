@@ -54,3 +54,17 @@ def pool(request: pytest.FixtureRequest, k8s: LocalK8s) -> Iterator["Pool"]:
         yield p
     finally:
         p.cleanup()
+
+
+@pytest.fixture(scope="session")
+def rbac_k8s() -> Iterator[LocalK8s]:
+    """A second control plane, started on first use: RBAC authorization, the ServiceAccount
+    admission plugin and the ValidatingAdmissionPolicy API (v1beta1) on (``local-k8s up --rbac``),
+    at port base + 100. What scheduler-config/ needs as a whole (admission-policy.yaml)."""
+    require_control_plane()
+    port = _port_base() + 100
+    cluster = LocalK8s(new_cluster_dir(port), port, rbac=True).up()
+    try:
+        yield cluster
+    finally:
+        cluster.down()

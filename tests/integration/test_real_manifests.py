@@ -143,7 +143,11 @@ def accepted(r: subprocess.CompletedProcess) -> None:
     assert "(server dry run)" in r.stdout, r.stdout
 
 
-def test_kustomization_is_accepted_by_the_api_server(api: LocalK8s) -> None:
+def test_kustomization_is_accepted_by_the_api_server(rbac_k8s: LocalK8s) -> None:
+    # The kustomization includes admission-policy.yaml (ValidatingAdmissionPolicy v1beta1), which
+    # Kubernetes 1.28 serves only with the API switched on: the --rbac control plane.
+    api = rbac_k8s
+    ensure_namespace(api, "stowage-system")
     r = dry_run(api, "-k", str(CONFIG))
     accepted(r)
     # every object of the kustomization went through the server (not one skipped)

@@ -1,0 +1,244 @@
+"""Issue 12, items 1 and 7, on the real kube-apiserver v1.28.7 with RBAC and the
+ValidatingAdmissionPolicy API switched on (``local-k8s up --rbac``): the shipped manifests
+(``kubectl apply -k scheduler-config/``) make allocation records writable by Stowage alone, limit
+what Stowage's own writes may change, and grant each component only what it uses. The extender
+then schedules a pod with the real kube-scheduler under its own service account."""
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from realk8s import REPO, ExtenderProc, LocalK8s, fake_gpu_node, scheduler_config_for_test, wait_until
+from stowage.inventory import Card
+
+NS = "stowage-system"
+ALLOC = "stowage.io/allocation"
+INVENTORY = "stowage.io/gpu-inventory"
+RECORD = '{"cards":[{"coreMilli":1000,"index":0,"memoryMiB":81920,"uuid":"GPU-0"}],"node":"%s","version":1,"whole":true}'
+
+
+@pytest.fixture(scope="module")
+def policy_k8s(rbac_k8s: LocalK8s) -> LocalK8s:
+    """The --rbac control plane with scheduler-config/ applied for real, and a pod author."""
+    k8s = rbac_k8s
+    k8s.kubectl("apply", "-k", str(REPO / "scheduler-config"))
+    for ns in ("team-a",):
+        k8s.kubectl("create", "namespace", ns, check=False)
+        k8s.kubectl("create", "serviceaccount", "default", "-n", ns, check=False)
+    # A pod author: may do anything with pods in team-a (as namespace admins usually can).
+    k8s.kubectl("create", "serviceaccount", "author", "-n", "team-a", check=False)
+    k8s.kubectl("create", "role", "pod-author", "-n", "team-a", "--verb=*", "--resource=pods", check=False)
+    k8s.kubectl("create", "rolebinding", "pod-author", "-n", "team-a", "--role=pod-author",
+                "--serviceaccount=team-a:author", check=False)
+    return k8s
+
+
+class As:
+    """kubectl as a service account (its token from the TokenRequest API)."""
+
+    def __init__(self, k8s: LocalK8s, sa: str, namespace: str) -> None:
+        self.k8s = k8s
+        self.token = k8s.token(sa, namespace)
+        self.user = f"system:serviceaccount:{namespace}:{sa}"
+
+    def kubectl(self, *args: str, input: str | None = None):
+        return self.k8s.kubectl("--token", self.token, *args, input=input, check=False)
+
+    def core(self, tmp: Path):
+        """The Python client as this account (what our components use; no GET before a PATCH)."""
+        import kubernetes
+        cfg = self.kubeconfig(tmp / f"{self.user.rsplit(':', 1)[1]}.kubeconfig")
+        return kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(config_file=str(cfg)))
+
+    def kubeconfig(self, path: Path) -> Path:
+        cfg = yaml.safe_load(self.k8s.kubeconfig.read_text())
+        cfg["users"] = [{"name": "admin", "user": {"token": self.token}}]
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+
+def _pod(name: str, annotations: dict | None = None, node: str | None = None, gpus: int = 1,
+         scheduler: str = "default-scheduler") -> str:
+    spec = {"schedulerName": scheduler, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9",
+                                                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}
+    if node:
+        spec["nodeName"] = node
+    return json.dumps({"apiVersion": "v1", "kind": "Pod",
+                       "metadata": {"name": name, "annotations": annotations or {}}, "spec": spec})
+
+
+def _denied(r, *words: str) -> None:
+    assert r.returncode != 0, f"allowed: {r.stdout}"
+    for w in words:
+        assert w in r.stderr, r.stderr
+
+
+def _ok(r) -> None:
+    assert r.returncode == 0, r.stderr
+
+
+def test_pod_authors_cannot_write_allocation_records(policy_k8s: LocalK8s) -> None:
+    author = As(policy_k8s, "author", "team-a")
+    extender = As(policy_k8s, "stowage-extender", NS)
+    name = f"p-{uuid.uuid4().hex[:6]}"
+    # create with a forged record: denied, with the reason
+    _denied(author.kubectl("create", "-n", "team-a", "-f", "-", input=_pod(name, {ALLOC: RECORD % "n1"})),
+            "stowage-allocation-record", "cannot be created with it")
+    _ok(author.kubectl("create", "-n", "team-a", "-f", "-", input=_pod(name)))
+    # add one later: denied (merge patch, and a full update)
+    patch = json.dumps({"metadata": {"annotations": {ALLOC: RECORD % "n1"}}})
+    _denied(author.kubectl("patch", "pod", name, "-n", "team-a", "--type=merge", "-p", patch),
+            "only the Stowage extender may set, change or remove stowage.io/allocation")
+    _denied(author.kubectl("annotate", "pod", name, "-n", "team-a", f"{ALLOC}={RECORD % 'n1'}"), "Stowage extender")
+    # the extender writes it
+    _ok(extender.kubectl("patch", "pod", name, "-n", "team-a", "--type=merge", "-p", patch))
+    # the author can neither change it nor remove it, but may change anything else of theirs
+    _denied(author.kubectl("annotate", "--overwrite", "pod", name, "-n", "team-a", f"{ALLOC}={RECORD % 'n2'}"),
+            "Stowage extender")
+    _denied(author.kubectl("annotate", "pod", name, "-n", "team-a", f"{ALLOC}-"), "Stowage extender")
+    _ok(author.kubectl("annotate", "pod", name, "-n", "team-a", "team.example/owner=alice"))
+    _ok(author.kubectl("label", "pod", name, "-n", "team-a", "tier=gpu"))
+    got = json.loads(policy_k8s.kubectl("get", "pod", name, "-n", "team-a", "-o", "json").stdout)
+    assert got["metadata"]["annotations"][ALLOC] == RECORD % "n1"
+    # cluster admins are held to it too (the admin user of local-k8s is in system:masters)
+    r = policy_k8s.kubectl("annotate", "--overwrite", "pod", name, "-n", "team-a", f"{ALLOC}={RECORD % 'n3'}",
+                         check=False)
+    _denied(r, "Stowage extender")
+
+
+def test_the_extender_may_change_the_record_and_nothing_else(policy_k8s: LocalK8s) -> None:
+    extender = As(policy_k8s, "stowage-extender", NS)
+    name = f"q-{uuid.uuid4().hex[:6]}"
+    _ok(policy_k8s.kubectl("create", "-n", "team-a", "-f", "-", input=_pod(name, {"team.example/owner": "bob"}),
+                         check=False))
+    rec = json.dumps({"metadata": {"annotations": {ALLOC: RECORD % "n1"}}})
+    _ok(extender.kubectl("patch", "pod", name, "-n", "team-a", "--type=merge", "-p", rec))
+    for patch in ({"metadata": {"labels": {"x": "y"}}},
+                  {"metadata": {"annotations": {"team.example/owner": "mallory"}}},
+                  {"metadata": {"annotations": {"team.example/owner": None}}},
+                  {"metadata": {"annotations": {"other": "x", ALLOC: RECORD % "n2"}}},
+                  {"spec": {"activeDeadlineSeconds": 5}}):
+        _denied(extender.kubectl("patch", "pod", name, "-n", "team-a", "--type=merge", "-p", json.dumps(patch)),
+                "stowage-extender-pod-writes")
+    # The roll-back JSON patch the binder uses (test the uid and the record, then remove it): allowed.
+    uid = json.loads(policy_k8s.kubectl("get", "pod", name, "-n", "team-a", "-o", "json").stdout)["metadata"]["uid"]
+    ops = [{"op": "test", "path": "/metadata/uid", "value": uid},
+           {"op": "test", "path": "/metadata/annotations/stowage.io~1allocation", "value": RECORD % "n1"},
+           {"op": "remove", "path": "/metadata/annotations/stowage.io~1allocation"}]
+    _ok(extender.kubectl("patch", "pod", name, "-n", "team-a", "--type=json", "-p", json.dumps(ops)))
+    # RBAC: what it does, and nothing more.
+    def can(*args: str) -> bool:
+        return extender.kubectl("auth", "can-i", *args).stdout.strip() == "yes"
+    assert can("list", "pods", "-A") and can("watch", "nodes") and can("create", "pods", "--subresource=binding", "-n", "team-a")
+    assert not can("create", "pods", "-n", "team-a") and not can("delete", "pods", "-n", "team-a")
+    assert not can("patch", "nodes") and not can("get", "secrets", "-n", NS) and not can("create", "events")
+    assert not can("update", "pods", "--subresource=status", "-n", "team-a")
+
+
+def test_the_device_plugin_may_change_only_its_two_annotations(policy_k8s: LocalK8s, tmp_path: Path) -> None:
+    dp = As(policy_k8s, "stowage-device-plugin", NS)
+    node = f"dp-node-{uuid.uuid4().hex[:6]}"
+    fake_gpu_node(policy_k8s, node, [Card(index=0, uuid="GPU-0", model="NVIDIA A100-SXM4-80GB", memory_mib=81920)])
+    import kubernetes
+    core = dp.core(tmp_path)
+
+    def patch_node(body: dict) -> str:
+        """What the device plugin does (kubectl would GET first, which it may not): '' or the refusal."""
+        try:
+            core.patch_node(node, body, _content_type="application/merge-patch+json")
+            return ""
+        except kubernetes.client.ApiException as exc:
+            assert exc.status in (403, 422), exc
+            return str(exc.body)
+    assert patch_node({"metadata": {"annotations": {INVENTORY: '{"version":1,"cards":[]}'}}}) == ""
+    for body in ({"metadata": {"labels": {"evil": "1"}}}, {"metadata": {"annotations": {"other": "1"}}},
+                 {"spec": {"unschedulable": True}}):
+        assert "stowage-device-plugin-writes" in patch_node(body), body
+    bound, unbound = f"b-{uuid.uuid4().hex[:6]}", f"u-{uuid.uuid4().hex[:6]}"
+    _ok(policy_k8s.kubectl("create", "-n", "team-a", "-f", "-", input=_pod(bound, node=node), check=False))
+    _ok(policy_k8s.kubectl("create", "-n", "team-a", "-f", "-", input=_pod(unbound), check=False))
+    def patch_pod(pod: str, body: dict) -> str:
+        try:
+            core.patch_namespaced_pod(pod, "team-a", body, _content_type="application/merge-patch+json")
+            return ""
+        except kubernetes.client.ApiException as exc:
+            assert exc.status in (403, 422), exc
+            return str(exc.body)
+    fix = {"metadata": {"annotations": {ALLOC: RECORD % node}}}
+    assert patch_pod(bound, fix) == ""
+    assert "bound to a node" in patch_pod(unbound, fix)
+    assert "must name that node" in patch_pod(bound, {"metadata": {"annotations": {ALLOC: RECORD % "elsewhere"}}})
+    assert "stowage-device-plugin-writes" in patch_pod(bound, {"metadata": {"labels": {"x": "y"}}})
+    def can(*args: str) -> bool:
+        return dp.kubectl("auth", "can-i", *args).stdout.strip() == "yes"
+    assert can("list", "pods", "-A") and can("patch", "nodes") and can("patch", "pods", "-n", "team-a")
+    assert not can("get", "secrets", "-n", NS) and not can("delete", "pods", "-n", "team-a")
+    assert not can("watch", "pods", "-A") and not can("update", "nodes", "--subresource=status")
+
+
+def test_exporter_and_kube_scheduler_accounts_hold_no_stowage_writes(policy_k8s: LocalK8s) -> None:
+    exporter = As(policy_k8s, "stowage-exporter", NS)
+    assert exporter.kubectl("auth", "can-i", "get", "nodes").stdout.strip() == "no"
+    sched = As(policy_k8s, "stowage-scheduler", NS)
+    # kube-scheduler's account (the pod's) cannot write allocation records: it has no pods patch.
+    assert sched.kubectl("auth", "can-i", "patch", "pods", "-n", "team-a").stdout.strip() == "no"
+    assert sched.kubectl("auth", "can-i", "create", "pods", "--subresource=binding", "-n", "team-a").stdout.strip() == "yes"
+
+
+def test_server_side_dry_run_of_the_manifests(policy_k8s: LocalK8s) -> None:
+    r = policy_k8s.kubectl("apply", "--dry-run=server", "-k", str(REPO / "scheduler-config"))
+    assert "validatingadmissionpolicy.admissionregistration.k8s.io/stowage-allocation-record" in r.stdout
+
+
+def test_the_extender_schedules_under_its_own_account(policy_k8s: LocalK8s, tmp_path: Path) -> None:
+    """kube-scheduler + the extender running as stowage-extender: RBAC and the policies let it do
+    its whole job (list/watch, record, bind)."""
+    extender = As(policy_k8s, "stowage-extender", NS)
+    node = f"gpu-{uuid.uuid4().hex[:6]}"
+    fake_gpu_node(policy_k8s, node, [Card(index=i, uuid=f"GPU-{node}-{i}", model="NVIDIA A100-SXM4-80GB",
+                                        memory_mib=81920) for i in range(2)])
+    kcfg = extender.kubeconfig(tmp_path / "extender.kubeconfig")
+    proc = _ExtenderAs(policy_k8s, kcfg, name="extender-rbac")
+    proc.start()
+    try:
+        policy_k8s.start_scheduler(scheduler_config_for_test(proc.url), name="kube-scheduler-rbac")
+        name = f"s-{uuid.uuid4().hex[:6]}"
+        _ok(policy_k8s.kubectl("create", "-n", "team-a", "-f", "-", input=_pod(name, scheduler="stowage-scheduler"),
+                             check=False))
+        pod = wait_until(lambda: (p := policy_k8s.core.read_namespaced_pod(name, "team-a")).spec.node_name and p, 60,
+                         f"{name} bound through the extender running as stowage-extender")
+        assert pod.spec.node_name == node and f'"node":"{node}"' in pod.metadata.annotations[ALLOC]
+    finally:
+        proc.stop()
+        if policy_k8s.scheduler is not None:
+            policy_k8s.scheduler.stop()
+            policy_k8s.scheduler = None
+
+
+class _ExtenderAs(ExtenderProc):
+    """The extender with another kubeconfig than the admin's."""
+
+    def __init__(self, k8s: LocalK8s, kubeconfig: Path, name: str) -> None:
+        super().__init__(k8s, name=name)
+        self._kubeconfig = kubeconfig
+
+    def start(self, wait_ready: bool = True) -> "ExtenderProc":
+        real = self.k8s
+        shim = _KubeconfigShim(real, self._kubeconfig)
+        self.k8s = shim  # type: ignore[assignment]
+        try:
+            return super().start(wait_ready)
+        finally:
+            self.k8s = real
+
+
+class _KubeconfigShim:
+    def __init__(self, k8s: LocalK8s, kubeconfig: Path) -> None:
+        self._k8s, self.kubeconfig = k8s, kubeconfig
+
+    def __getattr__(self, name: str):
+        return getattr(self._k8s, name)
