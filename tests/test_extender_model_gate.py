@@ -24,8 +24,10 @@ def _holder(node_uuids: list[str]) -> dict:
     """A running pod that holds all four cards of gpu-1 (its record, as our bind wrote it)."""
     rec = AllocationRecord(node="gpu-1", whole=True, cards=tuple(
         CardShare(index=i, uuid=u, memory_mib=81920, core_milli=1000) for i, u in enumerate(node_uuids)))
-    return make_pod("holder", gpus=4, node="gpu-1", phase="Running",
-                    annotations={ALLOCATION_ANNOTATION: encode_allocation(rec)})
+    pod = make_pod("holder", gpus=4, node="gpu-1", phase="Running",
+                   annotations={ALLOCATION_ANNOTATION: encode_allocation(rec)})
+    pod["spec"]["schedulerName"] = "stowage-scheduler"  # records count only on Stowage's pods
+    return pod
 
 
 def _wait(pred, what: str, timeout: float = 60.0):
