@@ -40,6 +40,12 @@ KEYS = ["nvidia.com/gpu", "nvidia.com/gpu-memory", "nvidia.com/gpu-core", "cpu",
         "stowage.io/min-card-memory", "stowage.io/gpu-topology", "stowage.io/allocation", "stowage.io/bogus"]
 
 
+def hostile(rng: random.Random, extra: list | None = None) -> Any:
+    """A hostile value, copied: the same list or dict inserted twice and then mutated would make
+    the body a cycle (no JSON at all)."""
+    return copy.deepcopy(rng.choice(HOSTILE + (extra or [])))
+
+
 def base_pods() -> list[dict]:
     pods = []
     if WIRE.is_dir():
@@ -87,7 +93,7 @@ def mutate_pod(rng: random.Random, pod: dict) -> Any:
         kind = rng.random()
         leaves = _leaves(pod)
         if kind < 0.45:
-            pod = _set(pod, rng.choice(leaves), rng.choice(HOSTILE))
+            pod = _set(pod, rng.choice(leaves), hostile(rng))
         elif kind < 0.7:   # a hostile request or annotation
             spec = pod.get("spec") if isinstance(pod, dict) and isinstance(pod.get("spec"), dict) else None
             meta = pod.get("metadata") if isinstance(pod, dict) and isinstance(pod.get("metadata"), dict) else None
@@ -95,7 +101,7 @@ def mutate_pod(rng: random.Random, pod: dict) -> Any:
             if key.startswith("stowage.io") and meta is not None:
                 if not isinstance(meta.get("annotations"), dict):
                     meta["annotations"] = {}
-                meta["annotations"][key] = rng.choice(HOSTILE + ["pack", "spread", "A10,A100", "80Gi", "any"])
+                meta["annotations"][key] = hostile(rng, ["pack", "spread", "A10,A100", "80Gi", "any"])
             elif spec is not None:
                 cs = spec.get("containers")
                 if isinstance(cs, list) and cs and isinstance(cs[0], dict):
@@ -103,7 +109,7 @@ def mutate_pod(rng: random.Random, pod: dict) -> Any:
                     if isinstance(res, dict):
                         lim = res.setdefault("limits", {})
                         if isinstance(lim, dict):
-                            lim[key] = rng.choice(HOSTILE + ["1", "2", "8", "20", "100"])
+                            lim[key] = hostile(rng, ["1", "2", "8", "20", "100"])
         elif kind < 0.85 and len(leaves) > 1:   # drop a key
             path = rng.choice(leaves[1:])
             parent = pod
@@ -127,8 +133,8 @@ def node_names(rng: random.Random) -> Any:
     if r < 0.7:
         return [f"ghost-{i}" for i in range(rng.choice([1, 100, 5000]))]
     if r < 0.8:
-        return [rng.choice(HOSTILE) for _ in range(rng.randint(1, 20))]
-    return rng.choice(HOSTILE)
+        return [hostile(rng) for _ in range(rng.randint(1, 20))]
+    return hostile(rng)
 
 
 def body_for(rng: random.Random, verb: str, pods: list[dict]) -> bytes:
@@ -142,11 +148,11 @@ def body_for(rng: random.Random, verb: str, pods: list[dict]) -> bytes:
                      "PodUID": rng.choice([f"fuzz-{rng.getrandbits(40):x}", "", None, [], "a" * 1000]),
                      "Node": rng.choice(NODES + ["ghost", "", None, 1])}
         if rng.random() < 0.3:
-            body = _set(body, rng.choice(_leaves(body)), rng.choice(HOSTILE))
+            body = _set(body, rng.choice(_leaves(body)), hostile(rng))
     else:
         body = {"Pod": mutate_pod(rng, rng.choice(pods)), "Nodes": None, "NodeNames": node_names(rng)}
         if rng.random() < 0.1:
-            body["Nodes"] = rng.choice(HOSTILE + [{"items": [{"metadata": {"name": rng.choice(NODES)}}]}])
+            body["Nodes"] = hostile(rng, [{"items": [{"metadata": {"name": rng.choice(NODES)}}]}])
     text = json.dumps(body, ensure_ascii=rng.random() < 0.5)
     if rng.random() < 0.05:
         text = text[: rng.randint(0, len(text))]
