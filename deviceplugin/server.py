@@ -3,7 +3,7 @@
 Order matters and follows the real kubelet (../shared/kubelet/README.md): each endpoint is
 serving on its unix socket BEFORE ``Registration.Register`` is called, because the kubelet calls
 GetDevicePluginOptions and opens ListAndWatch inside Register; the first ListAndWatch send never
-waits on anything. A watcher polls every ``poll_s`` (100 ms) for our socket vanishing or
+waits on anything. A watcher polls every ``poll_s`` (20 ms, a few stat calls) for our socket vanishing or
 ``kubelet.sock`` being re-created (a kubelet restart wipes the directory) and then serves again
 and re-registers, well within the ~1.2 s after which a restarted kubelet fails pending pods.
 """
@@ -85,7 +85,7 @@ class PluginConfig:
     probe_interval_s: float = 10.0
     event_wait_ms: int = 1000
     dev_root: str = "/dev"
-    poll_s: float = 0.1
+    poll_s: float = 0.02
     register_timeout_s: float = 5.0
     core_api: Any = None          # kubernetes CoreV1Api, or None to run without the API server
     pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET   # "" disables (in-memory fallback)
@@ -250,7 +250,14 @@ class Endpoint:
     registrations: int = 0
 
     def serve(self) -> None:
-        self.close()
+        """Serve on a fresh socket at ``path``. The old server (its socket already deleted by a
+        restarting kubelet) is stopped without waiting for its streams: a restarted kubelet
+        re-admits pods ~0.7 s after it is back, and registration must come before that."""
+        self.stop_streams.set()
+        if self.server is not None:
+            self.server.stop(grace=None)   # cancels what is left; returns at once
+            self.server = None
+        self.sock_ino = None
         if os.path.lexists(self.path):
             os.unlink(self.path)  # a stale socket of an earlier run
         self.stop_streams = threading.Event()
@@ -421,7 +428,13 @@ class DevicePlugin:
             return None
 
     def _sync(self) -> None:
-        """Serve again where our socket vanished; register where kubelet.sock is new to us."""
+        """Serve again where our socket vanished; register where kubelet.sock is new to us.
+
+        The endpoints register concurrently: each Register waits for the kubelet to call back
+        (GetDevicePluginOptions, the first ListAndWatch), and one after another they took most of
+        the ~0.7 s a restarted kubelet leaves before it re-admits pods on a loaded node.
+        """
+        due = []
         for ep in self.endpoints:
             if self._stop.is_set():
                 return
@@ -433,16 +446,28 @@ class DevicePlugin:
                 continue
             if time.monotonic() < ep.next_try and not kubelet_accepts(self.kubelet_sock):
                 continue   # backing off, and kubelet.sock is still the stale socket of a stopped kubelet
-            try:
-                ep.register(self.kubelet_sock, self.cfg.register_timeout_s)
-                ep.registered_with = kino
-                ep.next_try = 0.0
-                log.info("%s: registered with the kubelet (endpoint %s)", ep.resource, os.path.basename(ep.path))
-            except grpc.RpcError as exc:
-                ep.next_try = time.monotonic() + REGISTER_RETRY_S
-                log.warning("%s: registration failed (%s); retrying when the kubelet accepts connections, at "
-                            "the latest in %.0f s", ep.resource, exc.details() if hasattr(exc, "details") else exc,
-                            REGISTER_RETRY_S)
+            due.append((ep, kino))
+        if len(due) == 1:
+            self._register(*due[0])
+        elif due:
+            threads = [threading.Thread(target=self._register, args=d, name=f"register-{d[0].resource}")
+                       for d in due]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+    def _register(self, ep: Endpoint, kino: int) -> None:
+        try:
+            ep.register(self.kubelet_sock, self.cfg.register_timeout_s)
+            ep.registered_with = kino
+            ep.next_try = 0.0
+            log.info("%s: registered with the kubelet (endpoint %s)", ep.resource, os.path.basename(ep.path))
+        except grpc.RpcError as exc:
+            ep.next_try = time.monotonic() + REGISTER_RETRY_S
+            log.warning("%s: registration failed (%s); retrying when the kubelet accepts connections, at "
+                        "the latest in %.0f s", ep.resource, exc.details() if hasattr(exc, "details") else exc,
+                        REGISTER_RETRY_S)
 
     def _watch(self) -> None:
         while not self._stop.wait(self.cfg.poll_s):

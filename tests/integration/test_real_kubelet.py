@@ -251,21 +251,21 @@ def test_each_container_gets_exactly_its_recorded_cards(clean: GpuNode) -> None:
         assert decode_allocation(n.pod(name)["metadata"]["annotations"][ALLOCATION_ANNOTATION]) == rec
 
 
-def _kubelet_registration_server_started(k8s: LocalK8s, after: float) -> float | None:
-    """Wall time of the kubelet's "Starting device plugin registration server" line after ``after``."""
-    year = datetime.now(timezone.utc).year
+def _kubelet_lines(k8s: LocalK8s, pid: int, needle: str) -> list[float]:
+    """Wall times of the log lines of kubelet process ``pid`` that contain ``needle`` (klog's
+    header: ``I1201 13:50:20.702962   19270 file.go:79] ...``; earlier kubelets append to the same log)."""
+    out = []
     for line in k8s.kubelet_log().splitlines():
-        if "Starting device plugin registration server" not in line:
-            continue
-        m = re.match(r"I(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+)", line)
-        if not m:
-            continue
-        mo, d, h, mi, s, frac = m.groups()
-        t = datetime(year, int(mo), int(d), int(h), int(mi), int(s), int(frac[:6].ljust(6, "0")),
-                     tzinfo=timezone.utc).timestamp()
-        if t >= after - 1:
-            return t
-    return None
+        fields = line.split(None, 3)
+        if needle in line and len(fields) > 2 and fields[2] == str(pid):
+            out.append(_kubelet_log_time(line))
+    return out
+
+
+def _kubelet_registration_server_started(k8s: LocalK8s, pid: int) -> float | None:
+    """Wall time of the "Starting device plugin registration server" line of kubelet ``pid``."""
+    times = _kubelet_lines(k8s, pid, "Starting device plugin registration server")
+    return times[0] if times else None
 
 
 def test_pod_bound_while_the_kubelet_is_down_gets_its_own_card(clean: GpuNode) -> None:
@@ -318,12 +318,14 @@ def test_reregisters_within_200ms_of_the_kubelets_return(clean: GpuNode) -> None
     for p, card in zip(pending, (1, 2)):
         n.bind(p, n.record([card], whole=True))
     before = n.plugin.endpoints[0].registrations
-    t0 = n.k8s.start_kubelet_again()
+    n.k8s.start_kubelet_again()
     registered_at = wait_until(lambda: time.time() if all(
         ep.registrations > 0 and ep.registered_with == n.plugin._kubelet_ino() for ep in n.plugin.endpoints)
         and n.plugin.endpoints[0].registrations >= before else None, 20, "re-registration", interval=0.005)
-    server_at = wait_until(lambda: _kubelet_registration_server_started(n.k8s, t0), 20,
+    pid = n.k8s.kubelet_pid()
+    server_at = wait_until(lambda: _kubelet_registration_server_started(n.k8s, pid), 20,
                            "the kubelet's registration server line in its log")
+    print(f"re-registered {(registered_at - server_at) * 1000:.0f} ms after the kubelet's registration server started")
     assert registered_at - server_at <= 0.2, (f"registered {registered_at - server_at:.3f}s after the kubelet's "
                                               "registration server started")
     for name in ("pending-1", "pending-2"):
@@ -350,14 +352,12 @@ def test_kubelet_restart_reregisters_before_readmission_and_loses_no_pod(clean: 
     n.k8s.stop_kubelet()
     late = n.create_pod("bound-during-restart", [gpu_container("main", mem=3, core=20)])
     n.bind(late, n.record([3], whole=False, mem_gib=3, core_pct=20))
-    t0 = n.k8s.start_kubelet_again()
+    n.k8s.start_kubelet_again()
     registered_at = wait_until(lambda: time.time() if all(
         ep.registrations > before for ep, before in zip(n.plugin.endpoints, registrations)) else None,
         20, "re-registration after the kubelet restart", interval=0.005)
     n.wait_running("bound-during-restart")
-    readmitted = [_kubelet_log_time(line) for line in n.k8s.kubelet_log().splitlines()
-                  if '"SyncLoop ADD" source="api"' in line and NS + "/" in line]
-    readmitted = [t for t in readmitted if t >= t0 - 1]
+    readmitted = [t for t in _kubelet_lines(n.k8s, n.k8s.kubelet_pid(), '"SyncLoop ADD" source="api"')]
     assert readmitted, "no re-admission in the kubelet's log"
     assert registered_at < min(readmitted), "registered after the kubelet re-admitted the pods"
     assert n.container_env("bound-during-restart", "main")["NVIDIA_VISIBLE_DEVICES"] == n.uuid(3)
