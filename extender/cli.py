@@ -48,6 +48,7 @@ class ServeConfig:
     metrics_bind: str | None = None         # HOST:PORT serving /metrics only
     record_key_file: str | None = None      # kube mode: sign records (and honour only signed ones)
     scheduler_names: tuple[str, ...] = ()   # kube mode: honour records only on these schedulers' pods
+    stale_after_s: float = 60.0             # kube mode: a watch failing this long makes the model stale
 
 
 def parse_host_port(value: str) -> tuple[str, int]:
@@ -97,7 +98,8 @@ def _build_app(cfg: ServeConfig) -> Flask:
     api_client = load_api_client(kubeconfig=cfg.kubeconfig, in_cluster=cfg.in_cluster)
     trust = RecordTrust(key=RecordKey.load(cfg.record_key_file) if cfg.record_key_file else None,
                         memory_unit_mib=cfg.memory_unit_mib, scheduler_names=frozenset(cfg.scheduler_names) or None)
-    feeder = KubeFeeder(model, api_client, memory_unit_mib=cfg.memory_unit_mib, trust=trust)
+    feeder = KubeFeeder(model, api_client, memory_unit_mib=cfg.memory_unit_mib, trust=trust,
+                        stale_after_s=cfg.stale_after_s)
     service = ExtenderService(model, binder=KubeBinder(api_client, trust=trust), pod_source=feeder,
                               memory_unit_mib=cfg.memory_unit_mib, default_policy=cfg.default_policy)
     feeder.start()
@@ -205,6 +207,9 @@ def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str |
               show_default=True,
               help="Kube mode: the schedulerName(s) of Stowage's profile(s); records on other schedulers' pods "
                    "are not honoured. Repeat for several profiles.")
+@click.option("--stale-after", "stale_after_s", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
+              help="Kube mode: seconds a failing node or pod watch may go on before the model counts as stale: "
+                   "/readyz answers 503 and every verb refuses until the watch is back.")
 @click.option("--client-timeout", type=click.FloatRange(1, 600), default=DEFAULT_CLIENT_TIMEOUT_S, show_default=True,
               help="Seconds a client has to send a whole request (TLS handshake, head, body) once it started, "
                    "and again to take the answer; past it: 408, and the thread serves others.")
@@ -216,7 +221,8 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
           allow_unauthenticated: bool, workers: int, threads: int, url_prefix: str, simulated: str | None,
           kubeconfig: str | None, in_cluster: bool, default_node_policy: str, default_card_policy: str,
           memory_unit_mib: int, max_body_mib: int, metrics_bind: str | None, record_key_file: str | None,
-          scheduler_names: tuple[str, ...], client_timeout: float, timeout: int, log_level: str) -> None:
+          scheduler_names: tuple[str, ...], stale_after_s: float, client_timeout: float, timeout: int,
+          log_level: str) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, /healthz, /readyz, /metrics).
 
     The card model lives in ONE process (several would each hand out the same cards): the one
@@ -263,7 +269,7 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
                       default_policy=PodPolicy(node=default_node_policy, card=default_card_policy),
                       memory_unit_mib=memory_unit_mib, max_body_bytes=max_body_mib << 20,
                       metrics_bind=metrics_bind, record_key_file=record_key_file,
-                      scheduler_names=tuple(scheduler_names))
+                      scheduler_names=tuple(scheduler_names), stale_after_s=stale_after_s)
     set_client_timeout(client_timeout)  # the workers fork from this process and inherit it
     return_big_buffers_to_the_system()
     run_server(cfg, bind=bind, threads=threads, log_level=log_level, timeout=timeout, workers=workers, tls=tls)

@@ -121,3 +121,36 @@ def test_a_stale_model_refuses_and_a_raising_readiness_check_too():
         assert srv.post("/filter", {"Pod": pod, "NodeNames": ["node-a"]}).json()["NodeNames"] == ["node-a"]
         assert srv.post("/bind", bind).json() == {"Error": ""}
         assert 'stowage_extender_requests_total{outcome="not_ready",verb="bind"} 2.0' in srv.get("/metrics").text
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "split"])
+def test_a_standby_whose_watch_went_stale_refuses(tmp_path, workers):
+    """A synced extender whose pod watch then keeps failing (the API server unreachable for it,
+    say) decides nothing once the failure is older than --stale-after, and again once it recovers."""
+    with FakeKube() as kube:
+        kube.create_node(dict(node_objects(parse_cluster(CLUSTER, "test"))[0], apiVersion="v1", kind="Node"))
+        pod = kube.create_pod(make_pod("train", gpus=1))
+        proc = ExtenderProcess(None, extra_args=("--kubeconfig", kubeconfig_file(tmp_path, kube.url),
+                                                 "--workers", str(workers), "--stale-after", "2"),
+                               log_dir=str(tmp_path))
+        http = requests.Session()
+        body = {"Pod": pod, "NodeNames": ["gpu-1"]}
+        try:
+            _wait(lambda: _get(http, proc.url + "/readyz") == 200, "the extender to sync")
+            assert http.post(proc.url + "/filter", json=body, timeout=30).json()["NodeNames"] == ["gpu-1"]
+            kube.fail_next(100_000, status=503, path="^/api/v1/pods$", method="GET")
+            kube.drop_watches()
+            _wait(lambda: _get(http, proc.url + "/readyz") == 503, "the extender to call its model stale")
+            ans = http.post(proc.url + "/filter", json=body, timeout=30).json()
+            assert not ans["NodeNames"] and NOT_READY in ans["FailedNodes"]["gpu-1"]
+            assert "may be stale" in ans["FailedNodes"]["gpu-1"]
+            m = pod["metadata"]
+            bind = {"PodName": "train", "PodNamespace": "default", "PodUID": m["uid"], "Node": "gpu-1"}
+            assert "may be stale" in http.post(proc.url + "/bind", json=bind, timeout=30).json()["Error"]
+            assert "nodeName" not in kube.get_pod("default", "train")["spec"]
+            kube.clear_faults()
+            _wait(lambda: _get(http, proc.url + "/readyz") == 200, "the watch to recover")
+            assert http.post(proc.url + "/bind", json=bind, timeout=30).json() == {"Error": ""}
+        finally:
+            http.close()
+            proc.stop()
