@@ -12,6 +12,7 @@ bind), and the extender binds through the API server. Each test has its own pool
 from __future__ import annotations
 
 import re
+import time
 
 from realk8s import wait_until
 from schedbed import Pool, PodSpec, SchedBed, assert_no_overcommit, card_usage, cards, node_reasons, record_of
@@ -19,6 +20,8 @@ from schedbed import Pool, PodSpec, SchedBed, assert_no_overcommit, card_usage, 
 A100 = "NVIDIA A100-SXM4-80GB"
 NVLINK_2X4 = [[0, 1, 2, 3], [4, 5, 6, 7]]
 NUMA_2X4 = [0, 0, 0, 0, 1, 1, 1, 1]
+BACKOFF_PAST_S = 2.5  # longer than kube-scheduler's back-off after a pod's first two attempts (1 s, 2 s)
+WAKE_S = 10           # a requeued pod is retried at once; without a requeue it would wait minutes
 
 
 def a100x8(name: str) -> list:
@@ -201,39 +204,39 @@ def test_rejected_pods_show_our_reason_in_failed_scheduling(sched: SchedBed, poo
                    for c in p.status.conditions or []), spec.name
 
 
-def test_a_departed_pods_cards_go_to_the_next_pod(sched: SchedBed, pool: Pool) -> None:
-    """Pods leave: the extender releases their cards from its watch of the API server (a DELETED
-    event), and the next pods get exactly those cards.
+def test_a_pod_waiting_for_cards_gets_them_when_a_pod_leaves(sched: SchedBed, pool: Pool) -> None:
+    """Pods leave: the pods waiting for their cards get exactly those cards, at once.
 
-    The next pod is created once the extender's model has let go of the departed pod: when the
-    waiting pod is already there, kube-scheduler requeues it on the same deletion and may ask the
-    extender before its watch delivered it; the pod then waits for the next cluster event (see
-    docs/extender.md, "When kube-scheduler retries a waiting GPU pod")."""
+    The race this holds down (found here): kube-scheduler retries a waiting pod on the deletion
+    it sees through its own informer and may call filter before the extender's watch has
+    delivered the same deletion; refused on that stale view, the pod waited for the next cluster
+    event (up to 5 minutes). Within the pod's back-off (1 s, doubling) the retry came late enough
+    to hide it, so each pod here waits past its back-off before the departure. The extender now
+    requeues the pods it refused when its watch frees cards (extender/requeue.py)."""
     node = pool.node("n", lambda n: cards(n, A100, 2, 80))
     pool.wait_extender_knows(sched)
     a = pool.place(PodSpec("a", mem_gib=50))
     b = pool.place(PodSpec("b", mem_gib=50))
     assert a[1].cards[0].index != b[1].cards[0].index
 
-    def leave(pod) -> None:  # noqa: ANN001 - a V1Pod
-        pool.k8s.core.delete_namespaced_pod(pod.metadata.name, pool.namespace, grace_period_seconds=0)
-        del pool.specs[pod.metadata.name]
-        wait_until(lambda: pod.metadata.uid not in sched.extender.state()["allocations"], 30,
-                   f"the extender to release {pod.metadata.name}'s cards")
+    def wait_then_leave(waiting: str, leaver) -> None:  # noqa: ANN001 - a V1Pod
+        wait_until(lambda: pool.failed_scheduling(waiting), 30, f"{waiting}'s FailedScheduling")
+        time.sleep(BACKOFF_PAST_S)  # the scenario itself: a pod that has waited past its back-off
+        pool.k8s.core.delete_namespaced_pod(leaver.metadata.name, pool.namespace, grace_period_seconds=0)
+        del pool.specs[leaver.metadata.name]
 
-    # 40 GiB fits on neither card now (30 GiB free on each), though the node's gpu-memory count
+    # 40 GiB fits on neither card (30 GiB free on each), though the node's gpu-memory count
     # (160 - 100 = 60 units) lets kube-scheduler's own filter pass: the extender refuses it
-    assert_refused = pool.create(PodSpec("too-big-now", mem_gib=40))
-    msg = wait_until(lambda: pool.failed_scheduling(assert_refused.name), 30, "a FailedScheduling event")[-1]
-    assert "no card with 40 GiB GPU memory free: best is 30 GiB on card" in msg, msg
-    pool.k8s.core.delete_namespaced_pod(assert_refused.name, pool.namespace, grace_period_seconds=0)
-    del pool.specs[assert_refused.name]
-
-    leave(a[0])
-    _, rec = pool.place(PodSpec("next-slice", mem_gib=40))
-    assert rec.node == node and rec.cards[0].index == a[1].cards[0].index
-    # both cards are shared now: a whole GPU only once b's card is empty again
-    leave(b[0])
-    _, rec = pool.place(PodSpec("next-whole", gpus=1))
-    assert rec.cards[0].index == b[1].cards[0].index
+    pool.create(PodSpec("slice", mem_gib=40))
+    wait_until(lambda: pool.failed_scheduling("slice"), 30, "slice's FailedScheduling")
+    assert "no card with 40 GiB GPU memory free: best is 30 GiB on card" in pool.failed_scheduling("slice")[-1]
+    wait_then_leave("slice", a[0])
+    pool.wait_bound(["slice"], timeout=WAKE_S)
+    assert record_of(pool.pod("slice")).cards[0].index == a[1].cards[0].index
+    # both cards are shared now: a whole GPU waits until b's card is empty again
+    pool.create(PodSpec("whole", gpus=1))
+    wait_then_leave("whole", b[0])
+    pool.wait_bound(["whole"], timeout=WAKE_S)
+    rec = record_of(pool.pod("whole"))
+    assert rec.node == node and rec.cards[0].index == b[1].cards[0].index
     assert_no_overcommit(card_usage(pool.pods().values()), pool.nodes)
