@@ -93,7 +93,8 @@ def _build_app(cfg: ServeConfig) -> Flask:
                           max_body_bytes=cfg.max_body_bytes)
     # Kube mode: imported lazily so simulated mode never needs the Kubernetes client set up.
     from .kube import KubeFeeder, load_api_client
-    from .kube_binder import KubeBinder
+    from .kube_binder import MERGE_PATCH, KubeBinder
+    from .requeue import Requeuer
 
     api_client = load_api_client(kubeconfig=cfg.kubeconfig, in_cluster=cfg.in_cluster)
     trust = RecordTrust(key=RecordKey.load(cfg.record_key_file) if cfg.record_key_file else None,
@@ -102,8 +103,14 @@ def _build_app(cfg: ServeConfig) -> Flask:
                         stale_after_s=cfg.stale_after_s)
     service = ExtenderService(model, binder=KubeBinder(api_client, trust=trust), pod_source=feeder,
                               memory_unit_mib=cfg.memory_unit_mib, default_policy=cfg.default_policy)
+    # Pods refused on a model the watch has since given room are tried again (extender/requeue.py).
+    requeuer = Requeuer(lambda ns, name, body: feeder.core.patch_namespaced_pod(
+        name, ns, body, _content_type=MERGE_PATCH, _request_timeout=10), feeder.pending_uid).start()
+    feeder.on_cards_freed = requeuer.cards_freed
+    service.on_refused = requeuer.refused
     feeder.start()
     register_exit(feeder.stop)
+    register_exit(requeuer.stop)
     return create_app(service, url_prefix=cfg.url_prefix, ready=feeder.ready, max_body_bytes=cfg.max_body_bytes)
 
 

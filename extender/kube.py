@@ -189,6 +189,10 @@ class KubeFeeder:
         self._pod_errors: dict[str, str] = {}    # uid -> malformed-annotation message (logged once)
         self._unrecorded: dict[str, str] = {}    # uid -> node: GPU pods bound without our record
         self._pending: dict[str, dict] = {}      # ns/name -> pending pod (for get_pod at bind)
+        # Called with the model's generation after it gained room (a pod left, a node came or
+        # changed): kube-scheduler may have retried a waiting pod on the same event before this
+        # watch delivered it.
+        self.on_cards_freed: Callable[[int], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "KubeFeeder":
@@ -433,6 +437,8 @@ class KubeFeeder:
                 self._node_fp[v.name] = v.fingerprint()
             if not unchanged:
                 self.model.upsert_node(v.name, v.inventory, schedulable=v.schedulable)
+                if self.on_cards_freed is not None:
+                    self.on_cards_freed(self.model.generation)
         except Exception:  # never let one odd object stop the feed
             log.exception("node %s could not be applied", meta(node).get("name"))
 
@@ -449,7 +455,15 @@ class KubeFeeder:
             self._records.pop(uid, None)
             self._pod_errors.pop(uid, None)
             self._unrecorded.pop(uid, None)
-        self.model.release(uid, departed=departed)
+        alloc = self.model.release(uid, departed=departed)
+        if departed and alloc is not None and alloc.cards and self.on_cards_freed is not None:
+            self.on_cards_freed(self.model.generation)
+
+    def pending_uid(self, key: str) -> str | None:
+        """The uid of the pending (unbound) pod ``namespace/name``, or None."""
+        with self._lock:
+            pod = self._pending.get(key)
+        return ((pod or {}).get("metadata") or {}).get("uid")
 
     def _apply_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
         try:

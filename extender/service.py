@@ -205,6 +205,9 @@ class ExtenderService:
         self._pods_lock = threading.Lock()
         self._cache_size = pod_cache_size
         self._inflight: set[str] = set()  # pod UIDs whose binder call is running (guarded by model.lock)
+        # Told (uid, namespace, name, model generation) of each pod that fits on none of its
+        # candidate nodes: kube mode requeues those when the model gains room (extender/requeue.py).
+        self.on_refused: Callable[[str, str, str, int], None] | None = None
 
     # ------------------------------------------------------------------------------- pods
     def pod_info(self, pod: Mapping[str, Any]) -> PodInfo:
@@ -301,6 +304,9 @@ class ExtenderService:
             sel = np.flatnonzero(ok)
             passing = entry.take(sel) if len(sel) < len(names) else names
             path.remember_passing(self.model, entry, passing, idx[sel], sel)
+            generation = self.model.generation
+        if not passing and self.on_refused is not None:
+            self.on_refused(info.uid, info.namespace, info.name, generation)
         if unres.any():
             unresolvable = dict(zip(take(fail_names, unres), take(texts, unres)))
             failed = dict(zip(take(fail_names, ~unres), take(texts, ~unres)))

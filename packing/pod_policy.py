@@ -34,7 +34,7 @@ PREFER_LOCAL, ANY = "prefer-local", "any"
 
 POLICY_KEYS = {NODE_POLICY, CARD_POLICY, GPU_MODEL, GPU_MODEL_EXCLUDE, MIN_CARD_MEMORY, GPU_TOPOLOGY}
 # Keys Stowage itself writes on pods; never a user error.
-OWN_KEYS = {PREFIX + "allocation"}
+OWN_KEYS = {PREFIX + "allocation", PREFIX + "requeued-at"}  # the extender's record; its requeue stamp
 
 
 class PolicyError(ValueError):

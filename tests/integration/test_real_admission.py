@@ -124,6 +124,12 @@ def test_the_extender_may_change_the_record_and_nothing_else(policy_k8s: LocalK8
                   {"spec": {"activeDeadlineSeconds": 5}}):
         _denied(extender.kubectl("patch", "pod", name, "-n", "team-a", "--type=merge", "-p", json.dumps(patch)),
                 "stowage-extender-pod-writes")
+    # The requeue stamp (extender/requeue.py) on a pending pod: allowed; with anything else: denied.
+    stamp = {"metadata": {"annotations": {"stowage.io/requeued-at": "1764590000.000"}}}
+    _ok(extender.kubectl("patch", "pod", name, "-n", "team-a", "--type=merge", "-p", json.dumps(stamp)))
+    stamp["metadata"]["annotations"]["team.example/owner"] = "mallory"
+    _denied(extender.kubectl("patch", "pod", name, "-n", "team-a", "--type=merge", "-p", json.dumps(stamp)),
+            "stowage-extender-pod-writes")
     # The roll-back JSON patch the binder uses (test the uid and the record, then remove it): allowed.
     uid = json.loads(policy_k8s.kubectl("get", "pod", name, "-n", "team-a", "-o", "json").stdout)["metadata"]["uid"]
     ops = [{"op": "test", "path": "/metadata/uid", "value": uid},
