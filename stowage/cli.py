@@ -30,9 +30,11 @@ class LazyGroup(click.Group):
         try:
             cmd = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as exc:
+            why = str(exc)   # ``exc`` is unbound once the except block ends; the command runs later
+
             @click.command(name=name, help=short)
             def unavailable() -> None:
-                raise click.ClickException(f"'stowage {name}' is unavailable in this installation: {exc}")
+                raise click.ClickException(f"'stowage {name}' is unavailable in this installation: {why}")
             return unavailable
         if not cmd.short_help:
             cmd.short_help = short
