@@ -4,14 +4,14 @@ The kubelet's GetPreferredAllocation and Allocate carry only device IDs and a si
 pod. The pod is identified from the pods bound to this node that carry a Stowage allocation
 record (``stowage.io/allocation``, written by the extender at bind time) and have containers
 still waiting for this resource. Which containers are served is learned from the kubelet's
-PodResources API (:class:`~deviceplugin.reconcile.KubeletView`, which survives a plugin restart)
+PodResources API (:class:`~deviceplugin.corrections.KubeletView`, which survives a plugin restart)
 and from the :class:`Ledger` of Allocate calls this process answered (one per container, init
 containers first as the kubelet does; the only source when PodResources is unreachable, and the
 only one for init containers, which a v1.28 kubelet does not list). A pod that holds some but not
 all of its devices is the one the kubelet is admitting (admission is serial): while there is
 one, only it is a candidate, so all of a container's resources land on the same card. Records
 that the kubelet has already contradicted are matched in their corrected form
-(:mod:`deviceplugin.reconcile`). A pod with ``status.startTime`` has been admitted (the kubelet
+(:mod:`deviceplugin.corrections`). A pod with ``status.startTime`` has been admitted (the kubelet
 sets it only after admission, devices included) and is never a candidate: during a restarted
 kubelet's re-admission PodResources lists only the pods re-added so far, so "not listed" alone
 does not mean "waiting for devices".
@@ -36,7 +36,7 @@ from stowage.resources import (RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEM
                                quantity_to_int)
 
 from gpunode.devices import DeviceTable, UnknownDevice
-from .reconcile import KubeletView, bind_order as _order
+from .corrections import KubeletView, bind_order as _order
 
 FAILED_PRECONDITION = "FAILED_PRECONDITION"
 INVALID_ARGUMENT = "INVALID_ARGUMENT"

@@ -2,7 +2,7 @@
 
 Every ``interval_s`` (5 s) and ``after_allocate_s`` (0.5 s) after each answered Allocate, it reads
 the kubelet's PodResources List (which names pod and container for every device ID) and this
-node's pods, asks :func:`deviceplugin.reconcile.corrections` which records disagree, and rewrites
+node's pods, asks :func:`deviceplugin.corrections.corrections` which records disagree, and rewrites
 those with a JSON merge patch of the annotation alone, with the pod's uid as precondition (a
 re-created pod of the same name is never touched). The extender's feeder sees the change on its
 watch and moves the pod's load in its model. Corrections are logged as warnings and counted in
@@ -23,7 +23,7 @@ from stowage.allocation import ALLOCATION_ANNOTATION, RecordTrust
 
 from gpunode.devices import DeviceTable
 from .podres import KubeletAllocations
-from .reconcile import Correction, corrections, kubelet_view
+from .corrections import Correction, corrections, kubelet_view
 
 log = logging.getLogger("stowage.deviceplugin.reconciler")
 

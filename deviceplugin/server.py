@@ -28,7 +28,7 @@ from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES
 
 from gpunode.podresources.client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
 
-from . import allocator, reconcile
+from . import allocator, corrections
 from gpunode.devices import DeviceTable
 from .podres import KubeletAllocations
 from gpunode.health import DEFAULT_IGNORED_XIDS, HealthTracker
@@ -157,12 +157,12 @@ class Allocations:
         rows = self.kubelet.rows() if self.kubelet is not None else None
         if rows is None:  # PodResources unreachable: this process's ledger is all we know
             return allocator.survey(pods, self.node, resource, self.ledger, trust=self.trust)
-        view = reconcile.kubelet_view(rows, self.state.table)
+        view = corrections.kubelet_view(rows, self.state.table)
         uid_of = {(str(m.get("namespace") or ""), str(m.get("name") or "")): str(m.get("uid") or "")
                   for m in ((p.get("metadata") or {}) for p in pods)}
         owners = {r: view.owners(r) for r in GPU_RESOURCES}
         self.ledger.reattribute(lambda r, i: uid_of.get(owners[r][i]) if i in owners.get(r, {}) else None)
-        fixes, _ = reconcile.corrections(pods, view, self.node, self.state.table, self.trust)
+        fixes, _ = corrections.corrections(pods, view, self.node, self.state.table, self.trust)
         return allocator.survey(pods, self.node, resource, self.ledger, view, {f.uid: f.new for f in fixes},
                                 trust=self.trust, table=self.state.table)
 

@@ -205,7 +205,7 @@ def test_an_admitted_pod_is_never_a_candidate_even_when_the_kubelet_does_not_lis
     from deviceplugin import allocator
     from gpunode.devices import DeviceTable
     from gpunode.nvml import GpuInfo
-    from deviceplugin.reconcile import KubeletView
+    from deviceplugin.corrections import KubeletView
     from dp_harness import NODE
 
     table = DeviceTable([GpuInfo(0, "GPU-0", "NVIDIA A100", 81920), GpuInfo(1, "GPU-1", "NVIDIA A100", 81920)], 1024)

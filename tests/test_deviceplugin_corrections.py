@@ -6,7 +6,7 @@ from gpunode.podresources.client import ContainerDevices
 from deviceplugin.allocator import Ledger
 from gpunode.devices import DeviceTable
 from gpunode.nvml import GpuInfo
-from deviceplugin.reconcile import corrections, kubelet_view
+from deviceplugin.corrections import corrections, kubelet_view
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, encode_allocation
 from stowage.resources import RESOURCE_GPU, RESOURCE_GPU_MEMORY
 
