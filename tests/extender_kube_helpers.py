@@ -4,6 +4,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 
 from fakekube import FakeKube, make_node, make_pod  # noqa: F401  (re-exported for the tests)
 
@@ -49,3 +50,22 @@ def row(model: ClusterModel, node: str) -> dict:
                 "mem_total": a.mem_total[i, k].tolist(), "mem_free": a.mem_free[i, k].tolist(),
                 "core_free": a.core_free[i, k].tolist(), "pods": a.pods[i, k].tolist(),
                 "node_ok": bool(a.node_ok[i])}
+
+
+@pytest.fixture
+def kube():
+    """A fake API server for one test (import this fixture into the test module)."""
+    with FakeKube(bookmark_interval=3600) as k:
+        yield k
+
+
+@pytest.fixture
+def feeders():
+    """Feeders a test starts; stopped afterwards, and their threads must be gone."""
+    made = []
+    yield made
+    for f in made:
+        f.stop()
+    for f in made:
+        for t in f._threads.values():
+            assert not t.is_alive(), "feeder thread still running after stop()"

@@ -6,8 +6,7 @@ Stowage's scheduler count; where the cluster signs records, only those signed fo
 """
 from __future__ import annotations
 
-import pytest
-from extender_kube_helpers import FakeKube, inv_node, make_pod, new_feeder, row
+from extender_kube_helpers import feeders, inv_node, kube, make_pod, new_feeder, row  # noqa: F401
 
 from extender.kube_binder import KubeBinder
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, RecordKey, RecordTrust, encode_allocation
@@ -15,21 +14,6 @@ from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShar
 GiB = 1024
 KEY = RecordKey(b"s" * 32)
 SCHED = frozenset({"stowage-scheduler"})
-
-
-@pytest.fixture
-def kube():
-    k = FakeKube().start()
-    yield k
-    k.stop()
-
-
-@pytest.fixture
-def feeders():
-    made = []
-    yield made
-    for f in made:
-        f.stop()
 
 
 def feed(kube, feeders, trust):

@@ -4,7 +4,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from extender_kube_helpers import FakeClock, FakeKube, gfd_node, inv_node, make_node, make_pod, new_feeder, row
+from extender_kube_helpers import (FakeClock, FakeKube, feeders, gfd_node, inv_node, kube, make_node,  # noqa: F401
+                                   make_pod, new_feeder, row)
 
 from extender.kube import NODES, PODS, Backoff
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, encode_allocation
@@ -18,21 +19,6 @@ def rec(node: str, shares: list[tuple[int, int, int]], whole: bool = False) -> s
         CardShare(index=k, uuid=f"GPU-{node}-{k}", memory_mib=m, core_milli=c) for k, m, c in shares)))
 
 
-@pytest.fixture
-def kube():
-    with FakeKube(bookmark_interval=3600) as k:
-        yield k
-
-
-@pytest.fixture
-def feeders():
-    made = []
-    yield made
-    for f in made:
-        f.stop()
-    for f in made:
-        for t in f._threads.values():
-            assert not t.is_alive(), "feeder thread still running after stop()"
 
 
 def started(kube, feeders, **kw):

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from dp_harness import container
 from fakenvml import FakeNvml, default_cards
 from realk8s import LocalK8s, require_kubelet, wait_until
 
@@ -132,15 +133,9 @@ class GpuNode:
 
 
 def gpu_container(name: str, gpus: int = 0, mem: int = 0, core: int = 0, exit_after: bool = False) -> dict:
-    limits = {}
-    if gpus:
-        limits[RESOURCE_GPU] = str(gpus)
-    if mem:
-        limits[RESOURCE_GPU_MEMORY] = str(mem)
-    if core:
-        limits[RESOURCE_GPU_CORE] = str(core)
-    return {"name": name, "image": IMAGE, "imagePullPolicy": "Never", "args": ["env", "exit"] if exit_after else ["env"],
-            "resources": {"limits": limits}}
+    """dp_harness's container on the test image, which prints its environment (then sleeps or exits)."""
+    return {**container(name, gpus, mem, core), "image": IMAGE, "imagePullPolicy": "Never",
+            "args": ["env", "exit"] if exit_after else ["env"]}
 
 
 @pytest.fixture(scope="module")
