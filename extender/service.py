@@ -204,6 +204,9 @@ class ExtenderService:
         self._uid_by_key: dict[str, str] = {}
         self._pods_lock = threading.Lock()
         self._cache_size = pod_cache_size
+        # uids the placers have learned from, kept apart from the pod cache (which forgets a pod
+        # once it is bound): a pod sent again after its bind must not be learned twice.
+        self._learned: OrderedDict[str, None] = OrderedDict()
         self._inflight: set[str] = set()  # pod UIDs whose binder call is running (guarded by model.lock)
         # Told (uid, namespace, name, model generation) of each pod that fits on none of its
         # candidate nodes: kube mode requeues those when the model gains room (extender/requeue.py).
@@ -244,7 +247,6 @@ class ExtenderService:
                            error=f"Stowage cannot schedule this pod: malformed pod object ({exc})",
                            resource_version=rv)
         with self._pods_lock:
-            new = uid not in self._pods
             self._pods[uid] = info
             self._pods.move_to_end(uid)
             self._uid_by_key[info.key] = uid
@@ -252,7 +254,12 @@ class ExtenderService:
                 old_uid, old = self._pods.popitem(last=False)
                 if self._uid_by_key.get(old.key) == old_uid:
                     del self._uid_by_key[old.key]
-        if new and info.req is not None and info.req.is_gpu:
+            learn = info.req is not None and info.req.is_gpu and uid not in self._learned
+            if learn:
+                self._learned[uid] = None
+                while len(self._learned) > self._cache_size:
+                    self._learned.popitem(last=False)
+        if learn:
             with self.model.lock:  # placers are not required to be thread-safe
                 for placer in self.placers.values():
                     placer.observe(info.req)
