@@ -304,12 +304,18 @@ def test_reregisters_within_200ms_of_the_kubelets_return(clean: GpuNode) -> None
                             init=[gpu_container("prep", gpus=1, exit_after=True)])
     n.bind(init_pod, n.record([0], whole=True))
     n.wait_running("with-gpu-init")
+    # Two pods of the same shape, created (not yet bound) in different seconds: the restarted
+    # kubelet re-admits pods sorted by creationTimestamp, with an unstable sort, so two created in
+    # the same second may come in either order, and the plugin (which never sees the pod in a
+    # kubelet call) would steer by the other order; the reconciler then swaps their records.
+    pending = [n.create_pod("pending-1", [gpu_container("main", gpus=1)])]
+    time.sleep(1.1)
+    pending.append(n.create_pod("pending-2", [gpu_container("main", gpus=1)]))
     n.k8s.stop_kubelet()
     n.restart_plugin(wait_registered=False)   # e.g. a DaemonSet upgrade while the kubelet is down
     wait_until(lambda: any(ep.next_try > time.monotonic() for ep in n.plugin.endpoints), 10,
                "the plugin to fail a registration against the stale kubelet.sock")
     time.sleep(0.6)                           # into its back-off
-    pending = [n.create_pod(f"pending-{i}", [gpu_container("main", gpus=1)]) for i in (1, 2)]
     for p, card in zip(pending, (1, 2)):
         n.bind(p, n.record([card], whole=True))
     before = n.plugin.endpoints[0].registrations
