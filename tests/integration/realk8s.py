@@ -359,18 +359,22 @@ class ExtenderProc:
             self.wait_ready()
         return self
 
-    def wait_ready(self, timeout: float = 60) -> None:
+    def session(self) -> Any:
+        """An HTTP session that can reach the extender (a TLS extender's gives the client certificate)."""
         import requests
+        return requests.Session()
 
-        def ready() -> bool:
-            if not self.proc.alive():
-                raise AssertionError(f"the extender exited:\n{self.proc.log_tail()}")
-            return requests.get(self.url + "/readyz", timeout=2).status_code == 200
-        wait_until(ready, timeout, "the extender's /readyz")
+    def wait_ready(self, timeout: float = 60) -> None:
+        with self.session() as s:
+            def ready() -> bool:
+                if not self.proc.alive():
+                    raise AssertionError(f"the extender exited:\n{self.proc.log_tail()}")
+                return s.get(self.url + "/readyz", timeout=2).status_code == 200
+            wait_until(ready, timeout, f"the extender's /readyz at {self.url}")
 
     def state(self) -> dict:
-        import requests
-        return requests.get(self.url + "/state", timeout=10).json()
+        with self.session() as s:
+            return s.get(self.url + "/state", timeout=10).json()
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -36,18 +36,6 @@ class TLSExtenderProc(ExtenderProc):
         s.verify, s.cert = str(self.tls.ca.cert), (str(self.tls.client.cert), str(self.tls.client.key))
         return s
 
-    def wait_ready(self, timeout: float = 60) -> None:
-        with self.session() as s:
-            def ready() -> bool:
-                if not self.proc.alive():
-                    raise AssertionError(f"the extender exited:\n{self.proc.log_tail()}")
-                return s.get(self.url + "/readyz", timeout=2).status_code == 200
-            wait_until(ready, timeout, "the extender's /readyz over mutual TLS")
-
-    def state(self) -> dict:
-        with self.session() as s:
-            return s.get(self.url + "/state", timeout=10).json()
-
 
 @pytest.fixture
 def tls_extender(k8s: LocalK8s, tls: TLSSet) -> Iterator[TLSExtenderProc]:
