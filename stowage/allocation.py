@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -87,20 +87,27 @@ class RecordKey:
         return bool(rec.sig) and hmac.compare_digest(rec.sig, self.signature(rec, pod_uid))
 
 
+def _doc(rec: AllocationRecord) -> dict[str, Any]:
+    """The record as JSON data, without its signature (what the signature covers)."""
+    return {"version": ALLOCATION_VERSION, "node": rec.node, "whole": rec.whole,
+            "cards": [{"index": c.index, "uuid": c.uuid, "memoryMiB": c.memory_mib, "coreMilli": c.core_milli}
+                      for c in rec.cards]}
+
+
+def _dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
 def _canonical(rec: AllocationRecord) -> str:
-    return json.dumps({"version": ALLOCATION_VERSION, "node": rec.node, "whole": rec.whole,
-                       "cards": [{"index": c.index, "uuid": c.uuid, "memoryMiB": c.memory_mib,
-                                  "coreMilli": c.core_milli} for c in rec.cards]},
-                      separators=(",", ":"), sort_keys=True)
+    return _dumps(_doc(rec))
 
 
 def encode_allocation(rec: AllocationRecord, key: RecordKey | None = None, pod_uid: str = "") -> str:
     """The annotation value; signed for ``pod_uid`` when ``key`` is given."""
-    if key is None:
-        return _canonical(replace(rec, sig=""))
-    doc = json.loads(_canonical(rec))
-    doc["sig"] = key.signature(rec, pod_uid)
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+    doc = _doc(rec)
+    if key is not None:
+        doc["sig"] = key.signature(rec, pod_uid)
+    return _dumps(doc)
 
 
 def decode_allocation(value: str) -> AllocationRecord:
