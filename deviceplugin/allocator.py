@@ -237,16 +237,15 @@ def _held_by_others(view: KubeletView | None, table: DeviceTable | None, ref: tu
     if view is None or table is None:
         return ""
     mine = set(rec.uuids)
-    for other, conts in view.pods.items():
-        if other == ref:
-            continue
-        for res in conts.values():
-            for resource, ids in res.items():
-                for i in ids:
-                    uuid = table.card_of(resource, i).uuid
-                    if uuid in mine and (rec.whole or resource == RESOURCE_GPU):
-                        return (f"its record names card {uuid}, which pod {other[0]}/{other[1]} already holds "
-                                f"{'devices on' if rec.whole else 'whole'}: not honoured")
+    if rec.whole:
+        taken = ((other, u) for other in view.pods if other != ref for u in view.cards(other, table))
+    else:
+        taken = ((other, table.card_of(RESOURCE_GPU, i).uuid) for i, other in view.owners(RESOURCE_GPU).items()
+                 if other != ref)
+    for other, uuid in taken:
+        if uuid in mine:
+            return (f"its record names card {uuid}, which pod {other[0]}/{other[1]} already holds "
+                    f"{'devices on' if rec.whole else 'whole'}: not honoured")
     return ""
 
 
