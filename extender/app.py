@@ -85,6 +85,10 @@ def create_app(service: ExtenderService, *, url_prefix: str = "", ready: ReadyFn
     def bind_view() -> Response:
         return run_verb("bind")
 
+    @bp.post("/preempt")
+    def preempt_view() -> Response:
+        return run_verb("preempt")
+
     @bp.get("/state")
     def state_view() -> Response:
         """The model as JSON (nodes, cards, allocations): for `stowage demo` and people."""

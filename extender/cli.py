@@ -108,6 +108,7 @@ def _build_app(cfg: ServeConfig) -> Flask:
         name, ns, body, _content_type=MERGE_PATCH, _request_timeout=10), feeder.pending_uid).start()
     feeder.on_cards_freed = requeuer.cards_freed
     service.on_refused = requeuer.refused
+    feeder.marks = service.marks  # pod priorities and nominations: preempt, nominated pods' cards
     feeder.start()
     register_exit(feeder.stop)
     register_exit(requeuer.stop)

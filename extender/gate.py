@@ -11,6 +11,7 @@ one-process app and the split layout's decision process use the same object):
   whole) with ``Stowage's model of the cluster is not complete and current: <why>``;
 - prioritize: every node scores 0;
 - bind: ``Error`` with the same message, nothing reserved or written;
+- preempt: no node (``{"NodeNameToMetaVictims": {}}``): no eviction from an incomplete model;
 - a request that is not an extender request at all still gets its 400, an oversized one its 413;
 - a readiness check that raises counts as "not ready": when we cannot tell, we refuse.
 """
@@ -21,7 +22,8 @@ import time
 from typing import Any, Callable
 
 from .verbs import Reply, Verbs, json_reply
-from .wire import WireError, binding_result, filter_answer, parse_binding_args, priority_list
+from .wire import (WireError, binding_result, filter_answer, parse_binding_args, parse_preemption_args,
+                   preemption_result, priority_list)
 
 log = logging.getLogger("stowage.extender")
 
@@ -57,6 +59,10 @@ class GatedVerbs:
                 args = parse_binding_args(body)
                 reply = json_reply(binding_result(msg), outcome="not_ready")
                 what = f"bind {args.key} -> {args.node}"
+            elif verb == "preempt":
+                parse_preemption_args(body)
+                reply = json_reply(preemption_result({}), outcome="not_ready")  # no eviction
+                what = verb
             else:
                 ext = self.verbs.names_memo.parse(body)
                 if verb == "filter":

@@ -193,6 +193,9 @@ class KubeFeeder:
         # changed): kube-scheduler may have retried a waiting pod on the same event before this
         # watch delivered it.
         self.on_cards_freed: Callable[[int], None] | None = None
+        # Told of every pod (its priority, its nominatedNodeName while pending): the preempt
+        # verb and the hold of nominated pods' cards (extender/nominated.py).
+        self.marks: Any = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "KubeFeeder":
@@ -353,6 +356,8 @@ class KubeFeeder:
             # Pods deleted while we were not watching. Allocations made after the list began are kept.
             for uid in (before - seen) | set(gone_known):
                 self._forget_pod(uid)
+            if self.marks is not None:
+                self.marks.keep_only(seen)
         now = self.clock()
         with self._lock:
             st.rv = rv
@@ -473,6 +478,8 @@ class KubeFeeder:
 
     def _apply_pod_unsafe(self, pod: Mapping[str, Any], deleted: bool) -> None:
         v = pod_view(pod, self.trust)
+        if self.marks is not None:
+            self.marks.note(pod, gone=deleted or v.terminal)
         with self._lock:
             if deleted or v.terminal or v.node:
                 self._pending.pop(v.key, None)

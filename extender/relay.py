@@ -13,7 +13,7 @@ The frames are deliberately tiny, one request and one answer per round trip on a
 (one connection per worker thread, so no multiplexing):
 
 - request:  ``!BBHI`` op, flags, path length, body length; then the path, then the body.
-  op 1/2/3 = filter/prioritize/bind (path empty); op 4 = any other request, path =
+  op 1/2/3/5 = filter/prioritize/bind/preempt (path empty); op 4 = any other request, path =
   ``"METHOD /path?query"``. flags bit 0 = the body was over the size limit (body empty).
 - answer:   ``!HHI`` status, content-type length, body length; then the content type, the body.
 """
@@ -34,7 +34,7 @@ log = logging.getLogger("stowage.extender")
 
 REQ = struct.Struct("!BBHI")
 ANS = struct.Struct("!HHI")
-OPS = {"filter": 1, "prioritize": 2, "bind": 3}
+OPS = {"filter": 1, "prioritize": 2, "bind": 3, "preempt": 5}
 VERB_OF = {v: k for k, v in OPS.items()}
 OP_OTHER = 4
 TOO_LARGE = 1

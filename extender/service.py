@@ -36,16 +36,18 @@ from packing import decide
 from packing.fit import reason
 from packing.model import AllocationConflict, CardArrays, ClusterModel, PodAllocation
 from packing.placer import Placer
+from packing.preempt import judge_node, pdb_violations, reserve, row_copy
 from packing.pod_policy import PACK, SPREAD, PodPolicy, PolicyError, parse_policy
 from packing.registry import placer_for
 from stowage.allocation import AllocationRecord, CardShare
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError, pod_gpu_request
 
 from .errors import BindError  # noqa: F401  (re-exported: binders raise it)
+from .nominated import PodMarks
 from .rowcache import DEFAULT_MAX_SHAPES
 from .speedups import FastPath
-from .wire import (BindingArgs, ExtenderArgs, FilterResult, PlainParser, encode_priority_list, filter_answer,
-                   priority_list, take)
+from .wire import (BindingArgs, ExtenderArgs, FilterResult, PlainParser, PreemptionArgs, encode_priority_list,
+                   filter_answer, pod_priority, priority_list, take)
 
 log = logging.getLogger("stowage.extender")
 
@@ -211,6 +213,9 @@ class ExtenderService:
         # Told (uid, namespace, name, model generation) of each pod that fits on none of its
         # candidate nodes: kube mode requeues those when the model gains room (extender/requeue.py).
         self.on_refused: Callable[[str, str, str, int], None] | None = None
+        # Pod priorities and nominated pods (fed by the Kubernetes watch): preempt and the
+        # hold of nominated pods' cards (extender/nominated.py).
+        self.marks = PodMarks(memory_unit_mib, self.default_policy)
 
     # ------------------------------------------------------------------------------- pods
     def pod_info(self, pod: Mapping[str, Any]) -> PodInfo:
@@ -322,6 +327,11 @@ class ExtenderService:
         for j in np.flatnonzero(~known):
             failed[names[j]] = UNKNOWN_NODE
         passing_nodes = None
+        held = self._held_for_nominees(info, pod_priority(args.pod), passing)
+        if held:
+            failed.update(held)
+            passing = [n for n in passing if n not in held]
+            sel = sel[np.array([n not in held for n in take(names, sel)], bool)] if len(sel) else sel
         if args.nodes is not None:
             if args.node_names is None:
                 passing_nodes = take(args.nodes, sel)
@@ -446,6 +456,11 @@ class ExtenderService:
                     return msg
                 # Step 3 on the whole arrays and row i, not the 1-row view: a placer's incremental
                 # index (FragIndex) is kept for model.a and would be rebuilt twice for another object.
+                held = self._nominee_hold(info.uid, self._bind_priority(info), node, req, policy)
+                if held is not None:
+                    if not held[1].ok[0]:
+                        return f"cannot bind {info.key} to {node} now: {held[0]}"
+                    f = held[1]  # only the cards the nominated pods leave free
                 cards = decide.choose_cards(self.placers[policy.node], self.model.a, i, req, f, policy, row=0)
                 try:
                     alloc = self.model.assign(uid, info.key, node, cards, req, check=True)
@@ -522,6 +537,74 @@ class ExtenderService:
                             "releasing the stale reservation", key, list(prev.cards), prev.node, node)
                 self.model.release(uid, departed=False)
         return ""
+
+    # ---------------------------------------------------------------- preempt, nominations
+    def _bind_priority(self, info: PodInfo) -> int:
+        prio = self.marks.priority(info.uid)
+        return 0 if prio is None else prio
+
+    def _nominee_hold(self, uid: str, prio: int, node: str, req: GpuRequest,
+                      policy: PodPolicy) -> tuple[str, Any] | None:
+        """(why, fit) of the pod on ``node`` once the pods nominated there with priority >= its
+        own took their cards (None: none nominated there). Under ``model.lock``."""
+        noms = self.marks.nominees(node, prio, uid)
+        i = self.model.index.get(node)
+        if not noms or i is None:
+            return None
+        row = row_copy(self.model.a, i)
+        booked = set(reserve(row, self.model.models, noms))
+        if not booked:
+            return None
+        _, f = decide.feasible(row, self.model.models, req, policy)
+        who = ", ".join(sorted(n.name for n in noms if n.uid in booked))
+        return (f"cards held for {who} (nominated to this node at a higher or equal priority after "
+                "preemption)"), f
+
+    def _held_for_nominees(self, info: PodInfo, prio: int, passing: list[str]) -> dict[str, str]:
+        """Passing nodes where pods nominated at a higher or equal priority leave no room for
+        this pod, with why: kube-scheduler counts nominated pods the same way for its own
+        filters, and without this the cards a preemption freed could go to a lower-priority pod."""
+        if not self.marks.any_nominated() or not passing or info.req is None or info.policy is None:
+            return {}
+        nodes = self.marks.nominated_nodes().intersection(passing)
+        out: dict[str, str] = {}
+        with self.model.lock:
+            for node in sorted(nodes):
+                held = self._nominee_hold(info.uid, prio, node, info.req, info.policy)
+                if held is not None and not held[1].ok[0]:
+                    out[node] = held[0]
+        return out
+
+    def preempt(self, args: PreemptionArgs) -> dict[str, tuple[list[str], int]]:
+        """kube-scheduler's ``ProcessPreemption``: for each candidate node, the victims (a subset
+        of those proposed) whose eviction frees cards the pod can use under its policy, or no
+        entry (the node is dropped) when no subset would (:func:`packing.preempt.judge_node`).
+
+        A node is never answered with no victims: kube-scheduler rejects that answer (and with
+        ``ignorable: false`` the whole preemption attempt). A pod Stowage cannot place at all
+        gets no node; a pod that asks for no GPU keeps the scheduler's proposal unchanged."""
+        info = self.pod_info(args.pod)
+        if info.req is None:
+            return {}
+        if not info.req.is_gpu:
+            return {n: (list(v.uids), v.num_pdb_violations) for n, v in args.victims.items() if v.uids}
+        req, policy = info.req, info.policy
+        assert policy is not None
+        prio = pod_priority(args.pod)
+        out: dict[str, tuple[list[str], int]] = {}
+        with self.model.lock:
+            for node, v in args.victims.items():
+                if not v.uids:
+                    continue
+                known = self.marks.priorities(v.uids)
+                known.update(v.priorities)
+                verdict = judge_node(self.model, node, req, policy, v.uids, known,
+                                     self.marks.nominees(node, prio, info.uid))
+                if verdict.victims:
+                    out[node] = (list(verdict.victims), pdb_violations(v.num_pdb_violations, len(verdict.victims)))
+                log.info("preempt %s on %s: %s -> %s (%s)", info.key, node, len(v.uids),
+                         len(verdict.victims) if verdict.victims else "dropped", verdict.why)
+        return out
 
     # ------------------------------------------------------------------------------ views
     def stats(self) -> dict[str, int]:

@@ -13,6 +13,10 @@ handled by the gunicorn workers in front. Why the answers on errors are what the
   body that is not an extender request at all gets a 400 (and an oversized one a 413).
 - prioritize: errors are ignored by the scheduler; on an internal failure we answer ``[]``.
 - bind: an ``Error`` makes the scheduler retry within seconds, the right answer to a lost race.
+- preempt: any error (non-200, bad JSON) makes kube-scheduler give up this preemption attempt
+  (``ignorable: false``); a body that is not a preempt request gets its 400, and an internal
+  failure answers no node at all (``{"NodeNameToMetaVictims": {}}``): no eviction is better
+  than one decided without the cards.
 """
 from __future__ import annotations
 
@@ -25,12 +29,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from .service import ExtenderService
-from .wire import WireError, binding_result, encode, encode_filter_result, filter_answer, parse_binding_args
+from .wire import (WireError, binding_result, encode, encode_filter_result, filter_answer, parse_binding_args,
+                   parse_preemption_args, preemption_result)
 
 log = logging.getLogger("stowage.extender")
 
 JSON = "application/json"
-VERBS = ("filter", "prioritize", "bind")
+VERBS = ("filter", "prioritize", "bind", "preempt")
 
 
 @dataclass(frozen=True)
@@ -119,7 +124,8 @@ class Verbs:
         self.names_memo = service.path.wire_parser()
         self._latency = {v: metrics.latency.labels(v) for v in VERBS}  # looked up once
         self._run: dict[str, Callable[[bytes], Reply]] = {
-            "filter": self._filter, "prioritize": self._prioritize, "bind": self._bind}
+            "filter": self._filter, "prioritize": self._prioritize, "bind": self._bind,
+            "preempt": self._preempt}
 
     def too_large(self) -> Reply:
         return too_large_reply(self.max_body_bytes)
@@ -174,3 +180,15 @@ class Verbs:
             log.exception("bind: internal error for %s -> %s", args.key, args.node)
             return json_reply(binding_result(f"Stowage extender internal error: {exc!r}"), outcome="internal_error")
         return json_reply(binding_result(err), outcome="refused" if err else "bound")
+
+    def _preempt(self, body: bytes) -> Reply:
+        try:
+            args = parse_preemption_args(body)
+        except WireError as exc:
+            log.warning("preempt: bad request: %s", exc)
+            return json_reply({"Error": str(exc)}, 400, "bad_request")
+        try:
+            return json_reply(preemption_result(self.service.preempt(args)))
+        except Exception:
+            log.exception("preempt: internal error; answering no node (no eviction)")
+            return json_reply(preemption_result({}), outcome="internal_error")

@@ -13,6 +13,7 @@ Upstream types::
     HostPriorityList      []{Host string; Score int64}
     ExtenderBindingArgs   {PodName, PodNamespace string; PodUID types.UID; Node string}
     ExtenderBindingResult {Error string}
+    (preempt: ExtenderPreemptionArgs / ExtenderPreemptionResult, at the end of this module)
 
 Parsing raises :class:`WireError` for a body that is not an extender request at all (the app
 answers HTTP 400); everything that *is* a request but describes an unschedulable pod is left to
@@ -306,3 +307,109 @@ class PlainParser:
     def remember(self, names_json: bytes, names: list[str]) -> None:
         return None
 
+
+
+# ------------------------------------------------------------------------------------- preempt
+# ExtenderPreemptionArgs   {Pod *v1.Pod; NodeNameToVictims map[string]*Victims;
+#                           NodeNameToMetaVictims map[string]*MetaVictims}
+# ExtenderPreemptionResult {NodeNameToMetaVictims map[string]*MetaVictims}
+# Victims                  {Pods []*v1.Pod; NumPDBViolations int64}
+# MetaVictims              {Pods []*MetaPod; NumPDBViolations int64}
+# MetaPod                  {UID string}
+# kube-scheduler sends NodeNameToMetaVictims when the extender is nodeCacheCapable, else
+# NodeNameToVictims with whole Pod objects; the answer is always the Meta form.
+MAX_PDB_VIOLATIONS = 1 << 31  # more than any node can hold pods: a bigger count is not a count
+
+
+@dataclass
+class NodeVictims:
+    """One node's proposed victims: pod UIDs in the order sent, the priorities the request
+    carried (full Pod objects only), and the PodDisruptionBudget violations the scheduler counted."""
+
+    uids: list[str]
+    priorities: dict[str, int]
+    num_pdb_violations: int
+
+
+@dataclass
+class PreemptionArgs:
+    """An ``ExtenderPreemptionArgs`` body. ``meta``: the victims came as ``NodeNameToMetaVictims``."""
+
+    pod: dict[str, Any]
+    victims: dict[str, NodeVictims]
+    meta: bool
+
+
+def pod_priority(pod: Mapping[str, Any] | None) -> int:
+    """``spec.priority`` (set by admission from the pod's PriorityClass; 0 when absent, as
+    kube-scheduler reads it). A value that is not an integer counts as 0."""
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    value = spec.get("priority") if isinstance(spec, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int):
+        return 0
+    return max(-(1 << 31), min(value, (1 << 31) - 1))
+
+
+def _victims_of(node: str, raw: Any, meta: bool) -> NodeVictims:
+    where = f"{'NodeNameToMetaVictims' if meta else 'NodeNameToVictims'}[{node!r}]"
+    if raw is None:
+        return NodeVictims([], {}, 0)
+    if not isinstance(raw, dict):
+        raise WireError(f"{where} must be an object with 'Pods' and 'NumPDBViolations'")
+    pdb = _get(raw, "NumPDBViolations")
+    if pdb is None:
+        pdb = 0
+    if isinstance(pdb, bool) or not isinstance(pdb, int) or not 0 <= pdb < MAX_PDB_VIOLATIONS:
+        raise WireError(f"{where}.NumPDBViolations must be a non-negative integer")
+    pods = _get(raw, "Pods")
+    if pods is None:
+        pods = []
+    if not isinstance(pods, list):
+        raise WireError(f"{where}.Pods must be a list")
+    uids: list[str] = []
+    seen: set[str] = set()
+    prios: dict[str, int] = {}
+    for j, p in enumerate(pods):
+        if not isinstance(p, dict):
+            raise WireError(f"{where}.Pods[{j}] must be an object")
+        if meta:
+            uid = _get(p, "UID")
+        else:
+            m = p.get("metadata")
+            uid = m.get("uid") if isinstance(m, dict) else None
+        if not isinstance(uid, str) or not uid:
+            raise WireError(f"{where}.Pods[{j}] has no {'UID' if meta else 'metadata.uid'}")
+        if uid in seen:
+            continue  # a UID listed twice is one pod
+        seen.add(uid)
+        uids.append(uid)
+        if not meta:
+            prios[uid] = pod_priority(p)
+    return NodeVictims(uids, prios, pdb)
+
+
+def parse_preemption_args(body: bytes | str | Mapping[str, Any]) -> PreemptionArgs:
+    """Parse an ``ExtenderPreemptionArgs`` body (preempt)."""
+    doc = decode_body(body) if isinstance(body, (bytes, bytearray, memoryview, str)) else body
+    pod = _get(doc, "Pod")
+    if not isinstance(pod, dict):
+        raise WireError("not a preempt request: 'Pod' must be a Pod object (expected {\"Pod\": ..., "
+                        "\"NodeNameToMetaVictims\": {...}} or {\"Pod\": ..., \"NodeNameToVictims\": {...}})")
+    meta_map = _get(doc, "NodeNameToMetaVictims")
+    full_map = _get(doc, "NodeNameToVictims")
+    meta = meta_map is not None
+    raw = meta_map if meta else full_map
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise WireError(f"'{'NodeNameToMetaVictims' if meta else 'NodeNameToVictims'}' must be an object "
+                        "mapping node names to victims")
+    victims = {str(node): _victims_of(str(node), v, meta) for node, v in raw.items()}
+    return PreemptionArgs(pod=pod, victims=victims, meta=meta)
+
+
+def preemption_result(victims: Mapping[str, tuple[Sequence[str], int]]) -> dict[str, Any]:
+    """An ``ExtenderPreemptionResult``: node -> (victim UIDs, PDB violations) in the Meta form."""
+    return {"NodeNameToMetaVictims": {
+        node: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": int(pdb)}
+        for node, (uids, pdb) in victims.items()}}

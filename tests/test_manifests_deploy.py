@@ -278,7 +278,7 @@ def test_profile_and_extender_settings_are_the_documented_choices():
     assert ext["ignorable"] is False            # never place GPU pods without a card choice
     assert ext["enableHTTPS"] is False          # loopback sidecar
     assert isinstance(ext["weight"], int) and 1 <= ext["weight"] <= 10
-    assert "preemptVerb" not in ext
+    assert ext["preemptVerb"] == "preempt"    # card-aware victims (docs/extender.md)
     managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
     # Exactly the resources Stowage understands, all counted by kube-scheduler too (our device
     # plugin advertises all three; see the comments in scheduler-config.yaml).
