@@ -91,6 +91,10 @@ class PodMarks:
         with self._lock:
             return {u: self._priority[u] for u in uids if u in self._priority}
 
+    def all_priorities(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._priority)
+
     def any_nominated(self) -> bool:
         return bool(self._nominated)
 

@@ -73,9 +73,10 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def load(src: Source) -> tuple[ClusterModel, str]:
-    """The cluster as a model, and one line saying where it came from."""
-    return _simulated(src) if not src.live else _live(src)
+def load(src: Source, marks: Any = None) -> tuple[ClusterModel, str]:
+    """The cluster as a model, and one line saying where it came from. ``marks``: an
+    :class:`extender.nominated.PodMarks` told of every pod of a live cluster (their priorities)."""
+    return _simulated(src) if not src.live else _live(src, marks)
 
 
 def _simulated(src: Source) -> tuple[ClusterModel, str]:
@@ -95,7 +96,7 @@ def _simulated(src: Source) -> tuple[ClusterModel, str]:
     return model, what
 
 
-def _live(src: Source) -> tuple[ClusterModel, str]:
+def _live(src: Source, marks: Any = None) -> tuple[ClusterModel, str]:
     try:
         from extender.kube import KubeFeeder, load_api_client
     except ImportError as exc:
@@ -107,7 +108,9 @@ def _live(src: Source) -> tuple[ClusterModel, str]:
                                    "(or use --simulated to look at the embedded cluster)") from None
     model = ClusterModel()
     try:
-        KubeFeeder(model, api, src.memory_unit_mib).sync_once()
+        feeder = KubeFeeder(model, api, src.memory_unit_mib)
+        feeder.marks = marks
+        feeder.sync_once()
     except Exception as exc:  # urllib3/ApiException/timeouts: one line for the operator
         raise click.ClickException(f"cannot read nodes and pods from the API server: {exc}") from None
     host = getattr(getattr(api, "configuration", None), "host", "") or "the cluster"

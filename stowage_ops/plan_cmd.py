@@ -1,5 +1,7 @@
 """`stowage plan`: what-if answers before scaling — how many more pods of a shape fit now and
-where, and which nodes could be emptied for the cluster autoscaler by moving the fewest pods.
+where, which nodes could be emptied for the cluster autoscaler by moving the fewest pods, and
+(``--preempt``) what it would take for a pod of a shape and priority: which pods would have to
+go where (the extender's preempt verb, :mod:`packing.preempt`).
 
 All answers come from :mod:`stowage_ops.planning`, which simulates the extender's own placement
 code on a copy of the cluster; nothing is changed on the cluster.
@@ -12,8 +14,8 @@ from typing import Any
 import click
 
 from stowage_ops.cluster_source import Source, cluster_options, load
-from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, ShapeError, capacity,
-                              drain_plan, parse_shape)
+from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, PreemptPlan, ShapeError,
+                              capacity, drain_plan, parse_shape, preemption_plan)
 from stowage.textable import render
 
 
@@ -52,11 +54,40 @@ def _drain_text(plan: DrainPlan, nodes_total: int) -> str:
     return "\n".join(lines)
 
 
+def _preempt_text(plan: PreemptPlan, top: int) -> str:
+    head = f"what it would take to place {plan.shape.describe()} [{plan.shape.text}] at priority {plan.priority}:"
+    if plan.fits_now:
+        fit_now = [o.node for o in plan.options if not o.evict]
+        return (f"{head}\n  nothing: it fits now on {len(fit_now)} node(s) "
+                f"({', '.join(fit_now[:top])}{' ...' if len(fit_now) > top else ''})")
+    lines = [head]
+    if not plan.options:
+        lines.append("  no eviction of lower-priority pods would make room")
+    rows: list[list[Any]] = []
+    for o in plan.options[:top]:
+        for j, e in enumerate(o.evict):
+            rows.append([o.node if j == 0 else "", e.pod, e.priority, e.shape, ",".join(map(str, e.cards))])
+    if rows:
+        lines.append(render(["NODE", "EVICT POD", "PRIORITY", "HOLDS", "CARDS"], rows, indent="  "))
+    if len(plan.options) > top:
+        lines.append(f"  ... {len(plan.options) - top} more node(s)")
+    if plan.no_help:
+        lines.append("  no eviction helps on:")
+        lines += [f"    {count} node(s): {why}" for why, count in plan.no_help.items()]
+    return "\n".join(lines)
+
+
 @click.command("plan", epilog="Shape grammar (--shape):\n\n\b\n" + SHAPE_GRAMMAR)
 @cluster_options
 @click.option("--shape", "shapes", multiple=True, metavar="SHAPE",
               help="How many more pods of this shape fit, and where (repeatable; grammar below).")
 @click.option("--drain", is_flag=True, help="Which nodes could be emptied by moving the fewest pods.")
+@click.option("--preempt", "preempt_shapes", multiple=True, metavar="SHAPE",
+              help="What it would take to place one pod of this shape at --priority: which lower-priority "
+                   "pods would have to go where, best node first (repeatable).")
+@click.option("--priority", type=int, default=None,
+              help="With --preempt: the pod's priority (its PriorityClass value); only pods of lower "
+                   "priority can be evicted for it.")
 @click.option("--placer", default="pack", show_default=True,
               help="Placement policy to simulate: pack, spread, or a placer name (e.g. most-allocated).")
 @click.option("--limit", type=click.IntRange(min=1), default=DEFAULT_LIMIT, show_default=True,
@@ -67,8 +98,9 @@ def _drain_text(plan: DrainPlan, nodes_total: int) -> str:
 @click.option("--max-nodes", type=click.IntRange(min=1), default=None, help="With --drain: empty at most this many nodes.")
 @click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="Nodes listed per shape.")
 @click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def plan(source: Source, shapes: tuple[str, ...], drain: bool, placer: str, limit: int, any_model: bool,
-         max_nodes: int | None, top: int, output: str) -> None:
+def plan(source: Source, shapes: tuple[str, ...], drain: bool, preempt_shapes: tuple[str, ...],
+         priority: int | None, placer: str, limit: int, any_model: bool, max_nodes: int | None, top: int,
+         output: str) -> None:
     """What-if: how many more pods of a SHAPE fit right now and on which nodes; and (--drain)
     which nodes the cluster autoscaler could remove after moving the fewest GPU pods.
 
@@ -80,14 +112,27 @@ def plan(source: Source, shapes: tuple[str, ...], drain: bool, placer: str, limi
     Examples:
       stowage plan --simulated --fill 80 --shape 1x80Gi --shape 4 --shape 10Gi,30%
       stowage plan --kubeconfig ~/.kube/config --shape 1@H100 --drain
+      stowage plan --kubeconfig ~/.kube/config --preempt 20Gi@L4 --priority 100000
     """
-    if not shapes and not drain:
-        raise click.UsageError("nothing to plan: give --shape SHAPE (repeatable) and/or --drain")
+    if not shapes and not drain and not preempt_shapes:
+        raise click.UsageError("nothing to plan: give --shape SHAPE (repeatable), --drain and/or --preempt SHAPE")
+    if preempt_shapes and priority is None:
+        raise click.UsageError("--preempt needs --priority N: the pod's priority (the value of its PriorityClass)")
     try:
         parsed = [parse_shape(s) for s in shapes]
     except ShapeError as exc:
         raise click.BadParameter(f"{exc}\nShape grammar:\n{SHAPE_GRAMMAR}", param_hint="--shape") from None
-    model, what = load(source)
+    try:
+        to_preempt = [parse_shape(s) for s in preempt_shapes]
+    except ShapeError as exc:
+        raise click.BadParameter(f"{exc}\nShape grammar:\n{SHAPE_GRAMMAR}", param_hint="--preempt") from None
+    marks = None
+    if to_preempt and source.live:
+        from extender.nominated import PodMarks
+        marks = PodMarks(source.memory_unit_mib)
+    model, what = load(source, marks)
+    prios = marks.all_priorities() if marks is not None else {}
+    pplans = [preemption_plan(model, s, priority or 0, prios) for s in to_preempt]
     try:
         results = [capacity(model, s, placer=placer, limit=limit) for s in parsed]
         dplan = drain_plan(model, placer=placer, keep_model=not any_model, max_nodes=max_nodes) if drain else None
@@ -97,6 +142,8 @@ def plan(source: Source, shapes: tuple[str, ...], drain: bool, placer: str, limi
         doc: dict[str, Any] = {"source": what, "placer": placer, "capacity": [r.to_json() for r in results]}
         if dplan is not None:
             doc["drain"] = dplan.to_json()
+        if pplans:
+            doc["preempt"] = [p.to_json() for p in pplans]
         click.echo(json.dumps(doc, indent=2))
         return
     click.echo(f"{what}\nplacement policy: {placer}\n")
@@ -105,3 +152,5 @@ def plan(source: Source, shapes: tuple[str, ...], drain: bool, placer: str, limi
     if dplan is not None:
         gpu_nodes = sum(1 for n, i in model.index.items() if model.a.exists[i].any())
         click.echo(_drain_text(dplan, gpu_nodes))
+    for p in pplans:
+        click.echo(_preempt_text(p, top) + "\n")

@@ -198,10 +198,17 @@ def capacity(model: ClusterModel, shape: Shape, placer: str | Placer | None = No
     if not limited:
         for i, name in enumerate(names):
             if name is not None:
-                why[_generic(reason(a, i, shape.req, mask, name))] += 1
+                why[_generic(reason(a, i, shape.req, mask, _whole_only(model, name)))] += 1
     return CapacityResult(shape=shape, count=len(placements),
                           per_node=dict(sorted(per_node.items(), key=lambda kv: (-kv[1], kv[0]))),
                           placements=placements, limited=limited, why_not=dict(why.most_common()))
+
+
+def _whole_only(model: ClusterModel, name: str) -> bool:
+    """Whether the node's card memory is unknown (``reason``'s ``whole_only``; its fifth
+    argument, which once got the node's name here and so called every node whole-only)."""
+    meta = model.meta.get(name)
+    return bool(meta is not None and meta.whole_only)
 
 
 def _generic(text: str) -> str:
@@ -437,3 +444,93 @@ def fill_random(model: ClusterModel, n: int, seed: int = 0, placer: str | Placer
 def iter_nodes(model: ClusterModel) -> Iterable[tuple[int, str]]:
     """(slot, name) of every node, in name order (what tables show)."""
     return sorted(((i, n) for n, i in model.index.items()), key=lambda t: t[1])
+
+
+# --------------------------------------------------------------------------- what would it take
+@dataclass(frozen=True)
+class Eviction:
+    pod: str
+    uid: str
+    priority: int
+    cards: tuple[int, ...]
+    shape: str
+
+
+@dataclass(frozen=True)
+class PreemptOption:
+    """One node where the pod would fit once ``evict`` are gone (none: it fits now)."""
+
+    node: str
+    evict: tuple[Eviction, ...]
+
+    @property
+    def key(self) -> tuple:
+        """Fewest pods, then the lowest highest priority, then the lowest sum (kube-scheduler's
+        order among preemption candidates, less PodDisruptionBudgets, which are not modelled)."""
+        prios = [e.priority for e in self.evict]
+        return (len(prios), max(prios, default=-(1 << 62)), sum(prios), self.node)
+
+
+@dataclass
+class PreemptPlan:
+    """What it would take to place one pod of ``shape`` at ``priority``."""
+
+    shape: Shape
+    priority: int
+    options: list[PreemptOption]   # best first
+    no_help: dict[str, int]        # why no eviction helps -> number of nodes
+
+    @property
+    def fits_now(self) -> bool:
+        return bool(self.options) and not self.options[0].evict
+
+    def to_json(self) -> dict:
+        return {"shape": self.shape.text, "describe": self.shape.describe(), "priority": self.priority,
+                "fitsNow": self.fits_now,
+                "options": [{"node": o.node, "evict": [{"pod": e.pod, "uid": e.uid, "priority": e.priority,
+                                                        "cards": list(e.cards), "shape": e.shape} for e in o.evict]}
+                            for o in self.options],
+                "noEvictionHelps": self.no_help}
+
+
+def _describe_alloc(al: PodAllocation) -> str:
+    return shape_of_allocation(al).describe()
+
+
+def preemption_plan(model: ClusterModel, shape: Shape, priority: int,
+                    priorities: dict[str, int] | None = None) -> PreemptPlan:
+    """Which pods would have to go where for one pod of ``shape`` at ``priority``: on every node,
+    the pods of lower priority are the candidates (as kube-scheduler proposes them), and
+    :func:`packing.preempt.judge_node` — the extender's preempt verb — keeps the fewest of them
+    whose going frees cards the pod can use. ``priorities``: pod uid -> priority (0 when absent)."""
+    from packing.preempt import judge_node, row_copy
+
+    prio = dict(priorities or {})
+    options: list[PreemptOption] = []
+    why: Counter[str] = Counter()
+    with model.lock:
+        mask = card_mask(model.a, model.models, shape.policy, shape.req)
+        for i, name in iter_nodes(model):
+            row = row_copy(model.a, i)
+            f = fit(row, shape.req, mask[i:i + 1])
+            if f.ok[0]:
+                options.append(PreemptOption(name, ()))
+                continue
+            if f.unresolvable[0]:  # wrong model, cards too small or too few: no eviction helps
+                why[_generic(reason(model.a, i, shape.req, mask, _whole_only(model, name)))] += 1
+                continue
+            pods = {al.uid: al for al in _pods_on(model, name)}
+            lower = sorted((u for u in pods if prio.get(u, 0) < priority), key=lambda u: (prio.get(u, 0), u))
+            if not lower:
+                why["no pod of lower priority holds cards here" if pods else
+                    _generic(reason(model.a, i, shape.req, mask, _whole_only(model, name)))] += 1
+                continue
+            verdict = judge_node(model, name, shape.req, shape.policy, lower, prio)
+            if verdict.victims is None:
+                why[f"evicting every lower-priority pod would not free cards for {shape.describe()}"] += 1
+                continue
+            options.append(PreemptOption(name, tuple(
+                Eviction(pods[u].name, u, prio.get(u, 0), tuple(pods[u].cards), _describe_alloc(pods[u]))
+                for u in verdict.victims)))
+    options.sort(key=lambda o: o.key)
+    return PreemptPlan(shape=shape, priority=priority, options=options, no_help=dict(why.most_common()))
