@@ -36,7 +36,7 @@ from packing import decide
 from packing.fit import reason
 from packing.model import AllocationConflict, CardArrays, ClusterModel, PodAllocation
 from packing.placer import Placer
-from packing.preempt import judge_node, pdb_violations, reserve, row_copy
+from packing.preempt import DEFAULT_BUDGET, judge_node, pdb_violations, reserve, row_copy
 from packing.pod_policy import PACK, SPREAD, PodPolicy, PolicyError, parse_policy
 from packing.registry import placer_for
 from stowage.allocation import AllocationRecord, CardShare
@@ -52,6 +52,7 @@ from .wire import (BindingArgs, ExtenderArgs, FilterResult, PlainParser, Preempt
 log = logging.getLogger("stowage.extender")
 
 UNKNOWN_NODE = "node unknown to Stowage"
+PREEMPT_BUDGET = 4000
 
 
 class Binder(Protocol):
@@ -216,6 +217,10 @@ class ExtenderService:
         # Pod priorities and nominated pods (fed by the Kubernetes watch): preempt and the
         # hold of nominated pods' cards (extender/nominated.py).
         self.marks = PodMarks(memory_unit_mib, self.default_policy)
+        # Fits tried per preempt request, all nodes together (~0.25 ms each): kube-scheduler sends
+        # at most its candidate nodes with their victims, far below this; a hostile body cannot
+        # hold the model's lock for long (it is taken per node).
+        self.preempt_budget = PREEMPT_BUDGET
 
     # ------------------------------------------------------------------------------- pods
     def pod_info(self, pod: Mapping[str, Any]) -> PodInfo:
@@ -592,18 +597,24 @@ class ExtenderService:
         assert policy is not None
         prio = pod_priority(args.pod)
         out: dict[str, tuple[list[str], int]] = {}
-        with self.model.lock:
-            for node, v in args.victims.items():
-                if not v.uids:
-                    continue
-                known = self.marks.priorities(v.uids)
-                known.update(v.priorities)
-                verdict = judge_node(self.model, node, req, policy, v.uids, known,
-                                     self.marks.nominees(node, prio, info.uid))
-                if verdict.victims:
-                    out[node] = (list(verdict.victims), pdb_violations(v.num_pdb_violations, len(verdict.victims)))
-                log.info("preempt %s on %s: %s -> %s (%s)", info.key, node, len(v.uids),
-                         len(verdict.victims) if verdict.victims else "dropped", verdict.why)
+        left = self.preempt_budget
+        for node, v in args.victims.items():
+            if not v.uids:
+                continue
+            if left <= 0:  # a request far beyond any kube-scheduler sends: the rest gets no eviction
+                log.warning("preempt %s: trial budget spent; %s not examined (dropped)", info.key, node)
+                continue
+            known = self.marks.priorities(v.uids)
+            known.update(v.priorities)
+            noms = self.marks.nominees(node, prio, info.uid)
+            with self.model.lock:  # per node: filter and bind are not held up for a whole request
+                verdict = judge_node(self.model, node, req, policy, v.uids, known, noms,
+                                     budget=min(DEFAULT_BUDGET, left))
+            left -= max(verdict.tried, 1)
+            if verdict.victims:
+                out[node] = (list(verdict.victims), pdb_violations(v.num_pdb_violations, len(verdict.victims)))
+            log.info("preempt %s on %s: %s -> %s (%s)", info.key, node, len(v.uids),
+                     len(verdict.victims) if verdict.victims else "dropped", verdict.why)
         return out
 
     # ------------------------------------------------------------------------------ views

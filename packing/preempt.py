@@ -42,7 +42,7 @@ from .model import CardArrays, ClusterModel, PodAllocation, book, book_request
 from .placer import choose_cards_default
 from .pod_policy import PodPolicy
 
-DEFAULT_BUDGET = 512  # subset fits tried per node before the greedy pass
+DEFAULT_BUDGET = 128  # subset fits tried per node before the greedy pass (~0.25 ms each)
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,18 @@ def node_names(rng: random.Random) -> Any:
     return hostile(rng)
 
 
+def victims_map(rng: random.Random) -> Any:
+    """NodeNameToMetaVictims: real and ghost nodes, UIDs real-looking, repeated or hostile."""
+    if rng.random() < 0.1:
+        return hostile(rng)
+    out = {}
+    for node in rng.sample(NODES + ["ghost"], rng.randint(0, 4)):
+        uids = [{"UID": rng.choice([f"fuzz-{rng.getrandbits(12):x}", "", "x" * 300])}
+                for _ in range(rng.choice([0, 1, 3, 50]))]
+        out[node] = {"Pods": uids, "NumPDBViolations": rng.choice([0, 1, 5, -1, 2 ** 70, None, "3"])}
+    return out
+
+
 def body_for(rng: random.Random, verb: str, pods: list[dict]) -> bytes:
     r = rng.random()
     if r < 0.08:   # not JSON / not an object / truncated
@@ -147,6 +159,15 @@ def body_for(rng: random.Random, verb: str, pods: list[dict]) -> bytes:
                      "PodNamespace": rng.choice(["default", "kube-system", "", None, "💥"]),
                      "PodUID": rng.choice([f"fuzz-{rng.getrandbits(40):x}", "", None, [], "a" * 1000]),
                      "Node": rng.choice(NODES + ["ghost", "", None, 1])}
+        if rng.random() < 0.3:
+            body = _set(body, rng.choice(_leaves(body)), hostile(rng))
+    elif verb == "preempt":
+        body = {"Pod": mutate_pod(rng, rng.choice(pods)), "NodeNameToMetaVictims": victims_map(rng)}
+        if rng.random() < 0.2:  # the full form, or both
+            body["NodeNameToVictims"] = {rng.choice(NODES): {"Pods": [copy.deepcopy(rng.choice(pods))],
+                                                         "NumPDBViolations": 0}}
+            if rng.random() < 0.5:
+                del body["NodeNameToMetaVictims"]
         if rng.random() < 0.3:
             body = _set(body, rng.choice(_leaves(body)), hostile(rng))
     else:
@@ -220,7 +241,7 @@ def run(per_verb: int, workers: int = 1, seed: int = 1, log_dir: str = "/tmp", p
     try:
         host, port = proc.url.split("//")[1].split(":")
         res.start_rss_mib = res.peak_rss_mib = _rss_mib(proc.proc.pid)
-        for verb in ("filter", "prioritize", "bind"):
+        for verb in ("filter", "prioritize", "bind", "preempt"):
             for n in range(per_verb):
                 body = body_for(rng, verb, pods)
                 conn = http.client.HTTPConnection(host, int(port), timeout=30)
@@ -257,7 +278,7 @@ def run(per_verb: int, workers: int = 1, seed: int = 1, log_dir: str = "/tmp", p
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--per-verb", type=int, default=10_000, help="requests per verb (filter, prioritize, bind)")
+    ap.add_argument("--per-verb", type=int, default=10_000, help="requests per verb (filter, prioritize, bind, preempt)")
     ap.add_argument("--workers", type=int, default=1, help="1: one process; 2+: the split layout")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()

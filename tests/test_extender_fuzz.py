@@ -15,7 +15,7 @@ from fuzzing import run
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "split"])
 def test_adversarial_requests_get_clear_answers_and_break_nothing(tmp_path, workers):
     res = run(per_verb=300, workers=workers, seed=workers, log_dir=str(tmp_path))
-    assert res.requests == {"filter": 300, "prioritize": 300, "bind": 300}
+    assert res.requests == {"filter": 300, "prioritize": 300, "bind": 300, "preempt": 300}
     assert not res.five_xx, res.five_xx[:5]
     assert res.tracebacks == 0
     assert not res.overbooked, res.overbooked

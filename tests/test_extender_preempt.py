@@ -247,3 +247,23 @@ def test_split_layout_relays_preempt_like_the_one_process_app(tmp_path):
         assert b'stowage_extender_requests_total{outcome="ok",verb="preempt"} 2.0' in metrics
     finally:
         server.stop()
+
+
+def test_a_huge_preempt_request_is_bounded_by_the_trial_budget():
+    """Every node of a cluster with all its pods as victims: examined until the trial budget is
+    spent; the nodes past it are dropped (never evicted on), the answers before it are right."""
+    m = ClusterModel()
+    for j in range(60):
+        add_node(m, f"n{j}", 8, 80, "A100")
+        for k in range(8):
+            for q in range(6):
+                m.assign(f"n{j}-{k}-{q}", f"default/p{j}-{k}-{q}", f"n{j}", [k], GpuRequest(mem_mib=12 * GiB))
+    svc = ExtenderService(m)
+    svc.preempt_budget = 600
+    victims = {f"n{j}": [f"n{j}-{k}-{q}" for k in range(8) for q in range(6)] for j in range(60)}
+    pod = make_pod("big", gpus=2, uid="uid-big")
+    pod["spec"]["priority"] = 10
+    got = svc.preempt(parse_preemption_args(meta_body(pod, victims)))
+    assert 0 < len(got) < 60  # the budget ran out part way: the rest were not examined, so dropped
+    for node, (uids, _) in got.items():
+        assert set(uids) <= set(victims[node]) and len(uids) == 12  # two whole cards of 6 pods each
