@@ -13,13 +13,15 @@ priorities alone:
 - node ``g`` (2 x 24 GiB): card X holds gA (20, low), card Y gB + gC (12 each, mid). The
   scheduler proposes gA: the whole card X comes free.
 
-With the preempt verb the pod evicts gA only and binds on g; ``r`` keeps its pods. A pod that
+With the preempt verb the pod evicts gA only and binds on g; ``r`` keeps its pods. gA has a
+grace period, so it stays Terminating (no kubelet confirms it): meanwhile the preemptor waits,
+nominated to g, with gA's card still counted, and nothing else is evicted; once gA is gone it binds. A pod that
 asks for an H100 evicts on the H100 node only, never on the A100 node that kube-scheduler prefers.
 The contrast: the same scheduler config without ``preemptVerb`` (the same extender otherwise)
 evicts rA + rB, and the A100 pods, and the preemptor stays Pending.
 
-Pods have terminationGracePeriodSeconds 0 (no kubelet would ever confirm a graceful deletion), so
-a victim is gone as soon as kube-scheduler deletes it.
+Other pods have terminationGracePeriodSeconds 0 (no kubelet would ever confirm a graceful
+deletion), so such a victim is gone as soon as kube-scheduler deletes it.
 """
 from __future__ import annotations
 
@@ -49,19 +51,21 @@ def priority_classes(k8s: LocalK8s) -> Iterator[None]:
     yield
 
 
-def create(pool: Pool, spec: PodSpec, cls: str, node: str | None = None) -> None:
-    """The pool's pod with a PriorityClass, pinned to ``node`` when given."""
+def create(pool: Pool, spec: PodSpec, cls: str, node: str | None = None, grace: int = 0) -> None:
+    """The pool's pod with a PriorityClass, pinned to ``node`` when given; ``grace``: its
+    terminationGracePeriodSeconds (above 0 it stays Terminating once deleted: no kubelet)."""
     body = pool.body(spec)
     body["spec"]["priorityClassName"] = cls
+    body["spec"]["terminationGracePeriodSeconds"] = grace
     if node:
         body["spec"]["nodeSelector"]["kubernetes.io/hostname"] = node
     pool.specs[spec.name] = spec
     pool.k8s.core.create_namespaced_pod(pool.namespace, body)
 
 
-def place(pool: Pool, name: str, gib: int, cls: str, node: str) -> int:
+def place(pool: Pool, name: str, gib: int, cls: str, node: str, grace: int = 0) -> int:
     """Create and wait until bound on ``node``; returns its card."""
-    create(pool, PodSpec(name, mem_gib=gib), cls, node)
+    create(pool, PodSpec(name, mem_gib=gib), cls, node, grace)
     pod = pool.wait_bound([name])[name]
     rec = record_of(pod)
     assert rec is not None and rec.node == node, (name, rec)
@@ -80,8 +84,8 @@ def fill_r(pool: Pool, r: str) -> None:
     place(pool, "rd", 10, "it-preempt-mid", r)
 
 
-def fill_g(pool: Pool, g: str) -> int:
-    x = place(pool, "ga", 20, "it-preempt-low", g)
+def fill_g(pool: Pool, g: str, grace: int = 0) -> int:
+    x = place(pool, "ga", 20, "it-preempt-low", g, grace)
     assert place(pool, "gb", 12, "it-preempt-mid", g) != x
     place(pool, "gc", 12, "it-preempt-mid", g)
     return x
@@ -114,14 +118,23 @@ def pending_for(pool: Pool, name: str, seconds: float) -> Any:
         time.sleep(0.5)
 
 
-def test_shared_pod_evicts_only_the_pod_whose_card_it_can_use(sched: SchedBed, pool: Pool) -> None:
+def test_shared_pod_evicts_only_the_pod_whose_card_it_can_use(sched: SchedBed, pool: Pool, k8s: LocalK8s) -> None:
+    """... and waits for it: the victim (30 s grace period, no kubelet) stays Terminating, still
+    holding its card for kube-scheduler and the extender alike, until it is really gone."""
     r = layout_r(pool)
     g = pool.node("g", lambda n: cards(n, L4, 2, 24))
     pool.wait_extender_knows(sched)
     fill_r(pool, r)
-    freed = fill_g(pool, g)
+    freed = fill_g(pool, g, grace=30)
     calls = preempt_calls(sched)
     create(pool, PodSpec("hi", mem_gib=20), "it-preempt-high")
+    ga = wait_until(lambda: (p := pool.pod("ga")).metadata.deletion_timestamp and p, 40,
+                    "kube-scheduler to delete ga")
+    hi = pending_for(pool, "hi", 3)
+    assert hi.status.nominated_node_name == g
+    assert ga.metadata.uid in sched.extender.state()["allocations"]  # still counted while Terminating
+    assert names(pool) == {"ra", "rb", "rc", "rd", "ga", "gb", "gc", "hi"}  # nothing else evicted meanwhile
+    k8s.core.delete_namespaced_pod("ga", pool.namespace, grace_period_seconds=0)  # what a kubelet would confirm
     pod = pool.wait_bound(["hi"], timeout=40)["hi"]
     rec = record_of(pod)
     assert rec is not None and rec.node == g and rec.cards[0].index == freed
