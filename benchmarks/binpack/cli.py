@@ -15,7 +15,8 @@ from tqdm import tqdm
 from .replay import SEEDS, binned, replay
 from .report import PolicyResult, calibration, format_table, load_published, write_outputs
 from .trace import (DEFAULT_TRACE, PUBLISHED_FILE, REPO_ROOT, Nodes, TraceError, available_traces,
-                    data_dir, load_nodes, load_pods, trace_name)
+                    data_dir, load_nodes, trace_name)
+from .variants import DEFAULT_VARIANTS, default_traces, load_trace
 
 DEFAULT_POLICIES = ("stowage", "fgd", "bestfit", "random", "most-allocated", "least-allocated",
                     "gpushare-binpack", "hami-binpack")
@@ -51,7 +52,7 @@ def _load(directory: str, trace: str, stride: int):
     nodes = load_nodes(d)
     if stride > 1:
         nodes = subset(nodes, stride)
-    return nodes, load_pods(trace, d)
+    return nodes, load_trace(trace, d)
 
 
 def _task(args: tuple) -> tuple:
@@ -64,7 +65,10 @@ def _task(args: tuple) -> tuple:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.binpack", description=__doc__)
     p.add_argument("--trace", nargs="+", default=None,
-                   help="trace names (default, gpushare40, ...) or CSV paths; default: every trace in the data dir")
+                   help="trace names (default, gpushare40, ...), generated variants (specX: X %% of GPU pods "
+                        "limited to GPU models; multigpuX: multi-GPU pods X %% of the GPU request; see "
+                        "benchmarks/binpack/variants.py) or CSV paths; default: every trace in the data dir, "
+                        f"then {', '.join(DEFAULT_VARIANTS)}")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated placer names")
     p.add_argument("--seeds", type=parse_seeds, default=SEEDS, help="10 (42..51), 42,43 or 42-51")
     p.add_argument("--out", default="results/binpack", help="output directory (CSV, JSON, PNG)")
@@ -78,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     directory = data_dir(args.data_dir)
     try:
-        traces = args.trace or available_traces(directory) or [DEFAULT_TRACE]
+        traces = args.trace or default_traces(available_traces(directory), directory) or [DEFAULT_TRACE]
         stride = QUICK_NODE_STRIDE if args.quick else 1
         seeds = QUICK_SEEDS if args.quick else args.seeds
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
