@@ -272,7 +272,7 @@ class ExtenderService:
         if learn:
             with self.model.lock:  # placers are not required to be thread-safe
                 for placer in self.placers.values():
-                    placer.observe(info.req)
+                    placer.observe(info.req, info.policy.models_include)
         return info
 
     def _forget(self, uid: str) -> None:

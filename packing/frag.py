@@ -43,6 +43,12 @@ from .placer import PlacerBase
 MILLI = CORE_MILLI_PER_CARD
 
 
+def model_list(models: Sequence[str]) -> tuple[str, ...]:
+    """A pod's allowed GPU models as a class key: sorted, without repeats or blanks, so the
+    same list written twice or in another order (``V100M16|V100M32|V100M32``) is one class."""
+    return tuple(sorted({m for m in models if m}))
+
+
 @dataclass(frozen=True)
 class PodClass:
     """The shape of a pod as far as packing is concerned (FGD's "typical pod" key)."""

@@ -53,8 +53,10 @@ class Placer(Protocol):
                      policy: PodPolicy) -> list[int]:
         """Card slots on node i for this pod (len == req.gpus, or 1 for a shared pod)."""
 
-    def observe(self, req: GpuRequest) -> None:
-        """A pod of this shape arrived (lets a policy learn the workload mix online)."""
+    def observe(self, req: GpuRequest, models: Sequence[str] = ()) -> None:
+        """A pod of this shape arrived (lets a policy learn the workload mix online).
+        ``models``: the GPU models it may run on (its ``models_include`` patterns; empty =
+        any), so a policy can learn which classes are tied to which models."""
 
     def reseed(self, seed: int) -> None: ...
     def bind_models(self, models: Sequence[str]) -> None: ...
@@ -87,7 +89,7 @@ class PlacerBase:
                      policy: PodPolicy) -> list[int]:
         return choose_cards_default(a, i, req, usable_row, policy)
 
-    def observe(self, req: GpuRequest) -> None:
+    def observe(self, req: GpuRequest, models: Sequence[str] = ()) -> None:
         return None
 
     def reseed(self, seed: int) -> None:

@@ -184,7 +184,7 @@ def capacity(model: ClusterModel, shape: Shape, placer: str | Placer | None = No
     per_node: Counter[str] = Counter()
     placements: list[tuple[str, tuple[int, ...]]] = []
     while len(placements) < limit:
-        pl.observe(shape.req)
+        pl.observe(shape.req, shape.policy.models_include)
         got = decide(a, models, shape.req, shape.policy, pl, mask=mask)
         if got is None:
             break

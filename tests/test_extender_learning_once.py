@@ -15,9 +15,9 @@ def counting_placers(seen: list):
         placer = placer_for(policy_value)
         observe = placer.observe
 
-        def counted(req):
+        def counted(req, *args):
             seen.append((policy_value, req))
-            return observe(req)
+            return observe(req, *args)
         placer.observe = counted
         return placer
     return factory

@@ -231,7 +231,7 @@ def test_placers_observe_each_new_pod_once():
         def choose_cards(self, *a):
             return self.inner.choose_cards(*a)
 
-        def observe(self, req):
+        def observe(self, req, models=()):
             seen.append((self.value, req.gpus, req.mem_mib))
 
     svc = service(MIXED, placer_factory=Watching)

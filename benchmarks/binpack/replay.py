@@ -120,7 +120,7 @@ def replay(nodes: Nodes, pods: Pods, policy: str, seed: int, *, limit: int | Non
         milli = int(pods.milli[j])
         done += milli
         pol = _pod_policy(pods.models(j), base)
-        placer.observe(req)
+        placer.observe(req, pol.models_include)
         got_pod = decide(model.a, model.models, req, pol, placer, tie=rank)
         if got_pod is not None:
             i, cards = got_pod

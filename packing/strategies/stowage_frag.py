@@ -43,13 +43,13 @@ NVLink/NUMA locality. Cost per request: one vectorised evaluation over the feasi
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
 from stowage.resources import GpuRequest
 
-from ..frag import MILLI, FragPlacerBase, PodClass, same_as_previous_card
+from ..frag import MILLI, FragPlacerBase, PodClass, model_list, same_as_previous_card
 from ..model import CardArrays
 from ..placer import choose_cards_default, choose_whole_cards, first_free_cards, segment_max
 from ..pod_policy import SPREAD, PodPolicy
@@ -132,10 +132,11 @@ class StowageFragPlacer(FragPlacerBase):
         return np.where((a.pods[idx] > 0).any(axis=1), 0.0, CHURN_COST)
 
     # ------------------------------------------------------------------ learning
-    def observe(self, req: GpuRequest) -> None:
-        """Learn the workload: class counts and host resources per GPU-milli. The typical-pod
-        table is rebuilt at 1, 2, 4, ... 256 pods, then every 128 pods (a full recompute)."""
-        self.workload.add(PodClass.of(req, host_memory=self.host_memory))
+    def observe(self, req: GpuRequest, models: Sequence[str] = ()) -> None:
+        """Learn the workload: class counts (with the GPU models each class may use) and host
+        resources per GPU-milli. The typical-pod table is rebuilt at 1, 2, 4, ... 256 pods, then
+        every 128 pods (a full recompute)."""
+        self.workload.add(PodClass.of(req, model_list(models), host_memory=self.host_memory))
         if req.is_gpu:
             key = self._strand_key()
             if req.is_whole:
