@@ -168,6 +168,15 @@ class FragTable:
         for g, c, p in zip(cls_g, cls_cpu, cls_p):
             cum[g, int(np.searchsorted(self.thresholds, c)) + 1] += p
         self.cum_w = np.cumsum(cum, axis=1)
+        # With host memory: the same as a 2-D cumulative table over (CPU, memory) thresholds,
+        # so W is one lookup per node whatever the number of classes (a matrix product over
+        # the classes cost most of a request once model lists multiplied the classes).
+        self.mem_thresholds = np.unique(np.array(cls_mem, np.float64))
+        cum2 = np.zeros((len(keys), len(self.thresholds) + 1, len(self.mem_thresholds) + 1))
+        for g, c, hm, p in zip(cls_g, cls_cpu, cls_mem, cls_p):
+            cum2[g, int(np.searchsorted(self.thresholds, c)) + 1,
+                 int(np.searchsorted(self.mem_thresholds, hm)) + 1] += p
+        self.cum_w2 = np.cumsum(np.cumsum(cum2, axis=1), axis=2)
         self._allowed_for: tuple[int, np.ndarray] | None = None
 
     @property
@@ -189,8 +198,9 @@ class FragTable:
         if not self.uses_mem:
             pos = np.searchsorted(self.thresholds, np.minimum(cpu_free, 1e18), side="right")
             return self.cum_w[:, pos]
-        ok = (self.cls_cpu <= cpu_free[None]) & (self.cls_mem <= hmem_free[None])
-        return self.m @ ok
+        pc = np.searchsorted(self.thresholds, np.minimum(cpu_free, 1e18), side="right")
+        pm = np.searchsorted(self.mem_thresholds, np.minimum(hmem_free, 1e18), side="right")
+        return self.cum_w2[:, pc, pm]
 
 
 def same_as_previous_card(a: CardArrays, ii: np.ndarray, kk: np.ndarray) -> np.ndarray:
