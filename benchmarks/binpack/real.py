@@ -1,0 +1,809 @@
+"""The bin-packing benchmark through the real kube-scheduler: ``python -m benchmarks.binpack.real``.
+
+The simulated replay (``python -m benchmarks.binpack``) places each pod with the extender's own
+code on a model it builds itself. This mode asks what a cluster gets: the same openb trace, the
+same arrival protocol (:func:`~benchmarks.binpack.replay.arrival_order`: shuffle, 130 %
+inflation, one pod at a time, nothing leaves) and the same binned curves, but every pod is a
+real Pod created on a real kube-apiserver v1.28.7 and placed by a real kube-scheduler from
+``../shared/k8s``, started as the integration tests start them (:mod:`benchmarks.localk8s`):
+
+- ``stowage``: kube-scheduler loaded with ``scheduler-config/scheduler-config.yaml`` (only the
+  kubeconfig, leader election and the extender's address changed), calling ``stowage extender``
+  in kube mode as deployed (``--workers 2``, the split layout of scheduler.yaml);
+- ``plain``: the same profile without the extender, and every sharing pod asks for a whole card
+  (``nvidia.com/gpu: 1``): what kube-scheduler does on its own.
+
+The cluster is the trace's 1,213 nodes as fake GPU nodes (Node objects, no kubelet): allocatable
+``cpu``, ``memory``, ``pods`` (110), ``nvidia.com/gpu`` (cards), ``nvidia.com/gpu-memory`` (1000
+per card) and ``nvidia.com/gpu-core`` (100 per card), and Stowage's inventory annotation with
+cards of 1000 MiB in units of 1 MiB (the extender runs with ``--memory-unit-mib 1``). So a
+sharing pod of the trace asks ``nvidia.com/gpu-memory: <gpu_milli>`` and ``nvidia.com/gpu-core:
+<gpu_milli / 10>``: its share is exactly its fraction of a card, in the very units the simulated
+replay's model uses (cards of 1000 memory units and 1000 milli of compute), so the extender's
+model holds the same numbers as the simulated one.
+
+A pod counts as placed when the watch shows it bound (``spec.nodeName``), as failed when
+kube-scheduler reports it unschedulable (``PodScheduled=False``, reason ``Unschedulable``). Any
+other outcome (a scheduler error, no answer within ``--pod-timeout``) is reported apart and
+counts as failed, so it can never make a figure look better. After each run every pod is read
+back and checked: each bound pod's allocation record names its node and books exactly its
+request on cards of that node, no card or node is over-committed, and no pod counted failed was
+bound later.
+
+``--burst N`` also times N GPU pods of the trace created at once on a fresh cluster, with the
+extender and with plain kube-scheduler in the same run (pods/s from the first create to the
+last pod settled). See docs/binpack.md, "Real-scheduler mode".
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import yaml
+from tqdm import tqdm
+
+from benchmarks.localk8s import (ApiSession, ExtenderProc, LocalK8s, SCHEDULER_CONFIG, free_port,
+                                 missing_for_control_plane, scheduler_config_for_test, wait_until)
+from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
+from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
+
+from .cli import parse_seeds, subset
+from .replay import CARD_MEMORY, INFLATE, SeedRun, arrival_order, binned, replay
+from .report import TABLE_POINTS, PolicyResult, format_table
+from .trace import DEFAULT_TRACE, Nodes, Pods, TraceError, data_dir, load_nodes, load_pods, trace_name
+
+log = logging.getLogger("binpack.real")
+
+MODES = ("stowage", "plain")
+MODE_LABEL = {"stowage": "stowage-real", "plain": "kube-sched-plain", "simulated": "stowage-simulated"}
+MEMORY_UNIT_MIB = 1               # the fake device plugin's unit: one nvidia.com/gpu-memory = 1 MiB
+CORE_PCT_PER_CARD = 100
+PODS_PER_NODE = 110               # the kubelet's default maxPods
+IMAGE = "example.local/fakegpu-test:1"  # never runs: the nodes have no kubelet
+NAMESPACE = "binpack"
+MODEL_LABEL = "benchmarks.stowage.io/gpu-model"  # for the plain mode's gpu_spec pods (node affinity)
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+
+
+def scheduler_name() -> str:
+    """The profile GPU pods opt into: the first profile of the deployed scheduler-config.yaml."""
+    cfg = yaml.safe_load(SCHEDULER_CONFIG.read_text())
+    return cfg["profiles"][0]["schedulerName"]
+
+
+def cpu_scheduler_name() -> str:
+    """The scheduler CPU-only pods use in the replay: the deployed config's profile for them when
+    it names one (a profile whose name mentions "cpu"), else the GPU profile, which is what a pod
+    landing on a GPU node of this cluster goes through (the cluster has no other scheduler)."""
+    cfg = yaml.safe_load(SCHEDULER_CONFIG.read_text())
+    names = [p["schedulerName"] for p in cfg.get("profiles") or []]
+    return next((n for n in names if "cpu" in n.lower()), names[0])
+
+
+# --- objects -------------------------------------------------------------------------------------
+
+def node_body(nodes: Nodes, i: int) -> dict:
+    """Node ``i`` of the trace as the API server should hold it: Ready, untainted, with the
+    allocatable and inventory annotation of a node running Stowage's device plugin."""
+    name, n = nodes.names[i], int(nodes.gpus[i])
+    cards = [Card(index=k, uuid=f"GPU-{name}-{k}", model=nodes.model[i], memory_mib=CARD_MEMORY) for k in range(n)]
+    alloc = {"cpu": f"{int(nodes.cpu_milli[i])}m", "memory": f"{int(nodes.memory_mib[i])}Mi",
+             "pods": str(PODS_PER_NODE), "nvidia.com/gpu": str(n),
+             "nvidia.com/gpu-memory": str(n * CARD_MEMORY // MEMORY_UNIT_MIB),
+             "nvidia.com/gpu-core": str(n * CORE_PCT_PER_CARD)}
+    ts = "2026-01-01T00:00:00Z"
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, MODEL_LABEL: nodes.model[i]},
+                         "annotations": {INVENTORY_ANNOTATION: encode_inventory(cards, MEMORY_UNIT_MIB)}},
+            "spec": {"taints": []},
+            "status": {"capacity": dict(alloc), "allocatable": alloc,
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "Fake", "message": "no kubelet",
+                                       "lastHeartbeatTime": ts, "lastTransitionTime": ts}]}}
+
+
+def gpu_limits(pods: Pods, j: int, mode: str) -> dict[str, str]:
+    """What trace row ``j`` asks of the GPU resources. stowage: a share is memory (and compute)
+    of one card in the card's own units; plain: a share is a whole card, all kube-scheduler has."""
+    g, m = int(pods.num_gpu[j]), int(pods.gpu_milli[j])
+    if g == 0 or m == 0:
+        return {}
+    if g == 1 and m < 1000:
+        if mode == "plain":
+            return {"nvidia.com/gpu": "1"}
+        return {"nvidia.com/gpu-memory": str(m * CARD_MEMORY // 1000 // MEMORY_UNIT_MIB),
+                "nvidia.com/gpu-core": str(m * CORE_PCT_PER_CARD // 1000)}
+    return {"nvidia.com/gpu": str(g)}
+
+
+def pod_body(pods: Pods, j: int, name: str, mode: str, gpu_scheduler: str, cpu_scheduler: str) -> dict:
+    """Trace row ``j`` as a Pod: its CPU and memory requests, its GPU request (:func:`gpu_limits`),
+    the GPU profile's scheduler name, or ``cpu_scheduler`` when it asks for no GPU."""
+    limits = gpu_limits(pods, j, mode)
+    requests = {"cpu": f"{int(pods.cpu_milli[j])}m"}
+    if int(pods.memory_mib[j]) > 0:
+        requests["memory"] = f"{int(pods.memory_mib[j])}Mi"
+    resources: dict[str, Any] = {"requests": requests}
+    if limits:
+        resources["limits"] = limits
+    spec: dict[str, Any] = {"schedulerName": gpu_scheduler if limits else cpu_scheduler,
+                            "terminationGracePeriodSeconds": 0,
+                            "containers": [{"name": "main", "image": IMAGE, "resources": resources}]}
+    meta: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "labels": {"app": "binpack"}}
+    models = pods.models(j)
+    if models and limits:
+        if mode == "stowage":
+            meta["annotations"] = {"stowage.io/gpu-model": ",".join(models)}
+        else:
+            spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": MODEL_LABEL, "operator": "In",
+                                                             "values": list(models)}]}]}}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+# --- watching outcomes ---------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    """What became of one pod: ``bound`` (node set), ``unschedulable`` (kube-scheduler said so),
+    ``error`` (PodScheduled=False for another reason, e.g. an extender error), ``timeout``."""
+
+    state: str
+    node: str = ""
+    message: str = ""
+    at: float = 0.0
+
+
+def outcome_of(pod: dict) -> Outcome | None:
+    """The terminal outcome this pod object shows, or None while it is still being decided."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node:
+        return Outcome("bound", node=node, at=time.monotonic())
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            state = "unschedulable" if c.get("reason") == "Unschedulable" else "error"
+            return Outcome(state, message=f"{c.get('reason')}: {c.get('message') or ''}", at=time.monotonic())
+    return None
+
+
+class PodWatch:
+    """One WATCH on the namespace's pods, in a thread: the first terminal outcome of every pod,
+    and the binds that come after a pod was already reported unschedulable (which would make
+    a failure count wrong). Waiters are woken per event, not by polling."""
+
+    def __init__(self, api: ApiSession, namespace: str) -> None:
+        self.api = api
+        self.path = f"/api/v1/namespaces/{namespace}/pods"
+        self.first: dict[str, Outcome] = {}
+        self.errors: dict[str, str] = {}      # pods that saw a non-Unschedulable failure, last message
+        self.late_binds: dict[str, str] = {}  # failed first, bound later
+        self.cond = threading.Condition()
+        self._stop = threading.Event()
+        _, self.rv = api.list_all(self.path)
+        self.thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for typ, obj in self.api.watch(self.path, self.rv, timeout_s=1800):
+                    if self._stop.is_set():
+                        return
+                    if typ == "ERROR":
+                        _, self.rv = self.api.list_all(self.path)  # 410 Gone: start again from now
+                        log.warning("pod watch: %s; resumed from a fresh list", obj.get("message"))
+                        break
+                    self.rv = (obj.get("metadata") or {}).get("resourceVersion", self.rv)
+                    if typ in ("ADDED", "MODIFIED"):
+                        self._event(obj)
+            except Exception as exc:  # noqa: BLE001 - a dropped stream: resume from the last version
+                if not self._stop.is_set():
+                    log.warning("pod watch dropped (%s); resuming", exc)
+                    time.sleep(0.5)
+
+    def _event(self, pod: dict) -> None:
+        name = pod["metadata"]["name"]
+        out = outcome_of(pod)
+        if out is None:
+            return
+        with self.cond:
+            if out.state == "error":
+                self.errors[name] = out.message
+                return  # kube-scheduler retries it: not terminal
+            prev = self.first.get(name)
+            if prev is None:
+                self.first[name] = out
+                self.cond.notify_all()
+            elif prev.state != "bound" and out.state == "bound":
+                self.late_binds[name] = out.node
+
+    def wait(self, name: str, timeout: float) -> Outcome:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while name not in self.first:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return Outcome("timeout", message=self.errors.get(name, "no answer"), at=time.monotonic())
+                self.cond.wait(left)
+            return self.first[name]
+
+    def wait_all(self, names: list[str], timeout: float) -> dict[str, Outcome]:
+        return {n: self.wait(n, max(0.0, timeout)) for n in names}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+# --- a cluster ------------------------------------------------------------------------------------
+
+@dataclass
+class RunOptions:
+    """How each run is set up (one fresh control plane per run)."""
+
+    work_dir: Path
+    port_base: int
+    workers: int = 2
+    threads: int = 16              # for creating nodes (and a burst's pods)
+    pod_timeout: float = 120.0
+    progress: bool = True
+    slot: int = 0                  # which of --jobs parallel runs (its progress bar's line)
+
+
+class Cluster:
+    """A fresh control plane with the trace's nodes, kube-scheduler and (stowage mode) the extender.
+
+    Fresh per run: pods never leave in this protocol, so a second run on the same cluster would
+    start full; a new etcd is the only state that is certainly empty."""
+
+    def __init__(self, nodes: Nodes, mode: str, opts: RunOptions) -> None:
+        self.nodes, self.mode, self.opts = nodes, mode, opts
+        self.k8s = LocalK8s(opts.work_dir, opts.port_base)
+        self.extender: ExtenderProc | None = None
+        self.api: ApiSession | None = None
+
+    def __enter__(self) -> "Cluster":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        t0 = time.monotonic()
+        self.k8s.up()
+        self.api = ApiSession(self.k8s.kubeconfig, pool=self.opts.threads + 4)
+        self.api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        t1 = time.monotonic()
+        self.create_nodes()
+        t2 = time.monotonic()
+        if self.mode == "stowage":
+            self.extender = ExtenderProc(self.k8s, port=free_port(), name="stowage-extender",
+                                         args=("--workers", str(self.opts.workers), "--log-level", "warning",
+                                               "--memory-unit-mib", str(MEMORY_UNIT_MIB))).start()
+            self.wait_extender_knows_nodes()
+            cfg = scheduler_config_for_test(self.extender.url)
+        else:
+            cfg = scheduler_config_for_test("http://127.0.0.1:1", extra=lambda c: c.pop("extenders"))
+        self.k8s.start_scheduler(cfg, name=f"kube-scheduler-{self.mode}")
+        log.info("%s cluster ready: control plane %.1fs, %d nodes %.1fs, scheduler%s %.1fs", self.mode, t1 - t0,
+                 len(self.nodes.names), t2 - t1, " + extender" if self.extender else "", time.monotonic() - t2)
+
+    def create_nodes(self) -> None:
+        """Every node in one create each (status included, as a kubelet registers), from a pool
+        of threads; admission adds the not-ready taint on create, so each is untainted after."""
+        def one(i: int) -> None:
+            body = node_body(self.nodes, i)
+            got = self.api.post("/api/v1/nodes", body)
+            if (got.get("spec") or {}).get("taints") or not (got.get("status") or {}).get("allocatable"):
+                self.api.merge_patch(f"/api/v1/nodes/{body['metadata']['name']}", {"spec": {"taints": None}})
+                if not (got.get("status") or {}).get("allocatable"):
+                    self.api.merge_patch(f"/api/v1/nodes/{body['metadata']['name']}/status", {"status": body["status"]})
+        with ThreadPoolExecutor(self.opts.threads) as ex:
+            list(tqdm(ex.map(one, range(len(self.nodes.names))), total=len(self.nodes.names), desc="nodes",
+                      unit="node", leave=False, disable=not self.opts.progress))
+
+    def wait_extender_knows_nodes(self) -> None:
+        """The extender learns nodes through its watch: start scheduling only once it has them all."""
+        want = len(self.nodes.names)
+
+        def known() -> bool:
+            st = self.extender.state()
+            return sum(1 for n in st["nodes"] if n.get("schedulable")) >= want
+        wait_until(known, 120, f"the extender to see all {want} nodes", interval=1.0)
+
+    def stop(self) -> None:
+        if self.extender is not None:
+            self.extender.stop()
+        self.k8s.down()
+
+
+# --- one replay ------------------------------------------------------------------------------------
+
+@dataclass
+class RealRun:
+    """One mode, one seed, through the real kube-scheduler."""
+
+    mode: str
+    seed: int
+    run: SeedRun
+    outcomes: dict[str, int]            # bound / unschedulable / timeout counts
+    late_binds: int
+    problems: list[str]                 # consistency problems found when reading every pod back
+    max_pods_on_a_node: int
+    seconds_replay: float
+    seconds_total: float
+    pods_per_s: float
+    first_failures: list[str] = field(default_factory=list)
+
+
+def pod_name(trace: str, seed: int, e: int) -> str:
+    return f"{trace}-{seed}-{e:05d}".lower()
+
+
+def arrivals(pods: Pods, capacity: int, seed: int, limit: int | None = None, until_pct: float | None = None,
+             inflate: float = INFLATE) -> np.ndarray:
+    """The seed's arrival order (the simulated replay's), cut after ``limit`` pods or once the
+    arrived GPU-milli would pass ``until_pct`` % of the cluster's capacity."""
+    order = arrival_order(pods, capacity, seed, inflate)
+    if until_pct is not None:
+        order = order[np.cumsum(pods.milli[order]) <= until_pct / 100.0 * capacity]
+    if limit is not None:
+        order = order[:limit]
+    return order
+
+
+def replay_real(nodes: Nodes, pods: Pods, mode: str, seed: int, opts: RunOptions, *,
+                limit: int | None = None, until_pct: float | None = None, inflate: float = INFLATE) -> RealRun:
+    """Replay one seed through the real kube-scheduler in ``mode``; see the module docstring."""
+    t_start = time.monotonic()
+    capacity = nodes.total_gpu_milli
+    order = arrivals(pods, capacity, seed, limit, until_pct, inflate)
+    gpu_sched, cpu_sched = scheduler_name(), cpu_scheduler_name()
+    arrived = np.zeros(len(order), np.int64)
+    allocated = np.zeros(len(order), np.int64)
+    counts = {"bound": 0, "unschedulable": 0, "timeout": 0}
+    failed = failed_milli = done = got = 0
+    first_failures: list[str] = []
+    names: dict[str, int] = {}
+    with Cluster(nodes, mode, opts) as cl:
+        watch = PodWatch(cl.api, NAMESPACE)
+        try:
+            t0 = time.monotonic()
+            bar = tqdm(total=len(order), desc=f"{mode} seed {seed}", unit="pod", disable=not opts.progress,
+                       position=opts.slot, leave=opts.slot == 0)
+            for e, j in enumerate(order):
+                j = int(j)
+                name = pod_name(pods.name, seed, e)
+                names[name] = j
+                cl.api.post(f"/api/v1/namespaces/{NAMESPACE}/pods", pod_body(pods, j, name, mode, gpu_sched, cpu_sched))
+                out = watch.wait(name, opts.pod_timeout)
+                milli = int(pods.milli[j])
+                done += milli
+                counts[out.state] = counts.get(out.state, 0) + 1
+                if out.state == "bound":
+                    got += milli
+                else:
+                    failed += 1
+                    failed_milli += milli
+                    if len(first_failures) < 5 and milli:
+                        first_failures.append(f"{name} ({dict(gpu_limits(pods, j, mode))}): {out.message[:300]}")
+                    if out.state == "timeout":
+                        log.warning("%s: no outcome after %.0fs (%s); counted as failed", name, opts.pod_timeout,
+                                    out.message[:200])
+                arrived[e], allocated[e] = done, got
+                bar.update(1)
+                if e % 200 == 0:
+                    bar.set_postfix(alloc=f"{100.0 * got / capacity:.1f}%", failed=failed)
+            bar.close()
+            t_replay = time.monotonic() - t0
+            time.sleep(1.0)  # let a late bind (if any) arrive before the read-back
+            problems, max_pods = check_cluster(cl.api, nodes, mode, watch, names, pods)
+            late = len(watch.late_binds)
+        finally:
+            watch.stop()
+    run = SeedRun(MODE_LABEL[mode], seed, arrived, allocated, failed, failed_milli, t_replay)
+    return RealRun(mode, seed, run, counts, late, problems, max_pods, t_replay, time.monotonic() - t_start,
+                   len(order) / max(t_replay, 1e-9), first_failures)
+
+
+def check_cluster(api: ApiSession, nodes: Nodes, mode: str, watch: PodWatch, names: dict[str, int],
+                  pods: Pods) -> tuple[list[str], int]:
+    """Read every pod back and check the end state against what the replay counted and against
+    the nodes' capacity. Returns (problems found, the most pods bound to one node)."""
+    problems: list[str] = []
+    items, _ = api.list_all(f"/api/v1/namespaces/{NAMESPACE}/pods")
+    by_name = {p["metadata"]["name"]: p for p in items}
+    missing = set(names) - set(by_name)
+    if missing:
+        problems.append(f"{len(missing)} pods created but not listed, e.g. {sorted(missing)[:3]}")
+    node_index = {n: i for i, n in enumerate(nodes.names)}
+    cpu = np.zeros(len(nodes.names), np.int64)
+    mem = np.zeros(len(nodes.names), np.int64)
+    count = np.zeros(len(nodes.names), np.int64)
+    whole = np.zeros(len(nodes.names), np.int64)
+    card_mem: dict[tuple[str, int], int] = {}
+    card_whole: dict[tuple[str, int], list[str]] = {}
+    for name, j in names.items():
+        p = by_name.get(name)
+        if p is None:
+            continue
+        node = p["spec"].get("nodeName")
+        first = watch.first.get(name)
+        counted = first is not None and first.state == "bound"
+        if bool(node) != counted or (node and first.node != node):
+            problems.append(f"{name}: counted {first.state if first else 'no outcome'}"
+                            f"{' on ' + first.node if counted else ''}, but nodeName is {node!r}")
+        if not node:
+            if ALLOCATION_ANNOTATION in (p["metadata"].get("annotations") or {}):
+                problems.append(f"{name}: not bound but carries an allocation record")
+            final = outcome_of(p)
+            if first is not None and first.state == "unschedulable" and (final is None or final.state != "unschedulable"):
+                problems.append(f"{name}: counted unschedulable, but its PodScheduled condition now says "
+                                f"{final.message[:120] if final else 'nothing'}")
+            continue
+        i = node_index.get(node)
+        if i is None:
+            problems.append(f"{name}: bound to {node}, not a node of the trace")
+            continue
+        cpu[i] += int(pods.cpu_milli[j])
+        mem[i] += int(pods.memory_mib[j])
+        count[i] += 1
+        limits = gpu_limits(pods, j, mode)
+        whole[i] += int(limits.get("nvidia.com/gpu", 0))
+        raw = (p["metadata"].get("annotations") or {}).get(ALLOCATION_ANNOTATION)
+        if mode != "stowage" or not limits:
+            if raw and mode == "stowage" and decode_allocation(raw).node != node:
+                problems.append(f"{name}: record names another node than {node}")
+            continue
+        if not raw:
+            problems.append(f"{name}: bound to {node} without {ALLOCATION_ANNOTATION}")
+            continue
+        rec = decode_allocation(raw)
+        if rec.node != node:
+            problems.append(f"{name}: record says {rec.node}, bound to {node}")
+            continue
+        n_cards = int(nodes.gpus[i])
+        idx = [c.index for c in rec.cards]
+        if len(set(idx)) != len(idx) or any(not 0 <= k < n_cards for k in idx):
+            problems.append(f"{name}: record cards {idx} on a node of {n_cards}")
+            continue
+        if "nvidia.com/gpu" in limits:
+            if not rec.whole or len(idx) != int(limits["nvidia.com/gpu"]):
+                problems.append(f"{name}: asks {limits} but the record holds {rec}")
+            for k in idx:
+                card_whole.setdefault((node, k), []).append(name)
+        else:
+            want = int(limits["nvidia.com/gpu-memory"]) * MEMORY_UNIT_MIB
+            if rec.whole or len(idx) != 1 or rec.cards[0].memory_mib != want:
+                problems.append(f"{name}: asks {limits} but the record holds {rec}")
+            card_mem[(node, idx[0])] = card_mem.get((node, idx[0]), 0) + rec.cards[0].memory_mib
+    for key, held in card_whole.items():
+        if len(held) > 1 or key in card_mem:
+            problems.append(f"{key[0]} card {key[1]} is whole for {held} and shared by others")
+    for key, used in card_mem.items():
+        if used > CARD_MEMORY:
+            problems.append(f"{key[0]} card {key[1]}: {used} of {CARD_MEMORY} memory units promised")
+    over = np.flatnonzero((cpu > nodes.cpu_milli) | (mem > nodes.memory_mib) | (count > PODS_PER_NODE)
+                          | (whole > nodes.gpus))
+    for i in over[:5]:
+        problems.append(f"{nodes.names[i]} over-committed: cpu {cpu[i]}/{nodes.cpu_milli[i]}m, memory "
+                        f"{mem[i]}/{nodes.memory_mib[i]}Mi, pods {count[i]}/{PODS_PER_NODE}, gpus {whole[i]}/{nodes.gpus[i]}")
+    return problems, int(count.max(initial=0))
+
+
+# --- the burst ---------------------------------------------------------------------------------------
+
+@dataclass
+class BurstRun:
+    mode: str
+    pods: int
+    bound: int
+    unschedulable: int
+    timeout: int
+    create_seconds: float
+    seconds: float
+
+    @property
+    def pods_per_s(self) -> float:
+        return self.bound / self.seconds if self.seconds else 0.0
+
+
+def burst(nodes: Nodes, pods: Pods, mode: str, n: int, seed: int, opts: RunOptions) -> BurstRun:
+    """``n`` GPU pods of the trace (the first ones of this seed's arrival order) created at once
+    on a fresh cluster; timed from the first create until the last one is bound or refused."""
+    order = [int(j) for j in arrival_order(pods, nodes.total_gpu_milli, seed) if pods.milli[int(j)] > 0][:n]
+    gpu_sched, cpu_sched = scheduler_name(), cpu_scheduler_name()
+    bodies = [pod_body(pods, j, f"burst-{e:04d}", mode, gpu_sched, cpu_sched) for e, j in enumerate(order)]
+    with Cluster(nodes, mode, opts) as cl:
+        watch = PodWatch(cl.api, NAMESPACE)
+        try:
+            t0 = time.monotonic()
+            with ThreadPoolExecutor(opts.threads) as ex:
+                list(ex.map(lambda b: cl.api.post(f"/api/v1/namespaces/{NAMESPACE}/pods", b), bodies))
+            t_created = time.monotonic() - t0
+            outs = watch.wait_all([b["metadata"]["name"] for b in bodies], opts.pod_timeout)
+            t_end = max(o.at for o in outs.values())
+        finally:
+            watch.stop()
+    states = [o.state for o in outs.values()]
+    return BurstRun(mode, len(bodies), states.count("bound"), states.count("unschedulable"), states.count("timeout"),
+                    t_created, t_end - t0)
+
+
+class Report:
+    """The tables and files of a run, rewritten after every finished replay, so that a
+    measurement cut short still leaves every run it finished on disk."""
+
+    def __init__(self, args: argparse.Namespace, nodes: Nodes, modes: list[str], t0: float) -> None:
+        self.args, self.nodes, self.modes, self.t0 = args, nodes, modes, t0
+        self.outs = [Path(args.out)] + ([RESULTS_DIR] if args.save else [])
+
+    def write(self, runs: list[RealRun], sims: dict[int, SeedRun], bursts: list[BurstRun],
+              final: bool = False) -> tuple[str, list[str]]:
+        args, capacity = self.args, self.nodes.total_gpu_milli
+        rows = summary_rows(runs, sims, bursts, capacity)
+        results = []
+        if sims:
+            results.append(PolicyResult(trace_name(args.trace), MODE_LABEL["simulated"],
+                                        np.stack([binned(sims[s], capacity) for s in sorted(sims)]),
+                                        sum(s.seconds for s in sims.values()), [s.failed for s in sims.values()]))
+        for mode in self.modes:
+            mine = sorted((r for r in runs if r.mode == mode), key=lambda r: r.seed)
+            if mine:
+                results.append(PolicyResult(trace_name(args.trace), MODE_LABEL[mode],
+                                            np.stack([binned(r.run, capacity) for r in mine]),
+                                            sum(r.seconds_replay for r in mine), [r.run.failed for r in mine]))
+        lines = []
+        if results:
+            lines.append(format_table(results, {}).replace("; [published]", f", median of seeds {sorted({r.seed for r in runs} | set(sims))}"))
+            lines.append(format_per_seed(rows))
+        if bursts:
+            lines.append("\n== burst: GPU pods created at once on the cluster ==")
+            for b in bursts:
+                lines.append(f"  {MODE_LABEL[b.mode]:<18} {b.pods} pods: {b.bound} bound, {b.unschedulable} unschedulable, "
+                             f"{b.timeout} no answer, in {b.seconds:.1f}s -> {b.pods_per_s:.1f} pods/s")
+            by = {b.mode: b for b in bursts}
+            if "stowage" in by and "plain" in by and by["plain"].pods_per_s:
+                lines.append(f"  extender / plain: {100 * by['stowage'].pods_per_s / by['plain'].pods_per_s:.0f} %")
+        problems = [p for r in runs for p in r.problems]
+        if problems:
+            lines.append(f"\nCONSISTENCY PROBLEMS ({len(problems)}):\n  " + "\n  ".join(problems[:20]))
+        meta = {"trace": trace_name(args.trace), "seeds": list(args.seeds), "modes": self.modes, "limit": args.limit,
+                "until_arrived_pct": args.until, "jobs": args.jobs, "complete": final,
+                "node_stride": args.node_stride, "nodes": len(self.nodes.names), "gpus": int(self.nodes.gpus.sum()),
+                "extender_workers": args.workers, "wall_seconds": round(time.monotonic() - self.t0, 1),
+                "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}",
+                "kubernetes": "v1.28.7 (../shared/k8s)", "scheduler_config": "scheduler-config/scheduler-config.yaml",
+                "gpu_scheduler_name": scheduler_name(), "cpu_only_scheduler_name": cpu_scheduler_name(),
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        doc = {"meta": meta, "rows": rows,
+               "bursts": [{**asdict(b), "pods_per_s": round(b.pods_per_s, 1)} for b in bursts],
+               "median_curves": {r.policy: [None if np.isnan(x) else round(float(x), 3) for x in r.median]
+                                 for r in results},
+               "problems": problems[:200]}
+        for out in self.outs:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "binpack_real.json").write_text(json.dumps(doc, indent=1))
+            if rows:
+                with (out / "binpack_real.csv").open("w", newline="") as fh:
+                    w = csv.DictWriter(fh, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+                    w.writeheader()
+                    w.writerows(rows)
+            if final:
+                lines.append(f"wrote {out / 'binpack_real.json'} and .csv")
+        return "\n".join(lines), problems
+
+
+_SLOT = 0
+
+
+def _init_worker(slots: Any) -> None:
+    global _SLOT
+    _SLOT = slots.get()
+
+
+def _task(job: tuple) -> RealRun:
+    nodes, pods, mode, seed, opts, limit, until = job
+    mine = RunOptions(**{**asdict(opts), "slot": _SLOT, "work_dir": opts.work_dir / f"slot{_SLOT}",
+                         "port_base": opts.port_base + 10 * _SLOT})
+    return replay_real(nodes, pods, mode, seed, mine, limit=limit, until_pct=until)
+
+
+def run_tasks(nodes: Nodes, pods: Pods, tasks: list[tuple[str, int]], opts: RunOptions, limit: int | None,
+              until: float | None, jobs: int) -> Iterator[RealRun]:
+    """The (mode, seed) replays, ``jobs`` at a time, each on its own control plane (work dir
+    slotK, ports port_base + 10*K); yields each run as it finishes."""
+    if jobs <= 1 or len(tasks) <= 1:
+        for mode, seed in tasks:
+            yield replay_real(nodes, pods, mode, seed, opts, limit=limit, until_pct=until)
+        return
+    ctx = mp.get_context("fork")
+    slots = ctx.Queue()
+    for k in range(jobs):
+        slots.put(k)
+    with ctx.Pool(jobs, initializer=_init_worker, initargs=(slots,), maxtasksperchild=None) as pool:
+        yield from pool.imap_unordered(_task, [(nodes, pods, m, s, opts, limit, until) for m, s in tasks])
+
+
+
+# --- the command -------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.binpack.real",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Replay an openb trace through a real kube-apiserver + kube-scheduler v1.28.7 "
+                    "(../shared/k8s), with the extender as deployed and with plain kube-scheduler, "
+                    "beside the simulated replay of the same seeds; optionally time a burst of GPU pods.",
+        epilog="Each run starts a fresh control plane (etcd, kube-apiserver) on 127.0.0.1 from --port-base\n"
+               "(N..N+3) in --work-dir, creates the trace's nodes, then creates the pods one at a time.\n"
+               "A full seed of the default trace is ~10,800 pods; see docs/binpack.md for wall times.\n\n"
+               "examples:\n"
+               "  python -m benchmarks.binpack.real --quick                 # smoke: ~200 nodes, 400 pods, seed 42\n"
+               "  python -m benchmarks.binpack.real --seeds 42,43,44 --burst 300 --save\n"
+               "  python -m benchmarks.binpack.real --seeds 42 --limit 2000 --modes stowage")
+    p.add_argument("--trace", default=DEFAULT_TRACE, help="trace name (default, gpushare40, ...) or CSV path")
+    p.add_argument("--seeds", type=parse_seeds, default=(42, 43, 44), help="42,43,44 (default), 42-44 or a count")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="comma list of stowage (kube-scheduler + extender) and plain (kube-scheduler alone)")
+    p.add_argument("--limit", type=int, default=None, help="only the first N arriving pods of each seed (smoke runs)")
+    p.add_argument("--until", type=float, default=None, metavar="PCT",
+                   help="stop each seed once the arrived GPU workload would pass PCT %% of capacity "
+                        "(e.g. 101 for the figures up to 100 %%; default: the whole 130 %% protocol)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="replays run side by side, each on its own control plane (ports +10 per job)")
+    p.add_argument("--node-stride", type=int, default=1, help="every K-th node of the trace (a smaller cluster of the same mix)")
+    p.add_argument("--burst", type=int, default=0, metavar="N",
+                   help="also time N GPU pods created at once, with the extender and plain (0: no burst)")
+    p.add_argument("--no-replay", action="store_true", help="only the burst")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: seed 42, every 6th node, the first 400 pods, a burst of 100")
+    p.add_argument("--workers", type=int, default=2, help="the extender's --workers (scheduler.yaml runs 2)")
+    p.add_argument("--pod-timeout", type=float, default=120.0, help="seconds to wait for one pod's outcome")
+    p.add_argument("--port-base", type=int, default=int(os.environ.get("STOWAGE_BENCH_PORT_BASE", "23950")),
+                   help="first of 4 loopback ports for etcd/kube-apiserver/kube-scheduler (default $STOWAGE_BENCH_PORT_BASE or 23950)")
+    p.add_argument("--work-dir", default=None, help="control plane files and logs (default: a temporary folder, kept on failure)")
+    p.add_argument("--data-dir", default=None, help="folder with the openb CSVs (default ../shared/openb, or $STOWAGE_OPENB)")
+    p.add_argument("--out", default="results/binpack_real", help="output folder (binpack_real.json, binpack_real.csv)")
+    p.add_argument("--save", action="store_true", help="also write the results to benchmarks/results/")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def summary_rows(runs: list[RealRun], sims: dict[int, SeedRun], bursts: list[BurstRun], capacity: int) -> list[dict]:
+    rows = []
+    for seed in sorted({r.seed for r in runs} | set(sims)):
+        entries: list[tuple[str, SeedRun, RealRun | None]] = []
+        if seed in sims:
+            entries.append(("simulated", sims[seed], None))
+        entries += [(r.mode, r.run, r) for r in runs if r.seed == seed]
+        for mode, run, real in entries:
+            curve = binned(run, capacity)
+            row = {"seed": seed, "mode": MODE_LABEL[mode]}
+            for pct in TABLE_POINTS:
+                row[f"alloc_at_{pct}"] = None if pct >= len(curve) or np.isnan(curve[pct]) else round(float(curve[pct]), 3)
+            row.update({"pods": len(run.arrived), "failed": run.failed,
+                        "seconds": round(run.seconds, 1)})
+            if real is not None:
+                row.update({"seconds_with_setup": round(real.seconds_total, 1), "pods_per_s": round(real.pods_per_s, 1),
+                            "unschedulable": real.outcomes.get("unschedulable", 0),
+                            "timeout": real.outcomes.get("timeout", 0), "late_binds": real.late_binds,
+                            "problems": len(real.problems), "max_pods_on_a_node": real.max_pods_on_a_node})
+            rows.append(row)
+    return rows
+
+
+def format_per_seed(rows: list[dict]) -> str:
+    head = f"{'seed':>4}  {'mode':<18}" + "".join(f"{'@' + str(p) + '%':>8}" for p in TABLE_POINTS) \
+        + f"{'pods':>7}{'failed':>7}{'checks':>8}{'time':>9}{'pods/s':>8}"
+    lines = ["", "== per seed: GPU allocation % at arrived % ==", head]
+    for r in rows:
+        cells = "".join(f"{'-' if r[f'alloc_at_{p}'] is None else format(r[f'alloc_at_{p}'], '.2f'):>8}" for p in TABLE_POINTS)
+        checks = "" if "problems" not in r else ("ok" if r["problems"] == 0 and r["late_binds"] == 0 and r["timeout"] == 0
+                                                else f"{r['problems']}p/{r['late_binds']}l/{r['timeout']}t")
+        lines.append(f"{r['seed']:>4}  {r['mode']:<18}{cells}{r['pods']:>7}{r['failed']:>7}{checks:>8}"
+                     f"{r['seconds']:>8.1f}s{r.get('pods_per_s', ''):>8}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if args.quick:
+        args.seeds, args.node_stride, args.limit = (42,), 6, args.limit or 400
+        args.burst = args.burst or 100
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        print(f"error: unknown mode(s) {bad}; choose from {', '.join(MODES)}", file=sys.stderr)
+        return 2
+    missing = missing_for_control_plane()
+    if missing:
+        print("error: the real control plane cannot run here: " + "; ".join(missing)
+              + " (see ../shared/k8s/README.md and docs/testing.md)", file=sys.stderr)
+        return 2
+    directory = data_dir(args.data_dir)
+    try:
+        nodes = load_nodes(directory)
+        if args.node_stride > 1:
+            nodes = subset(nodes, args.node_stride)
+        pods = load_pods(args.trace, directory)
+    except TraceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    own_dir = args.work_dir is None
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="stowage-binpack-real-"))
+    opts = RunOptions(work_dir=work, port_base=args.port_base, workers=args.workers, pod_timeout=args.pod_timeout,
+                      progress=not args.no_progress)
+    log.info("trace %s: %d nodes (%d GPUs), seeds %s, modes %s, limit %s; control plane in %s (ports %d-%d)",
+             trace_name(args.trace), len(nodes.names), int(nodes.gpus.sum()), list(args.seeds), modes, args.limit,
+             work, args.port_base, args.port_base + 3)
+    t_all = time.monotonic()
+    runs: list[RealRun] = []
+    sims: dict[int, SeedRun] = {}
+    bursts: list[BurstRun] = []
+    capacity = nodes.total_gpu_milli
+    report = Report(args, nodes, modes, t_all)
+    try:
+        if args.burst:
+            # first and alone: a burst timed beside replays would measure the replays too
+            for mode in modes:
+                b = burst(nodes, pods, mode, args.burst, args.seeds[0], opts)
+                bursts.append(b)
+                log.info("burst %s: %d pods, %d bound, %d unschedulable, %d no answer in %.1fs (created in %.1fs): "
+                         "%.1f pods/s", mode, b.pods, b.bound, b.unschedulable, b.timeout, b.seconds,
+                         b.create_seconds, b.pods_per_s)
+            report.write(runs, sims, bursts)
+        if not args.no_replay:
+            for seed in args.seeds:
+                n = len(arrivals(pods, capacity, seed, args.limit, args.until))
+                sims[seed] = replay(nodes, pods, "stowage", seed, limit=n)
+                sim_at = binned(sims[seed], capacity)
+                log.info("seed %d simulated: %.2f %% allocated at arrived 100 %% (%d pods, %.1fs)", seed,
+                         sim_at[100] if len(sim_at) > 100 else float("nan"), n, sims[seed].seconds)
+            tasks = [(mode, seed) for mode in modes for seed in args.seeds]
+            for r in run_tasks(nodes, pods, tasks, opts, args.limit, args.until, args.jobs):
+                runs.append(r)
+                at = binned(r.run, capacity)
+                log.info("seed %d %s: %.2f %% allocated at arrived 100 %%, %d pods, %d failed (%s), %.0fs "
+                         "(%.1f pods/s; %.0fs with setup); checks: %s", r.seed, r.mode,
+                         at[100] if len(at) > 100 else float("nan"), len(r.run.arrived), r.run.failed,
+                         ", ".join(f"{k} {v}" for k, v in r.outcomes.items() if v), r.seconds_replay,
+                         r.pods_per_s, r.seconds_total,
+                         "ok" if not r.problems and not r.late_binds else f"{r.problems[:5]} late binds {r.late_binds}")
+                for f in r.first_failures[:3]:
+                    log.info("  e.g. failed %s", f)
+                report.write(runs, sims, bursts)  # after every run: a cut-short measurement keeps what it has
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception:
+        log.exception("the run failed; logs of the peers are in %s", work)
+        return 1
+    text, problems = report.write(runs, sims, bursts, final=True)
+    print(text)
+    if own_dir and not problems:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
