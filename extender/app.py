@@ -36,7 +36,8 @@ def _json(doc: Any, status: int = 200) -> Response:
 
 def create_app(service: ExtenderService, *, url_prefix: str = "", ready: ReadyFn | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, lane: BigBodyLane | None = None) -> Flask:
-    """The Flask app serving ``service`` at ``{url_prefix}/filter``, ``/prioritize``, ``/bind``.
+    """The Flask app serving ``service`` at ``{url_prefix}/filter``, ``/prioritize``, ``/bind``,
+    ``/preempt``.
 
     ``ready`` reports whether the model is being kept up to date (the Kubernetes feeder says
     so); ``/readyz`` answers 503 with its message otherwise.

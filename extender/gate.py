@@ -4,7 +4,7 @@ The Kubernetes feeder lists nodes and pods in two threads and keeps them current
 ``/readyz`` says when that is not (yet) so. The verbs used to answer regardless: right after a
 start, with the nodes listed and the pods not yet, a node whose every card another pod held
 looked empty, and bind handed its cards out a second time. :class:`GatedVerbs` asks the same
-readiness check before every filter, prioritize and bind, in both serving layouts (the
+readiness check before every filter, prioritize, bind and preempt, in both serving layouts (the
 one-process app and the split layout's decision process use the same object):
 
 - filter: every node fails (``FailedNodes``, so kube-scheduler retries the pod once the model is

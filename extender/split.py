@@ -47,7 +47,7 @@ STOP_GRACE_S = 10.0
 
 
 def flask_other(app: Flask) -> OtherFn:
-    """Requests other than the three verbs (/state, /readyz, /metrics, ...) answered by the Flask
+    """Requests other than the verbs (/state, /readyz, /metrics, ...) answered by the Flask
     app itself, through WSGI: the same routes and error handling as the one-process layout."""
     from werkzeug.test import EnvironBuilder, run_wsgi_app
 

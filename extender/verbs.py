@@ -1,6 +1,7 @@
-"""The three verbs on raw bytes: decode the request, decide, encode the answer, count it.
+"""The verbs (filter, prioritize, bind, preempt) on raw bytes: decode the request, decide,
+encode the answer, count it.
 
-This is everything the HTTP face does for filter, prioritize and bind except reading the body
+This is everything the HTTP face does for filter, prioritize, bind and preempt except reading the body
 off the connection, kept free of any web framework so that the two serving layouts run the very
 same code: the one-process layout calls it from the Flask views (:mod:`extender.app`), the
 split layout from the decision process's relay server (:mod:`extender.relay`), with the HTTP
@@ -108,7 +109,7 @@ class Metrics:
 
 
 class Verbs:
-    """filter / prioritize / bind of one service, on request bytes.
+    """filter / prioritize / bind / preempt of one service, on request bytes.
 
     ``handle(verb, None)`` is the answer to a body over ``max_body_bytes`` (the caller decides
     that while reading, so an oversized body is never read whole): a 413, counted like any other
