@@ -55,6 +55,12 @@ class SchedBed:
                                                    name="stowage-kube-scheduler")
         return self._scheduler
 
+    def stop_scheduler(self) -> None:
+        """Stop this bed's kube-scheduler only (:meth:`ensure` starts it again)."""
+        if self._scheduler is not None and self.k8s.scheduler is self._scheduler:
+            self._scheduler.stop()
+            self.k8s.scheduler = None
+
     def stop(self) -> None:
         self.extender.stop()
         if self._scheduler is not None and self.k8s.scheduler is self._scheduler:

@@ -15,7 +15,9 @@ priorities alone:
 
 With the preempt verb the pod evicts gA only and binds on g; ``r`` keeps its pods. gA has a
 grace period, so it stays Terminating (no kubelet confirms it): meanwhile the preemptor waits,
-nominated to g, with gA's card still counted, and nothing else is evicted; once gA is gone it binds. A pod that
+nominated to g, with gA's card still counted, and nothing else is evicted. Once gA is gone its
+card is held for the preemptor against pods of lower priority (asked of the extender directly,
+with kube-scheduler stopped so that the moment lasts), and the preemptor binds there. A pod that
 asks for an H100 evicts on the H100 node only, never on the A100 node that kube-scheduler prefers.
 The contrast: the same scheduler config without ``preemptVerb`` (the same extender otherwise)
 evicts rA + rB, and the A100 pods, and the preemptor stays Pending.
@@ -134,7 +136,22 @@ def test_shared_pod_evicts_only_the_pod_whose_card_it_can_use(sched: SchedBed, p
     assert hi.status.nominated_node_name == g
     assert ga.metadata.uid in sched.extender.state()["allocations"]  # still counted while Terminating
     assert names(pool) == {"ra", "rb", "rc", "rd", "ga", "gb", "gc", "hi"}  # nothing else evicted meanwhile
+    # The freed card is held for the nominated pod against pods of lower priority. kube-scheduler is
+    # stopped for this, so that the moment between "ga gone" and "hi bound" lasts: the extender's
+    # filter, fed by its watch (hi's nominatedNodeName, ga's deletion), is asked directly.
+    sched.stop_scheduler()
     k8s.core.delete_namespaced_pod("ga", pool.namespace, grace_period_seconds=0)  # what a kubelet would confirm
+    wait_until(lambda: ga.metadata.uid not in sched.extender.state()["allocations"], 20, "the extender to free ga's card")
+    low = pool.body(PodSpec("lo", mem_gib=8))
+    low["metadata"]["uid"] = "uid-lo"
+    low["spec"]["priority"] = CLASSES["it-preempt-mid"]
+    with sched.extender.session() as s:
+        ans = s.post(sched.extender.url + "/filter", json={"Pod": low, "NodeNames": [g]}, timeout=10).json()
+        assert ans["NodeNames"] == [] and f"cards held for {pool.namespace}/hi" in ans["FailedNodes"][g], ans
+        mine = k8s.api_client().sanitize_for_serialization(pool.pod("hi"))
+        assert s.post(sched.extender.url + "/filter", json={"Pod": mine, "NodeNames": [g]},
+                      timeout=10).json()["NodeNames"] == [g]
+    sched.ensure()
     pod = pool.wait_bound(["hi"], timeout=40)["hi"]
     rec = record_of(pod)
     assert rec is not None and rec.node == g and rec.cards[0].index == freed
