@@ -71,6 +71,7 @@ log = logging.getLogger("binpack.real")
 
 MODES = ("stowage", "plain")
 MODE_LABEL = {"stowage": "stowage-real", "plain": "kube-sched-plain", "simulated": "stowage-simulated"}
+ROW_ORDER = ["stowage-simulated", "stowage-real", "kube-sched-plain"]
 MEMORY_UNIT_MIB = 1               # the fake device plugin's unit: one nvidia.com/gpu-memory = 1 MiB
 CORE_PCT_PER_CARD = 100
 PODS_PER_NODE = 110               # the kubelet's default maxPods
@@ -548,29 +549,63 @@ def burst(nodes: Nodes, pods: Pods, mode: str, n: int, seed: int, opts: RunOptio
                     t_created, t_end - t0)
 
 
+@dataclass
+class Reused:
+    """A run of an earlier invocation (``--reuse``): its binned curve and its table row."""
+
+    mode: str
+    seed: int
+    curve: np.ndarray
+    row: dict
+
+
+def load_reused(path: Path, modes: list[str], seeds: tuple[int, ...], trace: str, nodes: Nodes) -> tuple[list[Reused], dict]:
+    """The runs of ``modes`` and ``seeds`` in an earlier binpack_real.json of the same trace and
+    cluster. A run cut at a lower --until or --limit has a shorter curve: the arrival order is
+    the same, so what it has is what a longer run has at the same point."""
+    doc = json.loads(Path(path).read_text())
+    meta = doc.get("meta") or {}
+    if meta.get("trace") != trace or meta.get("nodes") != len(nodes.names) or meta.get("gpus") != int(nodes.gpus.sum()):
+        raise TraceError(f"--reuse {path}: measured on trace {meta.get('trace')} with {meta.get('nodes')} nodes, "
+                         f"not {trace} with {len(nodes.names)}")
+    rows = {(r["seed"], r["mode"]): r for r in doc.get("rows") or []}
+    out = [Reused(r["mode"], r["seed"], np.array([np.nan if x is None else x for x in r["curve"]], float),
+                  {**rows[(r["seed"], MODE_LABEL[r["mode"]])], "reused": str(path)})
+           for r in doc.get("runs") or [] if r["mode"] in modes and r["seed"] in seeds]
+    return out, {"file": str(path), "date": meta.get("date"), "modes": sorted({r.mode for r in out}),
+                 "until_arrived_pct": meta.get("until_arrived_pct"), "limit": meta.get("limit"), "jobs": meta.get("jobs")}
+
+
 class Report:
     """The tables and files of a run, rewritten after every finished replay, so that a
     measurement cut short still leaves every run it finished on disk."""
 
-    def __init__(self, args: argparse.Namespace, nodes: Nodes, modes: list[str], t0: float) -> None:
+    def __init__(self, args: argparse.Namespace, nodes: Nodes, modes: list[str], t0: float,
+                 reused: list[Reused] = (), reused_meta: dict | None = None) -> None:
         self.args, self.nodes, self.modes, self.t0 = args, nodes, modes, t0
+        self.reused, self.reused_meta = list(reused), reused_meta
         self.outs = [Path(args.out)] + ([RESULTS_DIR] if args.save else [])
 
     def write(self, runs: list[RealRun], sims: dict[int, SeedRun], bursts: list[BurstRun],
               final: bool = False) -> tuple[str, list[str]]:
         args, capacity = self.args, self.nodes.total_gpu_milli
         rows = summary_rows(runs, sims, bursts, capacity)
+        rows = sorted(rows + [r.row for r in self.reused],
+                      key=lambda r: (r["seed"], ROW_ORDER.index(r["mode"])))
         results = []
         if sims:
             results.append(PolicyResult(trace_name(args.trace), MODE_LABEL["simulated"],
                                         np.stack([binned(sims[s], capacity) for s in sorted(sims)]),
                                         sum(s.seconds for s in sims.values()), [s.failed for s in sims.values()]))
-        for mode in self.modes:
-            mine = sorted((r for r in runs if r.mode == mode), key=lambda r: r.seed)
+        for mode in MODES:
+            mine = [(r.seed, binned(r.run, capacity), r.seconds_replay, r.run.failed) for r in runs if r.mode == mode]
+            mine += [(r.seed, r.curve, r.row["seconds"], r.row["failed"]) for r in self.reused if r.mode == mode]
             if mine:
-                results.append(PolicyResult(trace_name(args.trace), MODE_LABEL[mode],
-                                            np.stack([binned(r.run, capacity) for r in mine]),
-                                            sum(r.seconds_replay for r in mine), [r.run.failed for r in mine]))
+                mine.sort(key=lambda x: x[0])
+                width = max(len(x[1]) for x in mine)
+                curves = np.stack([np.pad(c, (0, width - len(c)), constant_values=np.nan) for _, c, _, _ in mine])
+                results.append(PolicyResult(trace_name(args.trace), MODE_LABEL[mode], curves,
+                                            sum(x[2] for x in mine), [x[3] for x in mine]))
         lines = []
         if results:
             lines.append(format_table(results, {}).replace("; [published]", f", median of seeds {sorted({r.seed for r in runs} | set(sims))}"))
@@ -593,12 +628,18 @@ class Report:
                 "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}",
                 "kubernetes": "v1.28.7 (../shared/k8s)", "scheduler_config": "scheduler-config/scheduler-config.yaml",
                 "gpu_scheduler_name": scheduler_name(), "cpu_only_scheduler_name": cpu_scheduler_name(),
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "reused": self.reused_meta}
         doc = {"meta": meta, "rows": rows,
                "bursts": [{**asdict(b), "pods_per_s": round(b.pods_per_s, 1)} for b in bursts],
                "median_curves": {r.policy: [None if np.isnan(x) else round(float(x), 3) for x in r.median]
                                  for r in results},
-               "problems": problems[:200]}
+               "problems": problems[:200],
+               # each run's own binned curve: what --reuse reads back into a later run's tables
+               "runs": [{"mode": r.mode, "seed": r.seed,
+                         "curve": [None if np.isnan(x) else round(float(x), 4) for x in binned(r.run, capacity)]}
+                        for r in runs]
+                       + [{"mode": r.mode, "seed": r.seed, "curve": [None if np.isnan(x) else float(x) for x in r.curve],
+                           "reused": True} for r in self.reused]}
         for out in self.outs:
             out.mkdir(parents=True, exist_ok=True)
             (out / "binpack_real.json").write_text(json.dumps(doc, indent=1))
@@ -673,6 +714,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-stride", type=int, default=1, help="every K-th node of the trace (a smaller cluster of the same mix)")
     p.add_argument("--burst", type=int, default=0, metavar="N",
                    help="also time N GPU pods created at once, with the extender and plain (0: no burst)")
+    p.add_argument("--reuse", default=None, metavar="JSON",
+                   help="show the runs of the modes not run now from an earlier binpack_real.json of the same "
+                        "trace and cluster in the tables (e.g. plain rows measured before)")
     p.add_argument("--no-replay", action="store_true", help="only the burst")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: seed 42, every 6th node, the first 400 pods, a burst of 100")
@@ -761,7 +805,16 @@ def main(argv: list[str] | None = None) -> int:
     sims: dict[int, SeedRun] = {}
     bursts: list[BurstRun] = []
     capacity = nodes.total_gpu_milli
-    report = Report(args, nodes, modes, t_all)
+    reused, reused_meta = [], None
+    if args.reuse:
+        try:
+            reused, reused_meta = load_reused(Path(args.reuse), [m for m in MODES if m not in modes], args.seeds,
+                                              trace_name(args.trace), nodes)
+        except (OSError, ValueError, KeyError, TraceError) as exc:
+            print(f"error: --reuse {args.reuse}: {exc}", file=sys.stderr)
+            return 2
+        log.info("reusing %d runs of %s from %s (%s)", len(reused), reused_meta["modes"], args.reuse, reused_meta["date"])
+    report = Report(args, nodes, modes, t_all, reused, reused_meta)
     try:
         if args.burst:
             # first and alone: a burst timed beside replays would measure the replays too
