@@ -459,13 +459,13 @@ class ExtenderService:
                     msg = f"cannot bind {info.key} to {node} now: {why}"
                     log.info("bind refused: %s", msg)
                     return msg
-                # Step 3 on the whole arrays and row i, not the 1-row view: a placer's incremental
-                # index (FragIndex) is kept for model.a and would be rebuilt twice for another object.
                 held = self._nominee_hold(info.uid, self._bind_priority(info), node, req, policy)
                 if held is not None:
                     if not held[1].ok[0]:
                         return f"cannot bind {info.key} to {node} now: {held[0]}"
                     f = held[1]  # only the cards the nominated pods leave free
+                # Step 3 on the whole arrays and row i, not the 1-row view: a placer's incremental
+                # index (FragIndex) is kept for model.a and would be rebuilt twice for another object.
                 cards = decide.choose_cards(self.placers[policy.node], self.model.a, i, req, f, policy, row=0)
                 try:
                     alloc = self.model.assign(uid, info.key, node, cards, req, check=True)
@@ -598,11 +598,12 @@ class ExtenderService:
         prio = pod_priority(args.pod)
         out: dict[str, tuple[list[str], int]] = {}
         left = self.preempt_budget
+        skipped = 0
         for node, v in args.victims.items():
             if not v.uids:
                 continue
             if left <= 0:  # a request far beyond any kube-scheduler sends: the rest gets no eviction
-                log.warning("preempt %s: trial budget spent; %s not examined (dropped)", info.key, node)
+                skipped += 1
                 continue
             known = self.marks.priorities(v.uids)
             known.update(v.priorities)
@@ -613,8 +614,13 @@ class ExtenderService:
             left -= max(verdict.tried, 1)
             if verdict.victims:
                 out[node] = (list(verdict.victims), pdb_violations(v.num_pdb_violations, len(verdict.victims)))
-            log.info("preempt %s on %s: %s -> %s (%s)", info.key, node, len(v.uids),
-                     len(verdict.victims) if verdict.victims else "dropped", verdict.why)
+            log.debug("preempt %s on %s: %s -> %s (%s)", info.key, node, len(v.uids),
+                      len(verdict.victims) if verdict.victims else "dropped", verdict.why)
+        log.info("preempt %s: %d of %d candidate node(s) kept: %s", info.key, len(out), len(args.victims),
+                 "; ".join(f"{n}: {len(u)} victim(s)" for n, (u, _) in list(out.items())[:5])
+                 + (" ..." if len(out) > 5 else ""))
+        if skipped:
+            log.warning("preempt %s: trial budget spent; %d more node(s) not examined (dropped)", info.key, skipped)
         return out
 
     # ------------------------------------------------------------------------------ views
