@@ -195,8 +195,9 @@ class LocalK8s:
         return self.kubectl("create", "token", sa, "-n", namespace).stdout.strip()
 
     # --- kube-scheduler ----------------------------------------------------------------------
-    def start_scheduler(self, config: dict | str, name: str = "kube-scheduler") -> Proc:
-        """Run the real kube-scheduler with ``config`` (its --config); replaces one already running."""
+    def start_scheduler(self, config: dict | str, name: str = "kube-scheduler", extra_args: tuple[str, ...] = ()) -> Proc:
+        """Run the real kube-scheduler with ``config`` (its --config) and ``extra_args``; replaces
+        one already running."""
         if self.scheduler is not None:
             self.scheduler.stop()
         text = config if isinstance(config, str) else yaml.safe_dump(config, sort_keys=False)
@@ -207,7 +208,7 @@ class LocalK8s:
                                      "--bind-address=127.0.0.1", f"--secure-port={port}",
                                      f"--authentication-kubeconfig={self.kubeconfig}",
                                      f"--authorization-kubeconfig={self.kubeconfig}",
-                                     "--authentication-skip-lookup=true", "-v=2"],
+                                     "--authentication-skip-lookup=true", "-v=2", *extra_args],
                               self.dir / f"{name}.log").start()
         import requests
         import urllib3

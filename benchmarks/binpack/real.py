@@ -44,6 +44,7 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -303,7 +304,12 @@ class Cluster:
             cfg = scheduler_config_for_test(self.extender.url)
         else:
             cfg = scheduler_config_for_test("http://127.0.0.1:1", extra=lambda c: c.pop("extenders"))
-        self.k8s.start_scheduler(cfg, name=f"kube-scheduler-{self.mode}")
+        # Pods never leave here, so a pod kube-scheduler found unschedulable can never fit later;
+        # by default it still retries each one every 5 minutes, and at the end of a seed those
+        # retries of thousands of failed pods (full scheduling cycles over every node) outnumber
+        # the new pods. A retry cannot change a placement; it only slows the run.
+        self.k8s.start_scheduler(cfg, name=f"kube-scheduler-{self.mode}",
+                                 extra_args=("--pod-max-in-unschedulable-pods-duration=12h",))
         log.info("%s cluster ready: control plane %.1fs, %d nodes %.1fs, scheduler%s %.1fs", self.mode, t1 - t0,
                  len(self.nodes.names), t2 - t1, " + extender" if self.extender else "", time.monotonic() - t2)
 
@@ -521,6 +527,12 @@ class BurstRun:
     timeout: int
     create_seconds: float
     seconds: float
+    # where the time went, from the peers' own /metrics after the burst (seconds summed over
+    # calls): the extender's verbs, and kube-scheduler's scheduling algorithm (filter + score,
+    # extender calls included) and whole attempts (algorithm + reserve/permit; binds run apart)
+    extender_verbs: dict[str, tuple[int, float]] = field(default_factory=dict)
+    scheduler: dict[str, float] = field(default_factory=dict)
+    bind_retries: int = 0          # "Error scheduling pod; retrying" in kube-scheduler's log (e.g. a refused bind)
 
     @property
     def pods_per_s(self) -> float:
@@ -535,6 +547,8 @@ def burst(nodes: Nodes, pods: Pods, mode: str, n: int, seed: int, opts: RunOptio
     bodies = [pod_body(pods, j, f"burst-{e:04d}", mode, gpu_sched, cpu_sched) for e, j in enumerate(order)]
     with Cluster(nodes, mode, opts) as cl:
         watch = PodWatch(cl.api, NAMESPACE)
+        sched_log = cl.k8s.scheduler.log_path
+        offset = sched_log.stat().st_size
         try:
             t0 = time.monotonic()
             with ThreadPoolExecutor(opts.threads) as ex:
@@ -542,11 +556,60 @@ def burst(nodes: Nodes, pods: Pods, mode: str, n: int, seed: int, opts: RunOptio
             t_created = time.monotonic() - t0
             outs = watch.wait_all([b["metadata"]["name"] for b in bodies], opts.pod_timeout)
             t_end = max(o.at for o in outs.values())
+            verbs, sched = burst_metrics(cl)
+            with sched_log.open("rb") as fh:
+                fh.seek(offset)
+                retries = fh.read().count(b"Error scheduling pod; retrying")
         finally:
             watch.stop()
     states = [o.state for o in outs.values()]
     return BurstRun(mode, len(bodies), states.count("bound"), states.count("unschedulable"), states.count("timeout"),
-                    t_created, t_end - t0)
+                    t_created, t_end - t0, verbs, sched, retries)
+
+
+def _metric_sums(text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """``name{labels}`` -> value for the named series of a Prometheus text page."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(names):
+            key, _, value = line.rpartition(" ")
+            try:
+                out[key] = float(value)
+            except ValueError:
+                continue
+    return out
+
+
+def burst_metrics(cl: Cluster) -> tuple[dict[str, tuple[int, float]], dict[str, float]]:
+    """The extender's per-verb call counts and seconds, and kube-scheduler's time in its
+    scheduling algorithm and attempts; empty where a page cannot be read (never fails a run)."""
+    import re
+
+    import requests
+    verbs: dict[str, tuple[int, float]] = {}
+    sched: dict[str, float] = {}
+    try:
+        if cl.extender is not None:
+            with cl.extender.session() as sess:
+                text = sess.get(cl.extender.url + "/metrics", timeout=10).text
+            m = _metric_sums(text, ("stowage_extender_request_duration_seconds_sum",
+                                    "stowage_extender_request_duration_seconds_count"))
+            for key, v in m.items():
+                verb = re.search(r'verb="([^"]+)"', key)
+                if verb:
+                    n, t = verbs.get(verb.group(1), (0, 0.0))
+                    verbs[verb.group(1)] = (n + int(v), t) if "_count" in key else (n, t + v)
+        text = requests.get(f"https://127.0.0.1:{cl.k8s.port_base + 3}/metrics", verify=False, timeout=10,
+                            headers={"Authorization": cl.api.session.headers["Authorization"]}).text
+        m = _metric_sums(text, ("scheduler_scheduling_algorithm_duration_seconds_sum",
+                                "scheduler_scheduling_attempt_duration_seconds_sum",
+                                "scheduler_scheduling_attempt_duration_seconds_count"))
+        for key, v in m.items():
+            name = key.split("{")[0].replace("scheduler_scheduling_", "").replace("_duration_seconds", "")
+            sched[name] = sched.get(name, 0.0) + v
+    except Exception as exc:  # noqa: BLE001 - the figures are an explanation, not the measurement
+        log.warning("could not read the peers' metrics after the burst: %s", exc)
+    return verbs, sched
 
 
 @dataclass
@@ -615,6 +678,16 @@ class Report:
             for b in bursts:
                 lines.append(f"  {MODE_LABEL[b.mode]:<18} {b.pods} pods: {b.bound} bound, {b.unschedulable} unschedulable, "
                              f"{b.timeout} no answer, in {b.seconds:.1f}s -> {b.pods_per_s:.1f} pods/s")
+                spent = [f"{v} {n} calls {t:.1f}s ({1000 * t / max(n, 1):.1f} ms each)" for v, (n, t) in sorted(b.extender_verbs.items())
+                         if n and v in ("filter", "prioritize", "bind")]
+                if b.scheduler:
+                    spent.append(f"kube-scheduler: algorithm {b.scheduler.get('algorithm_sum', 0):.1f}s, "
+                                 f"attempts {b.scheduler.get('attempt_sum', 0):.1f}s over {int(b.scheduler.get('attempt_count', 0))}")
+                if spent:
+                    lines.append("      time spent: " + "; ".join(spent))
+                if b.bind_retries:
+                    lines.append(f"      {b.bind_retries} scheduling attempts failed and were retried (kube-scheduler's log: "
+                                 f"e.g. a bind refused because the card was taken by a bind in flight)")
             by = {b.mode: b for b in bursts}
             if "stowage" in by and "plain" in by and by["plain"].pods_per_s:
                 lines.append(f"  extender / plain: {100 * by['stowage'].pods_per_s / by['plain'].pods_per_s:.0f} %")
@@ -656,9 +729,18 @@ class Report:
 _SLOT = 0
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C (each run's control plane is stopped on the way out), also in a
+    background job, where SIGINT is ignored."""
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, handler)
+
+
 def _init_worker(slots: Any) -> None:
     global _SLOT
     _SLOT = slots.get()
+    _exit_on_sigterm()
 
 
 def _task(job: tuple) -> RealRun:
@@ -770,6 +852,7 @@ def format_per_seed(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _exit_on_sigterm()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     if args.quick:
         args.seeds, args.node_stride, args.limit = (42,), 6, args.limit or 400
