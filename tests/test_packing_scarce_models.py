@@ -89,3 +89,55 @@ def test_without_the_models_the_placer_cannot_protect_the_scarce_cards():
         outcomes.append(place_all("stowage", two_nodes(), warm_up(),
                                   [(WHOLE, ANY), (WHOLE, ANY), (WHOLE, T4), (WHOLE, T4)], tie, learn_models=False))
     assert any(None in o for o in outcomes), outcomes
+
+
+def test_model_pressure_is_the_reserved_share_of_each_models_cards():
+    """q_S * all cards / S's cards per model list S, summed per model, at most 1: with 2 T4 and
+    6 G2 cards and 1 in 8 GPU pods T4-only, a T4 card is half wanted by them (1/8 * 8/2); with
+    1 in 4, fully (capped); pods that may run anywhere put no pressure on any model."""
+    n = Nodes(names=("t4", "g2"), cpu_milli=np.array([64000, 64000]), memory_mib=np.array([512000, 512000]),
+              gpus=np.array([2, 6]), model=("T4", "G2"))
+    for t4_only, want in ((1, 0.5), (2, 1.0), (0, 0.0)):
+        model = build_cluster(n)
+        placer = attach_placer(get_placer("stowage"), model, seed=0)
+        for k in range(8):
+            placer.observe(WHOLE, T4 if k < t4_only else ANY)
+        rho = placer.model_pressure(model.a)
+        t4, g2 = model.models.index("T4"), model.models.index("G2")
+        assert rho[t4] == pytest.approx(want) and rho[g2] == 0.0
+
+
+@pytest.mark.parametrize("tie", [np.array([0, 1]), np.array([1, 0])], ids=["t4-first", "g2-first"])
+@pytest.mark.parametrize("weight", [1.0, 0.0], ids=["pressure", "no-pressure"])
+def test_pressure_outweighs_the_memory_pull_of_the_scarce_model(monkeypatch, tie, weight):
+    """The case of the constrained openb variants: the scarce model's node is rich in host
+    memory (T4: 1,000 GB for 4 cards), the common model's poor (G2: 200 GB for 4 cards, the
+    learned mean per GPU), and the unconstrained pods are memory-hungry (60 GB). The stranding
+    term alone sends them to the T4 node, where the T4-only pods that come next (a quarter of
+    the GPU pods seen) then find no card. The model pressure (half of every T4 card is wanted:
+    1/4 of the pods * 8 cards / 4 T4 cards) keeps them on G2 and all six pods fit."""
+    import packing.strategies.stowage_frag as sf
+    monkeypatch.setattr(sf.StowageFragPlacer, "pressure_weight", weight)
+    n = Nodes(names=("t4", "g2"), cpu_milli=np.array([64000, 64000]), memory_mib=np.array([1_000_000, 200_000]),
+              gpus=np.array([4, 4]), model=("T4", "G2"))
+    hungry = GpuRequest(gpus=1, cpu_milli=2000, host_mem_mib=60_000)
+    small = GpuRequest(gpus=1, cpu_milli=2000, host_mem_mib=20_000)
+    history = [(small, T4) if k % 4 == 0 else (hungry, ANY) for k in range(8)]
+    got = place_all("stowage", build_cluster(n), history, [(hungry, ANY)] * 2 + [(small, T4)] * 4, tie)
+    if weight:
+        assert got == ["g2"] * 2 + ["t4"] * 4
+    else:
+        assert got[:2] == ["t4"] * 2 and None in got[2:]
+
+
+@pytest.mark.parametrize("tie", [np.array([0, 1]), np.array([1, 0])], ids=["t4-first", "g2-first"])
+def test_pressure_keeps_unconstrained_pods_off_the_wanted_model_when_fragmentation_cannot_tell(tie):
+    """4 T4 and 4 G2 cards, a quarter of the GPU pods T4-only and every pod a whole GPU: both
+    nodes still fit every class after one more pod, so the fragmentation score is the same
+    on both; only the pressure (the T4 cards are wanted) says where the unconstrained pods go.
+    Four unconstrained pods then four T4-only ones: all fit only if the first four take G2."""
+    n = Nodes(names=("t4", "g2"), cpu_milli=np.array([64000, 64000]), memory_mib=np.array([512000, 512000]),
+              gpus=np.array([4, 4]), model=("T4", "G2"))
+    history = [(WHOLE, T4 if k % 4 == 0 else ANY) for k in range(8)]
+    arrivals = [(WHOLE, ANY)] * 4 + [(WHOLE, T4)] * 4
+    assert place_all("stowage", build_cluster(n), history, arrivals, tie) == ["g2"] * 4 + ["t4"] * 4

@@ -47,6 +47,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from stowage.inventory import model_matches
 from stowage.resources import GpuRequest
 
 from ..frag import MILLI, FragPlacerBase, PodClass, model_list, same_as_previous_card
@@ -55,6 +56,7 @@ from ..placer import choose_cards_default, choose_whole_cards, first_free_cards,
 from ..pod_policy import SPREAD, PodPolicy
 
 STRAND_WEIGHT = 2.0
+PRESSURE_WEIGHT = 1.0  # model pressure: cost per GPU-milli taken on a card whose model is wanted
 CHURN_COST = 1e5   # churn mode: placing a GPU pod on a node that runs no GPU pod (see the module doc)
 
 
@@ -64,6 +66,7 @@ class StowageFragPlacer(FragPlacerBase):
     name = "stowage-frag"
     host_memory = True
     strand_weight = STRAND_WEIGHT
+    pressure_weight = PRESSURE_WEIGHT
 
     def __init__(self) -> None:
         self._version = 0
@@ -82,6 +85,11 @@ class StowageFragPlacer(FragPlacerBase):
         self._share_core: list[int] = []
         self._share_mem: list[int] = []
         self._milli_on: dict[float, tuple[int, float]] = {}
+        # GPU demand seen, [whole-GPU milli, share compute milli, share card memory]: of all GPU
+        # pods, and per list of allowed models (see model_pressure).
+        self.gpu_demand = [0.0, 0.0, 0.0]
+        self.model_demand: dict[tuple[str, ...], list[float]] = {}
+        self._pressure: np.ndarray | None = None
 
     # ------------------------------------------------------------------ churn mode
     @property
@@ -136,8 +144,17 @@ class StowageFragPlacer(FragPlacerBase):
         """Learn the workload: class counts (with the GPU models each class may use) and host
         resources per GPU-milli. The typical-pod table is rebuilt at 1, 2, 4, ... 256 pods, then
         every 128 pods (a full recompute)."""
-        self.workload.add(PodClass.of(req, model_list(models), host_memory=self.host_memory))
+        allowed = model_list(models)
+        self.workload.add(PodClass.of(req, allowed, host_memory=self.host_memory))
         if req.is_gpu:
+            for acc in (self.gpu_demand, self.model_demand.setdefault(allowed, [0.0, 0.0, 0.0]) if allowed else None):
+                if acc is None:
+                    continue
+                if req.is_whole:
+                    acc[0] += req.gpus * MILLI
+                else:
+                    acc[1] += req.core_milli
+                    acc[2] += req.mem_mib
             key = self._strand_key()
             if req.is_whole:
                 self.whole_milli += req.gpus * MILLI
@@ -199,10 +216,74 @@ class StowageFragPlacer(FragPlacerBase):
         feed = np.where(milli > 0, feed, np.inf)
         return np.maximum(idle - np.maximum(feed, 0), 0)
 
+    # ------------------------------------------------------------------ model pressure
+    def _rebuild(self) -> None:
+        super()._rebuild()
+        self._pressure = None       # the demand shares moved: recompute with the new table
+
+    def bind_models(self, models: Sequence[str]) -> None:
+        super().bind_models(models)
+        self._pressure = None
+
+    def model_pressure(self, a: CardArrays) -> np.ndarray:
+        """[model ids] the share of a card of each GPU model that pods limited to a list of
+        models holding it will want, learned online (see the module doc): for every list S
+        seen, q_S (its share of the GPU demand seen) times all cards over S's cards, summed
+        over the lists a model is on, at most 1. All zeros while no pod has been limited to
+        models. Computed once per learned table (kept until the table is rebuilt, so a score
+        stays a function of the node's row and :attr:`version`)."""
+        if self._pressure is not None:
+            if len(self._pressure) > int(a.model.max(initial=0)):
+                return self._pressure
+            self.version += 1   # a model the table did not know: the pressures move
+        nids = int(a.model.max(initial=0)) + 1
+        names = list(self._models) + ["UNKNOWN"] * max(0, nids - len(self._models))
+        rho = np.zeros(max(nids, len(names)))
+        valid = a.exists & a.healthy
+        if self.model_demand and valid.any():
+            supply = np.bincount(a.model[valid], minlength=len(rho)).astype(np.float64)
+            card = float(np.median(a.mem_total[valid]))
+
+            def milli(acc: list[float]) -> float:
+                return acc[0] + max(acc[1], acc[2] * MILLI / max(card, 1.0))
+
+            total = milli(self.gpu_demand)
+            for allowed, acc in self.model_demand.items():
+                on = np.array([any(model_matches(p, m) for p in allowed) for m in names], bool)
+                if total > 0 and supply[on].sum() > 0:
+                    rho[on] += milli(acc) / total * supply.sum() / supply[on].sum()
+        self._pressure = np.minimum(rho, 1.0)
+        return self._pressure
+
+    def pressure_cost(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray | None,
+                      rows: np.ndarray | None, kk: np.ndarray | None) -> np.ndarray | float:
+        """GPU-milli the pod takes times the pressure on the cards' model: per node for a
+        whole-GPU pod (its usable cards' mean pressure), per (node, card) pair for a share."""
+        if not req.is_gpu or not self.model_demand:
+            return 0.0
+        rho = self.model_pressure(a)
+        if not rho.any():
+            return 0.0
+        if rows is None:
+            u = usable[idx] if usable is not None else (a.exists[idx] & a.healthy[idx])
+            mean = (u * rho[a.model[idx]]).sum(axis=1) / np.maximum(u.sum(axis=1), 1)
+            return req.gpus * MILLI * mean
+        ii = idx[rows]
+        ix = self.index
+        taken = ix.left[ii, kk] - ix.left_after_share(a, ii, kk, req)
+        return np.maximum(taken, 0) * rho[a.model[ii, kk]]
+
     def _pair_scores(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray,
                      pairs: tuple[np.ndarray, np.ndarray] | None = None):
         """(score, rows, cards) of a share per usable (node, card) pair (``pairs``: only those,
-        see :meth:`frag_after`), or (score per node, None, None) for other pods."""
+        see :meth:`frag_after`), or (score per node, None, None) for other pods: the
+        fragmentation and stranding score less the model pressure cost."""
+        s, rows, kk = self._base_scores(a, req, idx, usable, pairs)
+        cost = self.pressure_cost(a, req, idx, usable, rows, kk)
+        return (s - self.pressure_weight * cost if np.ndim(cost) else s), rows, kk
+
+    def _base_scores(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray,
+                     pairs: tuple[np.ndarray, np.ndarray] | None = None):
         before, after, rows, kk = self.frag_after(a, req, idx, usable, pairs)
         ix = self.index
         n = len(idx)
