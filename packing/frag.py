@@ -49,6 +49,9 @@ def model_list(models: Sequence[str]) -> tuple[str, ...]:
     return tuple(sorted({m for m in models if m}))
 
 
+LOOKUP_ABOVE = 64   # FragTable.weight: classes above which W is looked up, not summed
+
+
 @dataclass(frozen=True)
 class PodClass:
     """The shape of a pod as far as packing is concerned (FGD's "typical pod" key)."""
@@ -168,9 +171,12 @@ class FragTable:
         for g, c, p in zip(cls_g, cls_cpu, cls_p):
             cum[g, int(np.searchsorted(self.thresholds, c)) + 1] += p
         self.cum_w = np.cumsum(cum, axis=1)
-        # With host memory: the same as a 2-D cumulative table over (CPU, memory) thresholds,
-        # so W is one lookup per node whatever the number of classes (a matrix product over
-        # the classes cost most of a request once model lists multiplied the classes).
+        # With host memory and many classes: the same as a 2-D cumulative table over (CPU,
+        # memory) thresholds, so W is one lookup per node whatever the number of classes (a
+        # matrix product over the classes cost most of a request once model lists multiplied
+        # the classes). Up to LOOKUP_ABOVE classes the product stays: equal up to float
+        # rounding, and rounding decides near-ties, so the openb traces without model lists
+        # (53 classes) replay exactly as before.
         self.mem_thresholds = np.unique(np.array(cls_mem, np.float64))
         cum2 = np.zeros((len(keys), len(self.thresholds) + 1, len(self.mem_thresholds) + 1))
         for g, c, hm, p in zip(cls_g, cls_cpu, cls_mem, cls_p):
@@ -198,6 +204,9 @@ class FragTable:
         if not self.uses_mem:
             pos = np.searchsorted(self.thresholds, np.minimum(cpu_free, 1e18), side="right")
             return self.cum_w[:, pos]
+        if self.m.shape[1] <= LOOKUP_ABOVE:
+            ok = (self.cls_cpu <= cpu_free[None]) & (self.cls_mem <= hmem_free[None])
+            return self.m @ ok
         pc = np.searchsorted(self.thresholds, np.minimum(cpu_free, 1e18), side="right")
         pm = np.searchsorted(self.mem_thresholds, np.minimum(hmem_free, 1e18), side="right")
         return self.cum_w2[:, pc, pm]

@@ -1,18 +1,21 @@
 """FragTable.weight with host memory: the 2-D cumulative lookup gives, for every node, the total
 frequency of each group's classes whose CPU and host memory both fit what is left — the same
-as summing over the classes directly, at thresholds, between them, and at the extremes."""
+as summing over the classes directly, at thresholds, between them, and at the extremes, both
+for a small table (a matrix product) and a large one (a 2-D cumulative lookup)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from packing.frag import FragTable, PodClass
 from stowage.resources import GpuRequest
 
 
-def test_weight_lookup_equals_the_sum_over_classes():
+@pytest.mark.parametrize("n", [40, 120], ids=["summed", "looked-up"])
+def test_weight_lookup_equals_the_sum_over_classes(n):
     rng = np.random.default_rng(5)
     classes = []
-    for _ in range(120):
+    for _ in range(n):
         cpu, mem = int(rng.choice([0, 1000, 4000, 8000, 16000])), int(rng.choice([0, 2000, 16000, 64000]))
         models = [(), ("T4",), ("G2", "T4")][int(rng.integers(3))]
         if rng.random() < 0.5:
