@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from packing.fit import (NO_GPUS, NOT_SCHEDULABLE, WHOLE_ONLY, msg_compute, msg_cpu, msg_free_cards, msg_host_memory,
+from packing.fit import (FITS, NO_GPUS, NOT_SCHEDULABLE, POD_LIMIT, WHOLE_ONLY, msg_compute, msg_cpu, msg_free_cards, msg_host_memory,
                          msg_memory, msg_no_usable_card, msg_tail, row_any, row_count)
 from packing.model import CardArrays, ClusterModel
 from stowage.resources import GpuRequest
@@ -70,9 +70,13 @@ def reasons(a: CardArrays, rows: np.ndarray, req: GpuRequest, allowed: np.ndarra
     present = a.exists[rows]
     cpu, hmem = a.cpu_free[rows], a.hmem_free[rows]
     settle(~node_ok, [], lambda: NOT_SCHEDULABLE)
-    settle(~row_any(present), [], lambda: NO_GPUS)
+    if req.is_gpu:
+        settle(~row_any(present), [], lambda: NO_GPUS)
     settle(cpu < req.cpu_milli, [cpu], lambda c: msg_cpu(c, req))
     settle(hmem < req.host_mem_mib, [hmem], lambda h: msg_host_memory(h, req))
+    settle(a.pod_room[rows] < 1, [], lambda: POD_LIMIT)
+    if not req.is_gpu:
+        settle(left, [], lambda: FITS)
     if not left.any():
         return out.tolist()
     eligible = allowed[rows]

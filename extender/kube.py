@@ -248,7 +248,7 @@ class KubeFeeder:
         if t_dead:
             return False, f"{', '.join(t_dead)} watch thread stopped"
         # (Asked before every verb too: counts only, nothing copied.)
-        return True, f"in sync with the API server: {len(self.model.index)} nodes, {len(self.model.allocations)} GPU pods"
+        return True, f"in sync with the API server: {len(self.model.index)} nodes, {len(self.model.allocations)} pods bound"
 
     def status(self) -> dict[str, Any]:
         """Counters for /metrics and ``stowage inspect``."""
@@ -441,7 +441,8 @@ class KubeFeeder:
                 unchanged = self._node_fp.get(v.name) == v.fingerprint() and v.name in self.model.index
                 self._node_fp[v.name] = v.fingerprint()
             if not unchanged:
-                self.model.upsert_node(v.name, v.inventory, schedulable=v.schedulable)
+                self.model.upsert_node(v.name, v.inventory, cpu_milli=v.cpu_milli, host_mem_mib=v.mem_mib,
+                                       max_pods=v.max_pods, schedulable=v.schedulable)
                 if self.on_cards_freed is not None:
                     self.on_cards_freed(self.model.generation)
         except Exception:  # never let one odd object stop the feed
@@ -498,6 +499,8 @@ class KubeFeeder:
             if first:
                 log.error("pod %s (uid %s): %s. Stowage cannot tell which cards it uses; they are NOT counted "
                           "(any earlier valid record is kept)", v.key, v.uid, v.error)
+            if v.node and v.uid not in self.model.allocations:
+                self._hold_host(v)  # it still runs there: its CPU, memory and pod slot count
             return
         with self._lock:
             self._pod_errors.pop(v.uid, None)
@@ -513,7 +516,7 @@ class KubeFeeder:
         if v.record is not None:
             if known == v.record:
                 return  # nothing new for the model (status updates, our own bind echo)
-            self.model.assign(v.uid, v.key, **assign_args(v.record))
+            self.model.assign(v.uid, v.key, **assign_args(v.record, v.cpu_milli, v.host_mem_mib))
             with self._lock:
                 self._records[v.uid] = v.record
                 self._unrecorded.pop(v.uid, None)
@@ -521,9 +524,19 @@ class KubeFeeder:
         if known is not None:
             # The record we applied was removed (a failed bind rolled it back): the cards are free.
             self._forget_pod(v.uid, departed=False)
-            return
         if v.node:
             self._note_unrecorded(pod, v.uid, v.key, v.node)
+            self._hold_host(v)
+
+    def _hold_host(self, v: Any) -> None:
+        """A pod bound to a node without cards in the model (no GPU, or another scheduler's GPU
+        pod): it holds its CPU, memory and a pod slot there, which the model counts as
+        kube-scheduler does. Kept as it is when already held there (our own bind's reservation)."""
+        held = self.model.allocations.get(v.uid)
+        if held is not None and held.node == v.node and (held.cpu_milli, held.host_mem_mib) == (
+                v.cpu_milli, v.host_mem_mib):
+            return
+        self.model.assign(v.uid, v.key, v.node, (), v.host_request, check=False)
 
     def _note_unrecorded(self, pod: Mapping[str, Any], uid: str, key: str, node: str) -> None:
         """A bound GPU pod without our record (bound by another scheduler): say so once."""

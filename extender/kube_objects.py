@@ -11,7 +11,10 @@ from typing import Any, Mapping
 from stowage.allocation import (ALLOCATION_ANNOTATION, AllocationError, AllocationRecord, RecordTrust,
                                 allocation_of_pod)
 from stowage.inventory import Inventory, InventoryError, inventory_from_node
-from stowage.resources import GpuRequest
+from stowage.resources import (GpuRequest, RequestError, parse_quantity, pod_host_request, quantity_to_bytes,
+                               quantity_to_milli)
+
+INF = float("inf")
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -50,10 +53,34 @@ class NodeView:
     inventory: Inventory
     schedulable: bool
     error: str = ""  # set when the inventory could not be read (the node then has no cards)
+    cpu_milli: float = INF   # status.allocatable (INF: not stated, not modelled)
+    mem_mib: float = INF
+    max_pods: float = INF
 
     def fingerprint(self) -> tuple:
         """Equal fingerprints mean an update would not change the model (heartbeats are skipped)."""
-        return (self.inventory, self.schedulable, self.error)
+        return (self.inventory, self.schedulable, self.error, self.cpu_milli, self.mem_mib, self.max_pods)
+
+
+def node_allocatable(node: Mapping[str, Any]) -> tuple[float, float, float]:
+    """(milli-CPU, memory MiB, pods) from ``status.allocatable``, what kube-scheduler's
+    NodeResourcesFit counts requests against. A missing or unreadable value is INF (not
+    modelled: kube-scheduler still checks it itself)."""
+    status = node.get("status")
+    alloc = status.get("allocatable") if isinstance(status, Mapping) else None
+    if not isinstance(alloc, Mapping):
+        return INF, INF, INF
+
+    def read(key: str, conv: Any) -> float:
+        if key not in alloc:
+            return INF
+        try:
+            return float(conv(alloc[key]))
+        except (RequestError, TypeError, ValueError, ArithmeticError):
+            return INF
+
+    return (read("cpu", quantity_to_milli), read("memory", lambda v: quantity_to_bytes(v, "memory") / float(1 << 20)),
+            read("pods", lambda v: int(parse_quantity(v))))
 
 
 def node_view(node: Mapping[str, Any]) -> NodeView:
@@ -65,7 +92,9 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
     except (InventoryError, TypeError, ValueError, AttributeError) as exc:
         inv = Inventory(cards=(), source="invalid")
         err = str(exc) or repr(exc)
-    return NodeView(name=name, inventory=inv, schedulable=node_schedulable(node), error=err)
+    cpu, mem, pods = node_allocatable(node)
+    return NodeView(name=name, inventory=inv, schedulable=node_schedulable(node), error=err,
+                    cpu_milli=cpu, mem_mib=mem, max_pods=pods)
 
 
 @dataclass(frozen=True)
@@ -79,10 +108,19 @@ class PodView:
     record: AllocationRecord | None
     error: str = ""                # malformed allocation annotation
     has_annotation: bool = False
+    cpu_milli: int = 0             # host CPU / memory by the effective-request rule (pod_host_request)
+    host_mem_mib: float = 0
+    scheduler: str = ""            # spec.schedulerName ("default-scheduler" when unset)
 
     @property
     def holds_cards(self) -> bool:
         return self.record is not None and not self.terminal
+
+    @property
+    def host_request(self) -> GpuRequest:
+        """The pod's host CPU and memory as a request without cards (what it holds on its node
+        besides any cards)."""
+        return GpuRequest(cpu_milli=self.cpu_milli, host_mem_mib=self.host_mem_mib)
 
 
 def pod_view(pod: Mapping[str, Any], trust: RecordTrust | None = None) -> PodView:
@@ -104,9 +142,15 @@ def pod_view(pod: Mapping[str, Any], trust: RecordTrust | None = None) -> PodVie
         err = record_problem(record)
         if err:
             record = None
+    try:
+        cpu, mem = pod_host_request(pod)
+    except (RequestError, TypeError, ValueError, AttributeError):
+        cpu, mem = 0, 0.0  # an API server stores no malformed quantity; a hand-made object counts nothing
     return PodView(uid=str(m.get("uid") or ""), key=pod_key(pod), node=str(spec.get("nodeName") or ""),
                    terminal=status.get("phase") in TERMINAL_PHASES, record=record, error=err,
-                   has_annotation=ALLOCATION_ANNOTATION in ann)
+                   has_annotation=ALLOCATION_ANNOTATION in ann, cpu_milli=cpu, host_mem_mib=mem,
+                   scheduler=str(spec.get("schedulerName") or "default-scheduler"))
+
 
 
 def record_problem(record: AllocationRecord) -> str:
@@ -123,13 +167,15 @@ def record_problem(record: AllocationRecord) -> str:
     return ""
 
 
-def assign_args(record: AllocationRecord) -> dict[str, Any]:
-    """Keyword arguments for ``ClusterModel.assign(..., check=False)`` that replay ``record`` exactly."""
+def assign_args(record: AllocationRecord, cpu_milli: int = 0, host_mem_mib: float = 0) -> dict[str, Any]:
+    """Keyword arguments for ``ClusterModel.assign(..., check=False)`` that replay ``record`` exactly
+    (with the pod's host CPU and memory)."""
     cards = [c.index for c in record.cards]
     if record.whole:
-        req = GpuRequest(gpus=max(1, len(cards)))
+        req = GpuRequest(gpus=max(1, len(cards)), cpu_milli=cpu_milli, host_mem_mib=host_mem_mib)
     else:
         req = GpuRequest(mem_mib=max((c.memory_mib for c in record.cards), default=0),
-                         core_milli=max((c.core_milli for c in record.cards), default=0))
+                         core_milli=max((c.core_milli for c in record.cards), default=0),
+                         cpu_milli=cpu_milli, host_mem_mib=host_mem_mib)
     return {"node": record.node, "cards": cards, "req": req, "check": False,
             "mem_mib": [c.memory_mib for c in record.cards], "core_milli": [c.core_milli for c in record.cards]}

@@ -40,7 +40,7 @@ from packing.preempt import DEFAULT_BUDGET, judge_node, pdb_violations, reserve,
 from packing.pod_policy import PACK, SPREAD, PodPolicy, PolicyError, parse_policy
 from packing.registry import placer_for
 from stowage.allocation import AllocationRecord, CardShare
-from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError, pod_gpu_request
+from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError, pod_request
 
 from .errors import BindError  # noqa: F401  (re-exported: binders raise it)
 from .nominated import PodMarks
@@ -243,7 +243,7 @@ class ExtenderService:
                     self._uid_by_key[known.key] = uid
                     return known
         try:
-            req = pod_gpu_request(pod, self.memory_unit_mib)
+            req = pod_request(pod, self.memory_unit_mib)
             ann = meta.get("annotations")
             if ann is not None and not isinstance(ann, Mapping):
                 raise PolicyError("metadata.annotations must be an object")
@@ -264,7 +264,7 @@ class ExtenderService:
                 old_uid, old = self._pods.popitem(last=False)
                 if self._uid_by_key.get(old.key) == old_uid:
                     del self._uid_by_key[old.key]
-            learn = info.req is not None and info.req.is_gpu and uid not in self._learned
+            learn = info.req is not None and uid not in self._learned
             if learn:
                 self._learned[uid] = None
                 while len(self._learned) > self._cache_size:
@@ -298,8 +298,6 @@ class ExtenderService:
         if info.req is None:
             # A pod-level problem: no node will ever do until the user fixes the pod.
             return filter_answer(args, unresolvable={n: info.error for n in names})
-        if not info.req.is_gpu:
-            return filter_answer(args, passing=names, passing_nodes=args.nodes)
         req, policy = info.req, info.policy
         assert policy is not None
         path = self.path
@@ -370,7 +368,7 @@ class ExtenderService:
         scores = np.zeros(len(names), np.int64)
         entry = None
         info = self.pod_info(args.pod)
-        if info.req is not None and info.req.is_gpu and names:
+        if info.req is not None and names:
             req, policy = info.req, info.policy
             assert policy is not None
             path = self.path
@@ -426,7 +424,7 @@ class ExtenderService:
                 return busy
             with self.model.lock:
                 prev = self.model.allocations.get(args.pod_uid)
-                record = self._record(prev) if prev is not None else None
+                record = self._record(prev) if prev is not None and prev.cards else None
             if prev is not None and prev.node == node:
                 # Already holds cards on this node (a bind repeated, or rebuilt from the pod's annotation).
                 return self._complete(args.pod_namespace, args.pod_name, args.pod_uid, node, record, None, "")
@@ -439,41 +437,43 @@ class ExtenderService:
         uid = args.pod_uid or info.uid
         alloc: PodAllocation | None = None
         record = None
-        if info.req.is_gpu:
-            req, policy = info.req, info.policy
-            assert policy is not None
-            busy = self._release_if_stale(uid, node, info.key, info.namespace, info.name)
-            if busy:
-                return busy
-            with self.model.lock:
-                prev = self.model.allocations.get(uid)
-                if prev is not None:  # only reachable without PodUID in the request
-                    return f"pod {info.key} already holds cards {list(prev.cards)} on node {prev.node}"
-                i = self.model.index.get(node)
-                if i is None:
-                    return f"cannot bind {info.key} to {node}: {UNKNOWN_NODE}"
-                row = row_view(self.model.a, i)
-                mask, f = decide.feasible(row, self.model.models, req, policy)   # step 1, this node
-                if not f.ok[0]:
-                    why = node_reason(self.model, row, 0, req, mask, node)
-                    msg = f"cannot bind {info.key} to {node} now: {why}"
-                    log.info("bind refused: %s", msg)
-                    return msg
-                held = self._nominee_hold(info.uid, self._bind_priority(info), node, req, policy)
-                if held is not None:
-                    if not held[1].ok[0]:
-                        return f"cannot bind {info.key} to {node} now: {held[0]}"
-                    f = held[1]  # only the cards the nominated pods leave free
-                # Step 3 on the whole arrays and row i, not the 1-row view: a placer's incremental
-                # index (FragIndex) is kept for model.a and would be rebuilt twice for another object.
-                cards = decide.choose_cards(self.placers[policy.node], self.model.a, i, req, f, policy, row=0)
-                try:
-                    alloc = self.model.assign(uid, info.key, node, cards, req, check=True)
-                except AllocationConflict as exc:
-                    log.info("bind refused: %s -> %s: %s", info.key, node, exc)
-                    return f"cannot bind {info.key} to {node}: {exc}"
-                record = self._record(alloc)
-                self._inflight.add(uid)
+        # Every pod reserves: a GPU pod its cards, any pod its CPU, memory and pod slot.
+        req, policy = info.req, info.policy
+        assert policy is not None
+        busy = self._release_if_stale(uid, node, info.key, info.namespace, info.name)
+        if busy:
+            return busy
+        with self.model.lock:
+            prev = self.model.allocations.get(uid)
+            if prev is not None:  # only reachable without PodUID in the request
+                return f"pod {info.key} already holds cards {list(prev.cards)} on node {prev.node}"
+            i = self.model.index.get(node)
+            if i is None:
+                return f"cannot bind {info.key} to {node}: {UNKNOWN_NODE}"
+            row = row_view(self.model.a, i)
+            mask, f = decide.feasible(row, self.model.models, req, policy)   # step 1, this node
+            if not f.ok[0]:
+                why = node_reason(self.model, row, 0, req, mask, node)
+                msg = f"cannot bind {info.key} to {node} now: {why}"
+                log.info("bind refused: %s", msg)
+                return msg
+            held = (self._nominee_hold(info.uid, self._bind_priority(info), node, req, policy)
+                    if req.is_gpu else None)
+            if held is not None:
+                if not held[1].ok[0]:
+                    return f"cannot bind {info.key} to {node} now: {held[0]}"
+                f = held[1]  # only the cards the nominated pods leave free
+            # Step 3 on the whole arrays and row i, not the 1-row view: a placer's incremental
+            # index (FragIndex) is kept for model.a and would be rebuilt twice for another object.
+            cards = (decide.choose_cards(self.placers[policy.node], self.model.a, i, req, f, policy, row=0)
+                     if req.is_gpu else [])
+            try:
+                alloc = self.model.assign(uid, info.key, node, cards, req, check=True)
+            except AllocationConflict as exc:
+                log.info("bind refused: %s -> %s: %s", info.key, node, exc)
+                return f"cannot bind {info.key} to {node}: {exc}"
+            record = self._record(alloc) if req.is_gpu else None
+            self._inflight.add(uid)
         err = self._complete(info.namespace, info.name, uid, node, record, alloc, info.req.describe())
         if not err:
             self._forget(uid)
@@ -569,7 +569,8 @@ class ExtenderService:
         """Passing nodes where pods nominated at a higher or equal priority leave no room for
         this pod, with why: kube-scheduler counts nominated pods the same way for its own
         filters, and without this the cards a preemption freed could go to a lower-priority pod."""
-        if not self.marks.any_nominated() or not passing or info.req is None or info.policy is None:
+        if (not self.marks.any_nominated() or not passing or info.req is None or info.policy is None
+                or not info.req.is_gpu):  # nominated pods' CPU and memory: kube-scheduler counts them itself
             return {}
         nodes = self.marks.nominated_nodes().intersection(passing)
         out: dict[str, str] = {}

@@ -90,7 +90,12 @@ class Fit:
 def fit(a: CardArrays, req: GpuRequest, allowed: np.ndarray) -> Fit:
     """Which nodes can take ``req`` now, using only cards in ``allowed`` ([N, K])."""
     healthy = allowed & a.healthy
-    host_ok = a.node_ok & (a.cpu_free >= req.cpu_milli) & (a.hmem_free >= req.host_mem_mib)
+    host_ok = (a.node_ok & (a.cpu_free >= req.cpu_milli) & (a.hmem_free >= req.host_mem_mib)
+               & (a.pod_room >= 1))
+    if not req.is_gpu:
+        # A pod without GPUs needs host room only (any node, with cards or not). ``usable``
+        # stays the healthy cards: the placers' fragmentation what-ifs read it as they always have.
+        return Fit(ok=host_ok, usable=healthy, unresolvable=~a.node_ok & ~host_ok)
     if req.is_whole:
         usable = healthy & (a.pods == 0)
         ok = host_ok & (row_count(usable) >= req.gpus)
@@ -110,12 +115,18 @@ WHOLE_ONLY = ("card memory unknown on this node (no stowage.io/gpu-inventory ann
               "Discovery memory label): only whole-GPU pods can be placed here")
 
 
+# Host messages start with a word and hold no ", " (see msg_free_cards): kube-scheduler prefixes
+# each reason with its node count ("12 too little CPU free: ...").
 def msg_cpu(free: float, req: GpuRequest) -> str:
-    return f"{free:g} mCPU free, pod needs {req.cpu_milli}"
+    return f"too little CPU free: {max(free, 0):g}m of the {req.cpu_milli}m the pod needs"
 
 
 def msg_host_memory(free: float, req: GpuRequest) -> str:
-    return f"{fmt_mib(free)} host memory free, pod needs {fmt_mib(req.host_mem_mib)}"
+    return f"too little host memory free: {fmt_mib(max(free, 0))} of the {fmt_mib(req.host_mem_mib)} the pod needs"
+
+
+POD_LIMIT = "too many pods: the node's pod limit (allocatable pods) is reached"
+FITS = "node has room for the pod"  # only when asked about a node that fits
 
 
 def msg_tail(excluded: int, unhealthy: int) -> str:
@@ -156,12 +167,16 @@ def reason(a: CardArrays, i: int, req: GpuRequest, allowed: np.ndarray, whole_on
         return WHOLE_ONLY
     if not a.node_ok[i]:
         return NOT_SCHEDULABLE
-    if not a.exists[i].any():
+    if req.is_gpu and not a.exists[i].any():
         return NO_GPUS
     if a.cpu_free[i] < req.cpu_milli:
         return msg_cpu(a.cpu_free[i], req)
     if a.hmem_free[i] < req.host_mem_mib:
         return msg_host_memory(a.hmem_free[i], req)
+    if a.pod_room[i] < 1:
+        return POD_LIMIT
+    if not req.is_gpu:
+        return FITS
     present = a.exists[i]
     eligible = allowed[i]
     healthy = eligible & a.healthy[i]

@@ -54,6 +54,7 @@ class CardArrays:
     node_ok: np.ndarray    # [N] node present and schedulable
     cpu_free: np.ndarray   # [N] milli-CPU (inf when not modelled)
     hmem_free: np.ndarray  # [N] host MiB (inf when not modelled)
+    pod_room: np.ndarray   # [N] pods the node may still take: allocatable pods - pods on it (inf when not modelled)
 
     @classmethod
     def empty(cls, n: int, k: int) -> "CardArrays":
@@ -63,7 +64,7 @@ class CardArrays:
             core_free=np.zeros((n, k), np.int64), pods=np.zeros((n, k), np.int32),
             model=np.zeros((n, k), np.int32), numa=np.full((n, k), -1, np.int32),
             nvlink=np.zeros((n, k, k), bool), node_ok=np.zeros(n, bool),
-            cpu_free=np.full(n, INF), hmem_free=np.full(n, INF))
+            cpu_free=np.full(n, INF), hmem_free=np.full(n, INF), pod_room=np.full(n, INF))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -76,7 +77,7 @@ class CardArrays:
         for name in ("exists", "healthy", "mem_total", "mem_free", "core_free", "pods", "model", "numa"):
             getattr(out, name)[:n0, :k0] = getattr(self, name)
         out.nvlink[:n0, :k0, :k0] = self.nvlink
-        for name in ("node_ok", "cpu_free", "hmem_free"):
+        for name in ("node_ok", "cpu_free", "hmem_free", "pod_room"):
             getattr(out, name)[:n0] = getattr(self, name)
         return out
 
@@ -99,9 +100,11 @@ def card_shares(a: CardArrays, i: int | None, cards: Sequence[int],
 def book(a: CardArrays, i: int, cards: Sequence[int], mem_mib: Sequence[int], core_milli: Sequence[int],
          cpu_milli: float, host_mem_mib: float, sign: int = 1) -> None:
     """Book (sign=+1) or give back (-1) a pod's hold on node i: its card shares, one pod on
-    each card, and its host CPU and memory. A card slot that no longer exists is skipped."""
+    each card, its host CPU and memory, and one of the node's pod slots. A card slot that no
+    longer exists is skipped."""
     a.cpu_free[i] -= sign * cpu_milli
     a.hmem_free[i] -= sign * host_mem_mib
+    a.pod_room[i] -= sign
     for k, mem, core in zip(cards, mem_mib, core_milli):
         if k >= a.shape[1]:
             continue  # card slot vanished; the allocation is kept on record
@@ -118,7 +121,9 @@ def book_request(a: CardArrays, i: int, cards: Sequence[int], req: GpuRequest, s
 
 @dataclass
 class PodAllocation:
-    """One pod's hold on one node's cards."""
+    """One pod's hold on one node: its cards (none for a pod that asks for no GPU), its host
+    CPU and memory, and one of the node's pod slots. The extender keeps one for every pod bound
+    to a node (any scheduler's), read from its watch, as the benchmark does for its pods."""
 
     uid: str
     name: str               # namespace/name, for people
@@ -127,8 +132,8 @@ class PodAllocation:
     mem_mib: tuple[int, ...]
     core_milli: tuple[int, ...]
     whole: bool
-    cpu_milli: int = 0      # host CPU/memory: modelled by the benchmark, 0 in the extender
-    host_mem_mib: int = 0
+    cpu_milli: int = 0      # host CPU (milli) and memory (MiB) the pod requests
+    host_mem_mib: float = 0
     applied: bool = False   # False while the node is not (yet) in the model
 
 
@@ -200,8 +205,9 @@ class ClusterModel:
         return slot
 
     def upsert_node(self, name: str, inventory: Inventory, *, cpu_milli: float = INF,
-                    host_mem_mib: float = INF, schedulable: bool = True) -> None:
-        """Add a node or replace its cards; allocations already held on it are kept."""
+                    host_mem_mib: float = INF, max_pods: float = INF, schedulable: bool = True) -> None:
+        """Add a node or replace its cards and allocatable CPU, memory and pod count (INF: not
+        modelled); allocations already held on it are kept."""
         with self.lock:
             cards = list(inventory.cards)
             width = max((c.index for c in cards), default=-1) + 1
@@ -231,6 +237,7 @@ class ClusterModel:
             a.node_ok[i] = schedulable
             a.cpu_free[i] = cpu_milli
             a.hmem_free[i] = host_mem_mib
+            a.pod_room[i] = max_pods
             self.meta[name] = meta
             self._recompute_node(i, meta)
             self._touch(i)
@@ -240,7 +247,7 @@ class ClusterModel:
         """Free memory/core/pods of node i from its totals and the allocations on it."""
         a = self.a
         a.mem_free[i] = a.mem_total[i]
-        # cpu_free/hmem_free were just reset to the node's totals by upsert_node.
+        # cpu_free/hmem_free/pod_room were just reset to the node's totals by upsert_node.
         a.core_free[i] = np.where(a.exists[i], CORE_MILLI_PER_CARD, 0)
         a.pods[i] = 0
         for uid in sorted(meta.pods):
@@ -335,6 +342,10 @@ class ClusterModel:
             raise AllocationConflict(f"node {node} is not known to the extender")
         if a.cpu_free[i] < req.cpu_milli or a.hmem_free[i] < req.host_mem_mib:
             raise AllocationConflict(f"node {node} has no room for the pod's CPU/memory")
+        if a.pod_room[i] < 1:
+            raise AllocationConflict(f"node {node} has reached its pod limit")
+        if not req.is_gpu and not cards:
+            return  # a pod without GPUs holds host resources only
         if len(set(cards)) != len(cards) or not cards:
             raise AllocationConflict(f"invalid card choice {list(cards)}")
         for k, mem, core in zip(cards, mems, cores):

@@ -135,8 +135,9 @@ class GpuRequest:
 
     ``gpus`` > 0: that many whole cards; ``min_card_mem_mib`` is then a lower bound on each
     card's *total* memory. ``gpus`` == 0 and (``mem_mib`` or ``core_milli``) > 0: a share of one
-    card. ``cpu_milli`` / ``host_mem_mib`` are node filters used by the benchmark (in a real
-    cluster kube-scheduler checks them itself, so the extender leaves them 0).
+    card. ``cpu_milli`` / ``host_mem_mib`` (MiB, may be fractional) are the pod's host CPU and
+    memory (:func:`pod_request`; 0 from :func:`pod_gpu_request`, which the device plugin and the
+    record checks use): node filters and placer inputs, in the extender as in the benchmark.
     """
 
     gpus: int = 0
@@ -144,7 +145,7 @@ class GpuRequest:
     core_milli: int = 0
     min_card_mem_mib: int = 0
     cpu_milli: int = 0
-    host_mem_mib: int = 0
+    host_mem_mib: float = 0
 
     @property
     def is_gpu(self) -> bool:
@@ -201,14 +202,14 @@ def _amounts(container: Mapping[str, Any], memory_unit_mib: int) -> tuple[int, i
     return gpus, mem_units * memory_unit_mib, core_pct * (CORE_MILLI_PER_CARD // 100)
 
 
-def _effective(app: Iterable[tuple[int, ...]], init: list[tuple[tuple[int, ...], bool]]) -> tuple[int, ...]:
+def _effective(app: Iterable[tuple[int, ...]], init: list[tuple[tuple[int, ...], bool]],
+               width: int = 3) -> tuple[int, ...]:
     """Kubernetes' effective pod request, resource by resource.
 
     max(sum of app containers + all sidecars, max over init containers i of
     (init_i + sidecars started before i)). A sidecar is an init container with
     ``restartPolicy: Always`` (KEP-753), which keeps running beside the app containers.
     """
-    width = 3
     total = [0] * width
     for a in app:
         total = [t + x for t, x in zip(total, a)]
@@ -222,6 +223,78 @@ def _effective(app: Iterable[tuple[int, ...]], init: list[tuple[tuple[int, ...],
             peak_init = [max(p, s + x) for p, s, x in zip(peak_init, sidecars, amounts)]
     total = [t + s for t, s in zip(total, sidecars)]
     return tuple(max(t, p) for t, p in zip(total, peak_init))
+
+
+def quantity_to_bytes(value: Any, what: str) -> int:
+    """A memory quantity in whole bytes, rounded up (as Kubernetes' ``Quantity.Value()``)."""
+    try:
+        q = parse_quantity(value)
+    except RequestError as exc:
+        raise RequestError(f"{what}: {exc}") from exc
+    if q < 0:
+        raise RequestError(f"{what} must not be negative (got {value!r})")
+    return int(q.to_integral_value(rounding=ROUND_CEILING))
+
+
+def _host_amounts(container: Mapping[str, Any]) -> tuple[int, int]:
+    """(milli-CPU, memory bytes) one container requests (requests, else limits: the API server
+    defaults a missing request to its limit)."""
+    req = _container_requests(container)
+    name = container.get("name", "?")
+    cpu = req.get("cpu", 0)
+    mem = req.get("memory", 0)
+    try:
+        cpu_milli = quantity_to_milli(cpu)
+    except RequestError as exc:
+        raise RequestError(f"cpu of container {name}: {exc}") from exc
+    if cpu_milli < 0:
+        raise RequestError(f"cpu of container {name} must not be negative (got {cpu!r})")
+    return cpu_milli, quantity_to_bytes(mem, f"memory of container {name}")
+
+
+def pod_host_request(pod: Mapping[str, Any]) -> tuple[int, float]:
+    """(milli-CPU, host memory MiB) of a pod by Kubernetes' effective-request rule, as
+    kube-scheduler's NodeResourcesFit counts it: max(sum of app containers + sidecars, the
+    largest init container + the sidecars started before it), plus ``spec.overhead``.
+
+    Memory is bytes / 2**20 as a float, exact (a power-of-two division of a whole number far
+    below 2**53), so sums over a node agree with kube-scheduler's byte counts to the byte.
+    Raises :class:`RequestError` for a malformed quantity (an API server never stores one).
+    """
+    spec = _spec(pod)
+    containers = spec.get("containers") or []
+    init_containers = spec.get("initContainers") or []
+    if not isinstance(containers, list) or not isinstance(init_containers, list):
+        raise RequestError("pod.spec.containers must be a list")
+    app = [_host_amounts(c) for c in containers if isinstance(c, Mapping)]
+    init = [(_host_amounts(c), c.get("restartPolicy") == "Always")
+            for c in init_containers if isinstance(c, Mapping)]
+    cpu, mem = _effective(app, init, width=2)
+    overhead = spec.get("overhead") or {}
+    if isinstance(overhead, Mapping):
+        if "cpu" in overhead:
+            cpu += quantity_to_milli(overhead["cpu"])
+        if "memory" in overhead:
+            mem += quantity_to_bytes(overhead["memory"], "overhead memory")
+    return int(cpu), mem / float(1 << 20)
+
+
+def pod_request(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB) -> GpuRequest:
+    """:func:`pod_gpu_request` with the pod's host CPU and memory (:func:`pod_host_request`):
+    what the extender decides with, the same request the benchmark's trace pods carry."""
+    req = pod_gpu_request(pod, memory_unit_mib)
+    cpu, mem = pod_host_request(pod)
+    return GpuRequest(gpus=req.gpus, mem_mib=req.mem_mib, core_milli=req.core_milli,
+                      min_card_mem_mib=req.min_card_mem_mib, cpu_milli=cpu, host_mem_mib=mem)
+
+
+def _spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    if not isinstance(pod, Mapping):
+        raise RequestError("pod is not an object")
+    spec = pod.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        raise RequestError("pod.spec is not an object")
+    return spec
 
 
 def pod_gpu_request(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB) -> GpuRequest:

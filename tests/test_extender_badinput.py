@@ -6,6 +6,7 @@ import orjson
 import pytest
 
 from extender.service import UNKNOWN_NODE, ExtenderService
+from stowage.inventory import Inventory
 from extender_harness import Server, gpus, model_from, simple_placers, take_whole
 
 NODES = ["node-a", "node-b"]
@@ -171,20 +172,37 @@ def test_empty_node_list(srv):
     assert ans["NodeNames"] == []
 
 
-def test_pod_without_gpu_passes_through():
+def test_pod_without_gpu_is_placed_on_host_room():
+    """A pod that asks for no GPU goes through the same three steps: it passes the nodes with
+    room for its CPU, memory and one more pod, is scored by the placer, and its bind reserves
+    that room (no record: it holds no card)."""
     binder = RecordingBinder()
     model = cluster()
+
+    def host(name, **kw):  # the node as the watch would give it, with allocatable host resources
+        model.upsert_node(name, Inventory(cards=tuple(model.cards_of(name)), source="annotation"), **kw)
+
+    host("node-b", cpu_milli=1500.0)   # node-b: 1.5 CPUs
     with Server(ExtenderService(model, binder=binder)) as srv:
         p = pod(limits={"cpu": "2", "memory": "1Gi"})
         ans = srv.post("/filter", args(p, NODES + ["cpu-only-node"])).json()
-        assert ans["NodeNames"] == NODES + ["cpu-only-node"] and ans["FailedNodes"] == {}
-        full = {"Pod": p, "Nodes": {"metadata": {}, "items": [{"metadata": {"name": "n1"}, "x": 1}]}}
-        assert srv.post("/filter", full).json()["Nodes"]["items"] == full["Nodes"]["items"]
-        assert {h["Score"] for h in srv.post("/prioritize", args(p)).json()} == {0}
+        assert ans["NodeNames"] == ["node-a"]
+        assert ans["FailedNodes"] == {"node-b": "too little CPU free: 1500m of the 2000m the pod needs",
+                                      "cpu-only-node": UNKNOWN_NODE}
+        scores = {h["Host"]: h["Score"] for h in srv.post("/prioritize", args(p)).json()}
+        assert scores["node-a"] == 10 and scores["node-b"] == 0
         assert srv.post("/bind", {"PodName": "p1", "PodNamespace": "default", "PodUID": "uid-p1",
-                                  "Node": "cpu-only-node"}).json() == {"Error": ""}
-        assert binder.calls == [("default", "p1", "uid-p1", "cpu-only-node", None)]
-        assert model.allocations == {}
+                                  "Node": "node-a"}).json() == {"Error": ""}
+        assert binder.calls == [("default", "p1", "uid-p1", "node-a", None)]
+        held = model.allocations["uid-p1"]
+        assert (held.node, held.cards, held.cpu_milli, held.host_mem_mib) == ("node-a", (), 2000, 1024.0)
+        assert model.a.cpu_free[model.index["node-a"]] == float("inf")   # not modelled there
+        host("node-a", max_pods=2)   # p1 holds one of the two slots
+        q = pod(name="p2", uid="uid-p2", limits={"cpu": "1"})
+        assert srv.post("/filter", args(q, ["node-a"])).json()["FailedNodes"] == {}
+        host("node-a", max_pods=1)
+        assert srv.post("/filter", args(q, ["node-a"])).json()["FailedNodes"] == {
+            "node-a": "too many pods: the node's pod limit (allocatable pods) is reached"}
 
 
 # ------------------------------------------------------------------------------------------ bind

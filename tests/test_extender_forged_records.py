@@ -61,8 +61,18 @@ def test_hand_written_records_do_not_fill_a_node(kube, feeders):
     honest = kube.create_pod(ours(make_pod("honest", gpus=1, node="n1", phase="Running",
                                            annotations={ALLOCATION_ANNOTATION: encode_allocation(whole("n1", [3]))})))
     f = feed(kube, feeders, RecordTrust(scheduler_names=SCHED))
-    assert set(f.model.allocations) == {honest["metadata"]["uid"]}
+    assert holders(f.model) == {honest["metadata"]["uid"]}
     assert row(f.model, "n1")["pods"] == [0, 0, 0, 1, 0, 0, 0, 0]
+
+
+def holders(model):
+    """uids of the pods holding cards in the model."""
+    return {u for u, a in model.allocations.items() if a.cards}
+
+
+def hosts_only(model):
+    """uids of the bound pods holding host room only (no card counted)."""
+    return {u for u, a in model.allocations.items() if not a.cards}
 
 
 def test_signed_cluster_honours_only_records_the_binder_signed_for_that_pod(kube, feeders):
@@ -80,6 +90,8 @@ def test_signed_cluster_honours_only_records_the_binder_signed_for_that_pod(kube
     copy = kube.create_pod(ours(make_pod("copy", gpus=1, node="n1", phase="Running",
                                          annotations={ALLOCATION_ANNOTATION: value})))
     marker = settle(kube, f, trust, "n1", 2)
-    assert set(f.model.allocations) == {signed["metadata"]["uid"], marker}
-    assert forged["metadata"]["uid"] not in f.model.allocations and copy["metadata"]["uid"] not in f.model.allocations
+    assert holders(f.model) == {signed["metadata"]["uid"], marker}
+    assert forged["metadata"]["uid"] not in holders(f.model) and copy["metadata"]["uid"] not in holders(f.model)
+    # they run on n1 all the same: their CPU, memory and pod slots count (host room, no cards)
+    assert {forged["metadata"]["uid"], copy["metadata"]["uid"]} <= hosts_only(f.model)
     assert row(f.model, "n1")["pods"] == [1, 0, 1, 0]

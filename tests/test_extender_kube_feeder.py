@@ -62,7 +62,9 @@ def test_initial_list_builds_model_from_annotation_gfd_and_allocatable(kube, fee
     assert row(m, "plain")["cards"] == [0, 1, 2] and m.meta["plain"].whole_only
     assert not row(m, "notready")["node_ok"] and not row(m, "cordoned")["node_ok"]
     assert row(m, "broken")["cards"] == [] and "not JSON" in f.node_errors["broken"]
-    assert set(m.allocations) == {shared["metadata"]["uid"], whole["metadata"]["uid"]}
+    assert {u for u, al in m.allocations.items() if al.cards} == {shared["metadata"]["uid"], whole["metadata"]["uid"]}
+    # The two bound pods with unreadable records hold no card, but their host room and pod slot count.
+    assert {al.name for al in m.allocations.values() if not al.cards} == {"default/garbage", "default/negative"}
     a = m.allocations[shared["metadata"]["uid"]]
     assert (a.node, a.cards, a.mem_mib, a.core_milli, a.whole) == ("a100", (2,), (20 * GiB,), (300,), False)
     logged = caplog.text

@@ -157,7 +157,8 @@ def test_scheduler_config_typos_are_caught():
     errs = _errors_after(d, lambda b: b["extenders"][0].update({"nodeCachCapable": True}))
     assert any("extenders[0].nodeCachCapable: unknown field" in e for e in errs), errs
     d = _doc("scheduler-config.yaml", "KubeSchedulerConfiguration")
-    errs = _errors_after(d, lambda b: b["extenders"][0]["managedResources"][0].update({"ignoredByScheduler": "no"}))
+    errs = _errors_after(d, lambda b: b["extenders"][0].update(
+        {"managedResources": [{"name": "nvidia.com/gpu", "ignoredByScheduler": "no"}]}))
     assert any("ignoredByScheduler: expected true/false" in e for e in errs), errs
     d = _doc("scheduler-config.yaml", "KubeSchedulerConfiguration")
     errs = _errors_after(d, lambda b: b["extenders"][0].update({"httpTimeout": "5 seconds"}))

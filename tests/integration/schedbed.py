@@ -94,6 +94,7 @@ class PodSpec:
     annotations: dict[str, str] = field(default_factory=dict)
     init_gpus: int = 0          # an init container asking for this many whole GPUs
     init_sidecar: bool = False  # ... with restartPolicy: Always (a KEP-753 sidecar)
+    cpu: str = ""               # host CPU the pod asks for ("" none)
 
     @property
     def whole(self) -> bool:
@@ -112,6 +113,8 @@ class PodSpec:
             out["nvidia.com/gpu-memory"] = str(self.mem_gib)
         if self.core_pct:
             out["nvidia.com/gpu-core"] = str(self.core_pct)
+        if self.cpu:
+            out["cpu"] = self.cpu
         return out
 
 

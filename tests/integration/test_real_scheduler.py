@@ -240,3 +240,22 @@ def test_a_pod_waiting_for_cards_gets_them_when_a_pod_leaves(sched: SchedBed, po
     rec = record_of(pool.pod("whole"))
     assert rec.node == node and rec.cards[0].index == b[1].cards[0].index
     assert_no_overcommit(card_usage(pool.pods().values()), pool.nodes)
+
+
+def test_pods_without_gpus_go_through_the_extender_and_hold_host_room(sched: SchedBed, pool: Pool) -> None:
+    """The profile lists no managedResources, so kube-scheduler sends CPU-only pods to the extender
+    too (an invalid Stowage annotation on one shows our message); one bound holds its CPU and a
+    pod slot in the extender's model (no card), and a GPU pod that needs that CPU goes elsewhere."""
+    a = pool.node("a", lambda n: cards(n, A100, 2, 80), cpu="8")
+    b = pool.node("b", lambda n: cards(n, A100, 2, 80), cpu="8")
+    pool.wait_extender_knows(sched)
+    pool.create(PodSpec("cpu-bad-policy", cpu="1", annotations={"stowage.io/node-policy": "tightest"}))
+    wait_until(lambda: any("Stowage cannot schedule this pod" in m for m in pool.failed_scheduling("cpu-bad-policy")),
+               30, "the extender's reason for the CPU-only pod")
+    pool.create(PodSpec("cpu-only", cpu="6"))
+    pod = pool.wait_bound(["cpu-only"])["cpu-only"]
+    held = sched.extender.state()["allocations"][pod.metadata.uid]
+    assert held["node"] == pod.spec.node_name and held["cards"] == []
+    # 8 CPUs per node, 6 taken on one: a GPU pod asking for 4 must take the other node's cards.
+    gpu, rec = pool.place(PodSpec("gpu-4cpu", gpus=1, cpu="4"))
+    assert rec.node == ({a, b} - {pod.spec.node_name}).pop()
