@@ -10,8 +10,9 @@ from typing import Callable
 
 import numpy as np
 
-from packing.fit import (FITS, NO_GPUS, NOT_SCHEDULABLE, POD_LIMIT, WHOLE_ONLY, msg_compute, msg_cpu, msg_free_cards, msg_host_memory,
-                         msg_memory, msg_no_usable_card, msg_tail, row_any, row_count)
+from packing.fit import (FITS, NO_GPUS, NOT_SCHEDULABLE, POD_LIMIT, WHOLE_ONLY, msg_compute, msg_cpu,
+                         msg_free_cards, msg_host_memory, msg_memory, msg_no_usable_card, msg_tail, row_any,
+                         row_count)
 from packing.model import CardArrays, ClusterModel
 from stowage.resources import GpuRequest
 

@@ -36,7 +36,7 @@ from stowage.allocation import AllocationRecord, RecordTrust
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, RequestError, pod_gpu_request
 
 from .errors import KubeConfigError
-from .kube_objects import assign_args, meta, node_view, pod_view, resource_version
+from .kube_objects import assign_args, meta, node_into_model, node_view, pod_view, resource_version
 from packing.model import ClusterModel
 
 try:  # orjson is a declared dependency; fall back to json only so the module never fails to import
@@ -64,6 +64,13 @@ def read_json(resp: Any) -> Any:
 
 NODES = "nodes"
 PODS = "pods"
+
+
+def creation_order(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+    """Sort key: creationTimestamp (RFC 3339 in UTC sorts as text), then namespace/name, then uid."""
+    m = meta(obj)
+    return (str(m.get("creationTimestamp") or ""), f"{m.get('namespace') or ''}/{m.get('name') or ''}",
+            str(m.get("uid") or ""))
 
 
 class Gone(Exception):
@@ -196,6 +203,11 @@ class KubeFeeder:
         # Told of every pod (its priority, its nominatedNodeName while pending): the preempt
         # verb and the hold of nominated pods' cards (extender/nominated.py).
         self.marks: Any = None
+        # Told of every pod of Stowage's schedulers the feed sees (pending or bound, not yet
+        # deleted), and of every pod deleted: the service rebuilds what its placers learn from
+        # them (ExtenderService.learn_pod / forget_learned).
+        self.on_pod_seen: Callable[[Mapping[str, Any]], None] | None = None
+        self.on_pod_deleted: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "KubeFeeder":
@@ -348,6 +360,9 @@ class KubeFeeder:
         else:
             with self._lock:
                 self._pending = {}
+            # In creation order: pods a restarted extender learns from are shown to its placers in
+            # the order the running one saw them arrive.
+            items = sorted(items, key=creation_order)
             for pod in items:
                 seen.add(str(meta(pod).get("uid") or ""))
                 self._apply_pod(pod)
@@ -441,8 +456,7 @@ class KubeFeeder:
                 unchanged = self._node_fp.get(v.name) == v.fingerprint() and v.name in self.model.index
                 self._node_fp[v.name] = v.fingerprint()
             if not unchanged:
-                self.model.upsert_node(v.name, v.inventory, cpu_milli=v.cpu_milli, host_mem_mib=v.mem_mib,
-                                       max_pods=v.max_pods, schedulable=v.schedulable)
+                node_into_model(self.model, v)
                 if self.on_cards_freed is not None:
                     self.on_cards_freed(self.model.generation)
         except Exception:  # never let one odd object stop the feed
@@ -489,6 +503,12 @@ class KubeFeeder:
         if not v.uid:
             log.error("pod %s without metadata.uid ignored", v.key)
             return
+        if deleted:
+            if self.on_pod_deleted is not None:
+                self.on_pod_deleted(v.uid)
+        elif self.on_pod_seen is not None and (self.trust.scheduler_names is None
+                                                or v.scheduler in self.trust.scheduler_names):
+            self.on_pod_seen(pod)
         if deleted or v.terminal:
             self._forget_pod(v.uid)
             return

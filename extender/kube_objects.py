@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from stowage.allocation import (ALLOCATION_ANNOTATION, AllocationError, AllocationRecord, RecordTrust,
                                 allocation_of_pod)
+from packing.model import ClusterModel
 from stowage.inventory import Inventory, InventoryError, inventory_from_node
 from stowage.resources import (GpuRequest, RequestError, parse_quantity, pod_host_request, quantity_to_bytes,
                                quantity_to_milli)
@@ -95,6 +96,14 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
     cpu, mem, pods = node_allocatable(node)
     return NodeView(name=name, inventory=inv, schedulable=node_schedulable(node), error=err,
                     cpu_milli=cpu, mem_mib=mem, max_pods=pods)
+
+
+def node_into_model(model: ClusterModel, v: NodeView) -> None:
+    """Apply a node's view to the model: its cards, allocatable CPU, memory and pod count, and
+    schedulability. The watch does this for every node it sees, and so does every simulation
+    that stands in for an API server (the bin-packing replay), so both models hold the same."""
+    model.upsert_node(v.name, v.inventory, cpu_milli=v.cpu_milli, host_mem_mib=v.mem_mib,
+                      max_pods=v.max_pods, schedulable=v.schedulable)
 
 
 @dataclass(frozen=True)

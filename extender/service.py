@@ -200,7 +200,7 @@ class ExtenderService:
         # The seam: the plain reference path, or the speed-ups (same answers; guarded by model.lock).
         self.path: ReferencePath | FastPath = FastPath(row_cache_shapes) if speedups else ReferencePath()
         self.placers: dict[str, Placer] = {p: placer_factory(p) for p in (PACK, SPREAD)}
-        for placer in self.placers.values():
+        for placer in self._distinct_placers():
             placer.watch_releases(lambda: self.model.gpu_releases)  # pods leaving: churn mode
             self.path.attach(placer, model)
         self._pods: OrderedDict[str, PodInfo] = OrderedDict()  # uid -> info, LRU
@@ -264,16 +264,55 @@ class ExtenderService:
                 old_uid, old = self._pods.popitem(last=False)
                 if self._uid_by_key.get(old.key) == old_uid:
                     del self._uid_by_key[old.key]
-            learn = info.req is not None and uid not in self._learned
-            if learn:
-                self._learned[uid] = None
-                while len(self._learned) > self._cache_size:
-                    self._learned.popitem(last=False)
-        if learn:
-            with self.model.lock:  # placers are not required to be thread-safe
-                for placer in self.placers.values():
-                    placer.observe(info.req, info.policy.models_include)
+        if info.req is not None:
+            self._learn(uid, info.req, info.policy.models_include if info.policy is not None else ())
         return info
+
+    def _learn(self, uid: str, req: GpuRequest, models: tuple[str, ...] = ()) -> None:
+        """Show the placers a pod, once per uid however often it is seen (filter, prioritize, a
+        second scheduling cycle after its bind, the watch)."""
+        with self._pods_lock:
+            if uid in self._learned:
+                return
+            self._learned[uid] = None
+            while len(self._learned) > self._cache_size:
+                self._learned.popitem(last=False)
+        with self.model.lock:  # placers are not required to be thread-safe
+            for placer in self._distinct_placers():
+                placer.observe(req, models)
+
+    def _distinct_placers(self) -> list[Placer]:
+        """Each placer once (a factory may serve both node policies with one placer)."""
+        return list({id(p): p for p in self.placers.values()}.values())
+
+    def learn_pod(self, pod: Mapping[str, Any]) -> None:
+        """The watch shows a pod (pending or bound, once per uid): teach the placers, as a filter
+        of it would. What the placers learn is then rebuilt from the cluster: a restarted
+        extender, or the standby replica, learns the pods that exist from its first list, so it
+        decides as the one that saw them arrive. A pod Stowage cannot schedule teaches nothing,
+        as at filter."""
+        meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+        uid = meta.get("uid")
+        if not isinstance(uid, str) or not uid:
+            return
+        with self._pods_lock:
+            if uid in self._learned:
+                return
+        try:
+            req = pod_request(pod, self.memory_unit_mib)
+            ann = meta.get("annotations")
+            if ann is not None and not isinstance(ann, Mapping):
+                return
+            policy = parse_policy(ann, self.default_policy)
+        except (RequestError, PolicyError, TypeError, AttributeError, ValueError):
+            return
+        self._learn(uid, req, policy.models_include)
+
+    def forget_learned(self, uid: str) -> None:
+        """The pod is deleted: its uid can never come back, so it need not be remembered (what the
+        placers learned from it stays, as it would in a process that saw it)."""
+        with self._pods_lock:
+            self._learned.pop(uid, None)
 
     def _forget(self, uid: str) -> None:
         with self._pods_lock:

@@ -124,14 +124,19 @@ def upsert_random(model: ClusterModel, rng: random.Random, name: str) -> None:
     cards = tuple(Card(index=k, uuid=f"{name}-{k}", model=m, memory_mib=MEM[m], healthy=rng.random() < 0.93,
                        numa=k // 4, nvlink=tuple(x for x in range(count) if x != k and x // 4 == k // 4))
                   for k in range(count))
+    # Allocatable CPU, memory and pods: stated by most nodes (the watch models them), not by all.
+    host = {} if rng.random() < 0.3 else {"cpu_milli": float(rng.choice([4000, 16000, 64000])),
+                                          "host_mem_mib": float(rng.choice([16384, 65536, 262144])),
+                                          "max_pods": float(rng.choice([2, 4, 110]))}
     model.upsert_node(name, Inventory(cards=cards, source="simulated", whole_only=rng.random() < 0.1),
-                      schedulable=rng.random() < 0.95)
+                      schedulable=rng.random() < 0.95, **host)
 
 
 POD_LIMITS = [{"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "2"}, {"nvidia.com/gpu": "4"}, {"nvidia.com/gpu": "8"},
               {"nvidia.com/gpu-memory": "10", "nvidia.com/gpu-core": "30"}, {"nvidia.com/gpu-memory": "30"},
               {"nvidia.com/gpu-memory": "70"}, {"nvidia.com/gpu": "1", "nvidia.com/gpu-memory": "80"}, {},
-              {"nvidia.com/gpu-core": "150"}]
+              {"nvidia.com/gpu-core": "150"}, {"cpu": "6", "memory": "8Gi"}, {"cpu": "2", "nvidia.com/gpu": "1"},
+              {"cpu": "500m", "memory": "100Gi", "nvidia.com/gpu-memory": "10"}]
 POD_ANNOTATIONS = [{}, {}, {"stowage.io/node-policy": "spread"}, {"stowage.io/gpu-model": "H100,L40S"},
                    {"stowage.io/gpu-model-exclude": "A10"}, {"stowage.io/min-card-memory": "80Gi"},
                    {"stowage.io/card-policy": "spread"}]
