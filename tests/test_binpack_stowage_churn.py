@@ -125,7 +125,7 @@ def test_churn_mode_scores_stay_row_local(seed):
     placer.watch_releases(lambda: model.gpu_releases)
     for _ in range(40):
         placer.observe(random_req(rng))
-    model.release("u0")
+    model.release(next(iter(model.allocations)))  # a GPU pod leaves
     assert placer.churn
     checked = 0
     for _req, idx, whole in row_local_scores(placer, model, rng, random_req):
