@@ -24,6 +24,17 @@ So the score of placing a pod on a node (higher is better) is::
   ``max(0, idle - min(cpu_free / cpu_per_milli, mem_free / mem_per_milli))``;
 - ``w`` = 2 (chosen on seed 42 of the default trace; 1..3 are within 0.1 point).
 
+Model pressure. Pods may be limited to lists of GPU models. The learned classes keep their
+lists (``observe(req, models)``), so ``F`` knows which cards a class cannot use; and a GPU pod
+pays ``pressure_weight * rho(m)`` per GPU-milli it takes on a card of model m, where
+``rho(m) = min(1, sum over lists S holding m of q_S * all cards / S's cards)`` and ``q_S`` is
+S's share of the GPU demand seen: the share of m's cards the limited pods will want if the mix
+holds until the cluster is full. Without it, pods that may run anywhere (pulled by the stranding
+term to the memory-rich T4/P100 nodes of the openb cluster) took the cards the T4-only and
+P100-only pods needed: 2.1x FGD's unallocated GPUs on a variant with a quarter of the GPU pods
+limited (docs/binpack.md). No pod limited to models: every ``rho`` is 0, nothing changes.
+``rho`` is computed once per rebuild of the learned table, so scores stay row-local.
+
 Churn mode. In a cluster where pods come and go, an empty node is worth more than any
 fragmentation gain: the cluster autoscaler can remove it (and a node that stays empty keeps
 room for the biggest pods). So once the placer learns that GPU pods have LEFT the cluster
