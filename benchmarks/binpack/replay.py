@@ -5,31 +5,46 @@ then let pods arrive one at a time; each goes where the policy says or is skippe
 nowhere, and never leaves. After every pod we record the GPU-milli arrived (failed pods
 included) and allocated.
 
-The replay only simulates the cluster (a real :class:`packing.model.ClusterModel`) and the pod
-source: each pod is placed by :func:`packing.decide.decide`, the code behind the extender's
-verbs, so a figure here is a figure for what the extender would do. Ties between equal node
-scores go to a fixed random node order per seed (as the paper describes).
+One placement path: the replay only simulates the API server. Each node is a Node object and
+each pod a Pod object, as the API server would return them (:func:`node_object`,
+:func:`pod_object`); nodes reach the model through the watch's own code
+(:func:`extender.kube_objects.node_view`, :func:`extender.kube_objects.node_into_model`), and
+each pod is decided by the extender's own service calls, in kube-scheduler's order
+(:func:`schedule`): ``filter`` over every node, ``prioritize`` over those that pass (when more
+than one does), the best-scored node, ``bind``. So the replay can never know more, or less,
+than the live extender (``tests/test_binpack_one_path.py`` checks it against the three steps of
+:mod:`packing.decide` called directly).
+
+Ties. kube-scheduler adds its own plugins' scores to the extender's and picks at random among
+the nodes that share the best total. Here the extender's score alone counts, and its best-scored
+nodes (equal raw scores, to the 1e-9 that prioritize ranks by) are ordered by a fixed random node
+order per seed (:func:`node_rank`, as the paper's simulator does): the seeded stand-in for that
+random pick, reproducible run to run.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
-from packing.decide import decide
+from extender.kube_objects import node_into_model, node_view
+from extender.service import ExtenderService
+from extender.wire import BindingArgs, ExtenderArgs
 from packing.model import ClusterModel
-from packing.placer import attach_placer
-from packing.pod_policy import SPREAD, PodPolicy
+from packing.placer import Placer, attach_placer
+from packing.pod_policy import GPU_MODEL, SPREAD, PodPolicy
 from packing.registry import get_placer
-from stowage.inventory import Card, Inventory
+from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
 
 from .trace import Nodes, Pods
 
 INFLATE = 1.3
 SEEDS = tuple(range(42, 52))
 CARD_MEMORY = 1000  # trace cards are 1000 units of memory and 1000 milli of compute
+MEMORY_UNIT_MIB = 1  # nvidia.com/gpu-memory: 1 unit = 1 "MiB" of a 1000-unit trace card
+NAMESPACE = "default"
 
 # The card policy each placer is served with (the extender's pod policy default is pack).
 CARD_POLICY = {"least-allocated": PodPolicy(node=SPREAD, card=SPREAD)}
@@ -78,57 +93,111 @@ def node_rank(n: int, seed: int) -> np.ndarray:
     return rank
 
 
+# ------------------------------------------------------------------------------- API objects
+def node_object(name: str, cpu_milli: int, memory_mib: int, gpus: int, model: str) -> dict[str, Any]:
+    """A trace node as the API server returns it: Ready, its cards in Stowage's inventory
+    annotation (1000 memory units each), allocatable CPU and memory. No pod limit (the trace
+    has none)."""
+    cards = [Card(index=k, uuid=f"{name}/gpu{k}", model=model, memory_mib=CARD_MEMORY) for k in range(gpus)]
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "annotations": {INVENTORY_ANNOTATION: encode_inventory(cards, MEMORY_UNIT_MIB)}},
+            "spec": {},
+            "status": {"allocatable": {"cpu": f"{cpu_milli}m", "memory": f"{memory_mib}Mi",
+                                       "nvidia.com/gpu": str(gpus)},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def pod_limits(pods: Pods, j: int) -> dict[str, str]:
+    """Row j's container limits, the request :meth:`Pods.request` describes: a share of one card
+    asks ``gpu_milli`` memory units (of 1000) and the same in compute (percent, x10)."""
+    g, m = int(pods.num_gpu[j]), int(pods.gpu_milli[j])
+    limits = {"cpu": f"{int(pods.cpu_milli[j])}m", "memory": f"{int(pods.memory_mib[j])}Mi"}
+    if g == 0 or m == 0:
+        return limits
+    if g == 1 and m < 1000:
+        limits["nvidia.com/gpu-memory"] = str(m)
+        limits["nvidia.com/gpu-core"] = str(-(-m // 10))
+    else:
+        limits["nvidia.com/gpu"] = str(g)
+    return limits
+
+
+def pod_object(pods: Pods, j: int, name: str) -> dict[str, Any]:
+    """Trace row j as a pending Pod of the stowage-scheduler profile (uid = name)."""
+    models = pods.models(j)
+    ann = {GPU_MODEL: ",".join(models)} if models else {}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE, "uid": name, "resourceVersion": "1",
+                         "annotations": ann},
+            "spec": {"schedulerName": "stowage-scheduler",
+                     "containers": [{"name": "main", "resources": {"limits": pod_limits(pods, j)}}]},
+            "status": {"phase": "Pending"}}
+
+
 def build_cluster(nodes: Nodes) -> ClusterModel:
-    """An empty cluster: every node with its cards (1000 memory units, 1000 milli each), CPU, memory."""
+    """An empty cluster: every node as a Node object, through the watch's object-to-model code."""
     model = ClusterModel(max_cards=max(int(nodes.gpus.max(initial=1)), 1), capacity=len(nodes.names))
     for i, name in enumerate(nodes.names):
-        cards = tuple(Card(index=k, uuid=f"{name}/gpu{k}", model=nodes.model[i], memory_mib=CARD_MEMORY)
-                      for k in range(int(nodes.gpus[i])))
-        model.upsert_node(name, Inventory(cards=cards, source="simulated"),
-                          cpu_milli=float(nodes.cpu_milli[i]), host_mem_mib=float(nodes.memory_mib[i]))
+        node_into_model(model, node_view(node_object(name, int(nodes.cpu_milli[i]), int(nodes.memory_mib[i]),
+                                                     int(nodes.gpus[i]), nodes.model[i])))
     return model
 
 
-@lru_cache(maxsize=64)
-def _pod_policy(models: tuple[str, ...], base: PodPolicy) -> PodPolicy:
-    return PodPolicy(node=base.node, card=base.card, models_include=models, topology=base.topology)
+# ------------------------------------------------------------------------------- deciding
+def replay_service(model: ClusterModel, placer: Placer, base: PodPolicy) -> ExtenderService:
+    """The extender's service over the replay's model, serving every pod with ``placer``."""
+    return ExtenderService(model, memory_unit_mib=MEMORY_UNIT_MIB, default_policy=base,
+                           placer_factory=lambda _value: placer)
+
+
+def schedule(service: ExtenderService, pod: dict[str, Any], names: list[str], rank: np.ndarray) -> str | None:
+    """One pod as kube-scheduler takes it through the extender: filter, prioritize (only when
+    more than one node passes), the best-scored node (ties: lowest ``rank``), bind. Returns the
+    node, or None when no node passes (the pod stays pending) or bind refuses."""
+    res = service.filter(ExtenderArgs(pod=pod, node_names=names, nodes=None, names=names))
+    passing = res.node_names or []
+    if not passing:
+        return None
+    if len(passing) == 1:
+        node = passing[0]
+    else:
+        got, scores = service.prioritize_scores(ExtenderArgs(pod=pod, node_names=passing, nodes=None,
+                                                             names=passing))
+        index = service.model.index
+        top = np.flatnonzero(scores == scores.max())
+        node = min((got[t] for t in top.tolist()), key=lambda n: rank[index[n]])
+    m = pod["metadata"]
+    err = service.bind(BindingArgs(m["name"], m["namespace"], m["uid"], node))
+    return None if err else node
 
 
 def replay(nodes: Nodes, pods: Pods, policy: str, seed: int, *, limit: int | None = None,
-           inflate: float = INFLATE) -> SeedRun:
-    """Run one seed of one policy; ``limit`` caps the number of arriving pods (smoke runs)."""
+           inflate: float = INFLATE, placements: list | None = None) -> SeedRun:
+    """Run one seed of one policy; ``limit`` caps the number of arriving pods (smoke runs).
+    ``placements`` (a list) gets each pod's (node, card slots), or None when it failed."""
     t0 = time.perf_counter()
     model = build_cluster(nodes)
     capacity = nodes.total_gpu_milli
     order = arrival_order(pods, capacity, seed, inflate)
     if limit is not None:
         order = order[:limit]
+    # Slot i holds node i (a fresh model fills slots in order), so the rank is per slot too.
     rank = node_rank(len(nodes.names), seed)
     placer = attach_placer(get_placer(policy), model, seed=seed,
                            workload=((pods.request(j), pods.models(j)) for j in range(len(pods))))
-    base = CARD_POLICY.get(policy, PodPolicy())
-    requests = {}
-    names = model.names
+    service = replay_service(model, placer, CARD_POLICY.get(policy, PodPolicy()))
+    names = list(nodes.names)
     arrived = np.zeros(len(order), np.int64)
     allocated = np.zeros(len(order), np.int64)
     got = done = failed = failed_milli = 0
-    for e, j in enumerate(order):
-        j = int(j)
-        req = requests.get(j)
-        if req is None:
-            req = requests[j] = pods.request(j)
+    for e, j in enumerate(order.tolist()):
         milli = int(pods.milli[j])
         done += milli
-        pol = _pod_policy(pods.models(j), base)
-        placer.observe(req, pol.models_include)
-        got_pod = decide(model.a, model.models, req, pol, placer, tie=rank)
-        if got_pod is not None:
-            i, cards = got_pod
-            uid = f"{pods.name}-{seed}-{e}"
-            if req.is_gpu:
-                model.assign(uid, uid, names[i], cards, req)
-            else:
-                model.assign(uid, uid, names[i], (), req, check=False)  # CPU-only: no card to hold
+        uid = f"{pods.name}-{seed}-{e}"
+        node = schedule(service, pod_object(pods, j, uid), names, rank)
+        if placements is not None:
+            placements.append(None if node is None else (node, model.allocations[uid].cards))
+        if node is not None:
             got += milli
         else:
             failed += 1
