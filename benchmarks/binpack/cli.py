@@ -13,6 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .replay import SEEDS, binned, replay
+from . import runstore
 from .report import PolicyResult, calibration, format_table, load_published, write_outputs
 from .trace import (DEFAULT_TRACE, PUBLISHED_FILE, REPO_ROOT, Nodes, TraceError, available_traces,
                     data_dir, load_nodes, trace_name)
@@ -22,6 +23,7 @@ DEFAULT_POLICIES = ("stowage", "fgd", "bestfit", "random", "most-allocated", "le
                     "gpushare-binpack", "hami-binpack")
 QUICK_NODE_STRIDE = 6     # --quick: every 6th node (a ~200-node cluster of the same mix)
 QUICK_SEEDS = (42,)
+BINS = 131                # binned(): one bin per arrived % from 0 to 130
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -75,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="folder with the openb CSVs (default ../shared/openb, or $STOWAGE_OPENB)")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 seed on a 1/6 node subset")
+    p.add_argument("--runs", default=None, metavar="DIR",
+                   help="keep every replayed seed in DIR and reuse the ones already there (resume a long "
+                        "run, or re-run only the policies whose code changed: delete their folders). Each "
+                        "stored run records the git commit it was produced at; the results list them")
     return p
 
 
@@ -99,15 +105,43 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tasks = [(str(directory), t, pol, s, stride) for t in traces for pol in policies for s in seeds]
     got: dict[tuple[str, str], list] = {}
+    store = Path(args.runs) if args.runs else None
+    version = runstore.code_version()
+    reused: dict[str, set[str]] = {}
+
+    def stored_name(trace: str) -> str:
+        return trace_name(trace) + (f"@stride{stride}" if stride > 1 else "")
+
+    if store is not None:
+        todo = []
+        for task in tasks:
+            old = runstore.load(store, stored_name(task[1]), task[2], task[3], BINS)
+            if old is None:
+                todo.append(task)
+                continue
+            got.setdefault((trace_name(task[1]), task[2]), []).append(
+                (trace_name(task[1]), task[2], task[3], old.curve, old.failed, old.seconds))
+            reused.setdefault(task[2], set()).add(old.commit)
+        if reused:
+            print(f"reusing {len(tasks) - len(todo)} stored runs from {store} "
+                  f"(commits: {', '.join(f'{p} {sorted(c)}' for p, c in sorted(reused.items()))}); "
+                  f"this checkout is {version}", file=sys.stderr)
+        tasks = todo
+
+    def keep(r: tuple) -> None:
+        got.setdefault((r[0], r[1]), []).append(r)
+        if store is not None:
+            trace = next(t for t in traces if trace_name(t) == r[0])
+            runstore.save(store, runstore.StoredRun(stored_name(trace), r[1], r[2], r[3], r[4], r[5], version))
+
     t0 = time.perf_counter()
     if args.jobs > 1 and len(tasks) > 1:
         with mp.get_context("fork").Pool(args.jobs) as pool:
             for r in tqdm(pool.imap_unordered(_task, tasks), total=len(tasks), desc="replays", unit="seed"):
-                got.setdefault((r[0], r[1]), []).append(r)
+                keep(r)
     else:
         for task in tqdm(tasks, desc="replays", unit="seed"):
-            r = _task(task)
-            got.setdefault((r[0], r[1]), []).append(r)
+            keep(_task(task))
     results = []
     for t in traces:
         for pol in policies:
@@ -129,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  OFF: {t} {p} @{pct}%: ours {ours:.2f} vs published {pb:.2f} ({ours - pb:+.2f})")
     meta = {"traces": [trace_name(t) for t in traces], "policies": policies, "seeds": list(seeds),
             "quick": args.quick, "wall_seconds": round(time.perf_counter() - t0, 1), "jobs": args.jobs,
-            "cpu_count": os.cpu_count()}
+            "cpu_count": os.cpu_count(), "code": version,
+            "reused_runs": {p: sorted(c) for p, c in sorted(reused.items())}}
     out = Path(args.out)
     if not out.is_absolute():
         out = Path.cwd() / out
