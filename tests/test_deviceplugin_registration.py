@@ -117,19 +117,25 @@ def test_registration_backing_off_retries_as_soon_as_the_kubelet_is_back(monkeyp
     register at once, not after its retry delay (the kubelet re-admits pods ~0.7 s later)."""
     import time
 
-    retry_s = 1.0   # the plugin's delay after a failed Register (deviceplugin.server.REGISTER_RETRY_S)
+    # A long retry delay makes the two behaviours far apart whatever the machine's load: waiting
+    # out the delay takes >= 20 s, registering when the kubelet answers takes a poll (20 ms).
+    import deviceplugin.server as server
+    retry_s = 20.0
+    monkeypatch.setattr(server, "REGISTER_RETRY_S", retry_s)
     with rig(monkeypatch) as r:
         assert r.registered()
         r.kubelet.stop()                      # kubelet.sock stays behind, refusing connections
+        registered = len(r.kubelet.registrations)
         r.restart_plugin()
-        assert r.kubelet.registrations[-1][0] < r.kubelet.started_at + 1   # nothing new registered
-        assert any(ep.next_try > time.monotonic() for ep in r.plugin.endpoints), "no failed try to back off from"
-        time.sleep(retry_s / 4)      # into the back-off
+        assert len(r.kubelet.registrations) == registered   # nothing new registered while it is down
+        assert any(ep.next_try > time.monotonic() + retry_s / 2 for ep in r.plugin.endpoints), \
+            "no failed try to back off from"
+        time.sleep(0.25)             # into the back-off
         before = len(r.kubelet.registrations)
         t0 = r.kubelet.restart()
-        assert r.kubelet.wait_for(lambda: len(r.kubelet.registrations) - before >= 3, timeout=10)
+        assert r.kubelet.wait_for(lambda: len(r.kubelet.registrations) - before >= 3, timeout=retry_s + 10)
         took = max(t for t, _, _ in r.kubelet.registrations[before:]) - t0
-        # the plugin polls every 20 ms; its retry delay is a whole second
+        # the plugin polls every 20 ms; its retry delay is 20 s here
         assert took < retry_s / 2, f"registered {took * 1000:.0f} ms after the kubelet came back"
 
 
