@@ -57,8 +57,10 @@ def test_restart_rebuilds_the_same_model_and_places_the_next_pods(sched: SchedBe
 
 @pytest.mark.timeout(120)
 def test_extender_down_keeps_gpu_pods_pending_until_it_is_back(sched: SchedBed, pool: Pool) -> None:
-    """``ignorable: false``: without the extender GPU pods are not bound (kube-scheduler's own count
-    would happily place them), pods without GPUs are. Once it is back they are placed.
+    """``ignorable: false``: without the extender no pod of the profile is bound (kube-scheduler's
+    own count would happily place the GPU pods), a CPU-only one included: the profile sends every
+    pod to the extender (no managedResources), which places CPU-only pods too so that they do
+    not strand GPUs, and it decides only from its own model. Once it is back they are placed.
 
     What "once it is back" means with kube-scheduler 1.28 (found here, documented in
     docs/extender.md): a pod whose filter call failed goes to the unschedulable queue, and the
@@ -69,22 +71,19 @@ def test_extender_down_keeps_gpu_pods_pending_until_it_is_back(sched: SchedBed, 
     pool.wait_extender_knows(sched)
     leaver = pool.place(PodSpec("leaver", gpus=1))[0]
     sched.extender.stop()
-    gpu = [PodSpec("gpu-1", gpus=1), PodSpec("slice", mem_gib=10, core_pct=20)]
-    for s in gpu:
+    waiting = [PodSpec("gpu-1", gpus=1), PodSpec("slice", mem_gib=10, core_pct=20), PodSpec("no-gpu")]
+    for s in waiting:
         pool.create(s)
-    # a pod asking for no managed resource is never sent to the extender: it is placed meanwhile
-    cpu = pool.create(PodSpec("no-gpu"))
-    pool.wait_bound([cpu.name])
-    for s in gpu:
+    for s in waiting:
         msgs = wait_until(lambda: pool.failed_scheduling(s.name), 30, f"{s.name}'s FailedScheduling")
         assert "connect: connection refused" in msgs[-1], msgs
         p = pool.pod(s.name)
         assert not p.spec.node_name and record_of(p) is None, f"{s.name} was bound without the extender"
-    assert record_of(pool.pod(cpu.name)) is None
 
     sched.extender.start()
     pool.k8s.core.delete_namespaced_pod(leaver.metadata.name, pool.namespace, grace_period_seconds=0)
     del pool.specs[leaver.metadata.name]
-    pods = pool.wait_bound([s.name for s in gpu], timeout=30)
-    assert all(record_of(pods[s.name]) is not None for s in gpu)
+    pods = pool.wait_bound([s.name for s in waiting], timeout=30)
+    assert all(record_of(pods[s.name]) is not None for s in waiting if s.name != "no-gpu")
+    assert record_of(pods["no-gpu"]) is None  # a CPU-only pod holds no card
     settle_and_check(sched, pool, timeout=10)
