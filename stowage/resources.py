@@ -106,14 +106,20 @@ def parse_quantity(value: Any) -> Decimal:
     return split_quantity(value)[0]
 
 
-def quantity_to_int(value: Any, what: str) -> int:
-    """A quantity that must be a non-negative whole number of units (extended resources are)."""
+def non_negative_quantity(value: Any, what: str) -> Decimal:
+    """A quantity that must not be negative; errors name ``what`` (e.g. "memory of container x")."""
     try:
         q = parse_quantity(value)
     except RequestError as exc:
         raise RequestError(f"{what}: {exc}") from exc
     if q < 0:
         raise RequestError(f"{what} must not be negative (got {value!r})")
+    return q
+
+
+def quantity_to_int(value: Any, what: str) -> int:
+    """A quantity that must be a non-negative whole number of units (extended resources are)."""
+    q = non_negative_quantity(value, what)
     if q != q.to_integral_value():
         raise RequestError(f"{what} must be a whole number (got {value!r})")
     return int(q)
@@ -227,13 +233,7 @@ def _effective(app: Iterable[tuple[int, ...]], init: list[tuple[tuple[int, ...],
 
 def quantity_to_bytes(value: Any, what: str) -> int:
     """A memory quantity in whole bytes, rounded up (as Kubernetes' ``Quantity.Value()``)."""
-    try:
-        q = parse_quantity(value)
-    except RequestError as exc:
-        raise RequestError(f"{what}: {exc}") from exc
-    if q < 0:
-        raise RequestError(f"{what} must not be negative (got {value!r})")
-    return int(q.to_integral_value(rounding=ROUND_CEILING))
+    return int(non_negative_quantity(value, what).to_integral_value(rounding=ROUND_CEILING))
 
 
 def _host_amounts(container: Mapping[str, Any]) -> tuple[int, int]:
