@@ -1,6 +1,9 @@
 """Helpers for the extender tests: small models, the real app served over real HTTP."""
 from __future__ import annotations
 
+import contextlib
+import socket
+
 import threading
 import time
 from pathlib import Path
@@ -10,6 +13,8 @@ import requests
 from werkzeug.serving import make_server
 
 from extender.app import create_app
+from extender.relay import RelayClient, RelayServer
+from extender.split import flask_other
 from packing.model import ClusterModel
 from extender.service import ExtenderService
 from extender.simcluster import parse_cluster
@@ -101,3 +106,21 @@ SIMPLE_PLACERS = {"pack": "most-allocated", "spread": "least-allocated"}
 def simple_placers(policy_value: str):
     from packing.registry import get_placer
     return get_placer(SIMPLE_PLACERS[policy_value])
+
+
+@contextlib.contextmanager
+def relay_to(app, tmp_path: Path):
+    """A RelayServer on a real unix socket (``tmp_path / "relay.sock"``) serving ``app``'s verbs
+    and routes, and a client."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = str(tmp_path / "relay.sock")
+    listener.bind(path)
+    listener.listen(8)
+    server = RelayServer(listener, app.extensions["stowage"]["verbs"], flask_other(app))
+    server.start()
+    client = RelayClient(path, timeout=10)
+    try:
+        yield server, client
+    finally:
+        client.drop()
+        server.stop()

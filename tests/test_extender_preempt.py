@@ -11,7 +11,7 @@ from extender.wire import ExtenderArgs, BindingArgs, WireError, parse_preemption
 from packing.model import ClusterModel
 from stowage.resources import GpuRequest
 
-from extender_harness import Server
+from extender_harness import Server, relay_to
 from fakekube import make_pod
 from planning_clusters import GiB, add_node
 
@@ -220,33 +220,22 @@ def test_marks_forget_deleted_and_relisted_pods():
 def test_split_layout_relays_preempt_like_the_one_process_app(tmp_path):
     """The split layout's workers hand /preempt to the decision process as a verb of its own:
     the answer is the one-process app's, byte for byte, and counted under verb="preempt"."""
-    import socket
-
     from extender.app import create_app
     from extender.frontend import create_frontend
-    from extender.relay import OPS, RelayServer
-    from extender.split import flask_other
+    from extender.relay import OPS
     from werkzeug.test import Client
 
     body = meta_body(preemptor(), {"right": ["a1", "a2"], "wrong": ["b1", "b3"]})
     app = create_app(ExtenderService(cluster()))
     direct = Client(app).post("/preempt", json=body)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    path = str(tmp_path / "relay.sock")
-    listener.bind(path)
-    listener.listen(8)
-    server = RelayServer(listener, app.extensions["stowage"]["verbs"], flask_other(app))
-    server.start()
-    try:
-        front = Client(create_frontend(path, max_body_bytes=1 << 20))
+    with relay_to(app, tmp_path):
+        front = Client(create_frontend(str(tmp_path / "relay.sock"), max_body_bytes=1 << 20))
         relayed = front.post("/preempt", json=body)
         assert relayed.status_code == 200 and relayed.data == direct.data
         assert json.loads(relayed.data)["NodeNameToMetaVictims"].keys() == {"right"}
         assert OPS["preempt"] not in (OPS["filter"], OPS["prioritize"], OPS["bind"])
         metrics = Client(app).get("/metrics").data
         assert b'stowage_extender_requests_total{outcome="ok",verb="preempt"} 2.0' in metrics
-    finally:
-        server.stop()
 
 
 def test_a_huge_preempt_request_is_bounded_by_the_trial_budget():

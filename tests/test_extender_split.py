@@ -9,7 +9,6 @@ unix-socket relay between them, over real HTTP. What must hold:
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import signal
@@ -27,11 +26,10 @@ from werkzeug.test import Client
 from benchmarks.latency import cluster as benchcluster
 from extender.app import create_app
 from extender.demo import ExtenderProcess
-from extender_harness import model_from, start_process
+from extender_harness import model_from, relay_to, start_process
 from extender.frontend import create_frontend
-from extender.relay import OP_OTHER, OPS, TOO_LARGE, RelayClient, RelayServer
+from extender.relay import OP_OTHER, OPS, TOO_LARGE
 from extender.service import ExtenderService
-from extender.split import flask_other
 from test_extender_gunicorn import CLUSTER
 
 # The wire fixtures' cluster (node-a: 1 T4, node-b: 4 T4, node-c: 8 H100 in two NVLink groups).
@@ -226,23 +224,6 @@ def test_frontend_answers_each_verb_when_the_decision_process_is_gone(tmp_path, 
     assert c.post("/filter", data=b"{").status_code == 400
     r = c.post("/filter", data=b"x" * ((1 << 20) + 1))
     assert r.status_code == 413  # refused by the worker itself, before any relay
-
-
-@contextlib.contextmanager
-def relay_to(app, tmp_path: Path):
-    """A RelayServer on a real unix socket serving ``app``'s verbs and routes, and a client."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    path = str(tmp_path / "relay.sock")
-    listener.bind(path)
-    listener.listen(8)
-    server = RelayServer(listener, app.extensions["stowage"]["verbs"], flask_other(app))
-    server.start()
-    client = RelayClient(path, timeout=10)
-    try:
-        yield server, client
-    finally:
-        client.drop()
-        server.stop()
 
 
 def test_relay_round_trip_and_reconnect(tmp_path, wire):
