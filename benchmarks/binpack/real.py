@@ -64,6 +64,7 @@ from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
 from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
 
 from .cli import parse_seeds, subset
+from .runstore import code_version
 from .replay import CARD_MEMORY, INFLATE, SeedRun, arrival_order, binned, replay
 from .report import TABLE_POINTS, PolicyResult, format_table
 from .trace import DEFAULT_TRACE, Nodes, Pods, TraceError, data_dir, load_nodes, load_pods, trace_name
@@ -622,21 +623,38 @@ class Reused:
     row: dict
 
 
-def load_reused(path: Path, modes: list[str], seeds: tuple[int, ...], trace: str, nodes: Nodes) -> tuple[list[Reused], dict]:
-    """The runs of ``modes`` and ``seeds`` in an earlier binpack_real.json of the same trace and
-    cluster. A run cut at a lower --until or --limit has a shorter curve: the arrival order is
-    the same, so what it has is what a longer run has at the same point."""
-    doc = json.loads(Path(path).read_text())
-    meta = doc.get("meta") or {}
-    if meta.get("trace") != trace or meta.get("nodes") != len(nodes.names) or meta.get("gpus") != int(nodes.gpus.sum()):
-        raise TraceError(f"--reuse {path}: measured on trace {meta.get('trace')} with {meta.get('nodes')} nodes, "
-                         f"not {trace} with {len(nodes.names)}")
-    rows = {(r["seed"], r["mode"]): r for r in doc.get("rows") or []}
-    out = [Reused(r["mode"], r["seed"], np.array([np.nan if x is None else x for x in r["curve"]], float),
-                  {**rows[(r["seed"], MODE_LABEL[r["mode"]])], "reused": str(path)})
-           for r in doc.get("runs") or [] if r["mode"] in modes and r["seed"] in seeds]
-    return out, {"file": str(path), "date": meta.get("date"), "modes": sorted({r.mode for r in out}),
-                 "until_arrived_pct": meta.get("until_arrived_pct"), "limit": meta.get("limit"), "jobs": meta.get("jobs")}
+def load_reused(paths: list[Path], run_now: set[tuple[str, int]], trace: str, nodes: Nodes) -> tuple[list[Reused], dict]:
+    """Every run in earlier binpack_real.json files of the same trace and cluster that this
+    invocation does not run itself (a (mode, seed) in ``run_now``); the first file that has a
+    (mode, seed) gives it. So seeds measured at different times (each run is a quarter of an hour
+    of this machine) are shown in one table, each with the file, date and code it came from.
+    A run cut at a lower --until or --limit has a shorter curve: the arrival order is the same,
+    so what it has is what a longer run has at the same point."""
+    out: list[Reused] = []
+    files = []
+    taken = set(run_now)
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        meta = doc.get("meta") or {}
+        if meta.get("trace") != trace or meta.get("nodes") != len(nodes.names) or meta.get("gpus") != int(nodes.gpus.sum()):
+            raise TraceError(f"--reuse {path}: measured on trace {meta.get('trace')} with {meta.get('nodes')} nodes, "
+                             f"not {trace} with {len(nodes.names)}")
+        rows = {(r["seed"], r["mode"]): r for r in doc.get("rows") or []}
+        mine = []
+        for r in doc.get("runs") or []:
+            key = (r["mode"], r["seed"])
+            if key in taken:
+                continue
+            taken.add(key)
+            row = rows[(r["seed"], MODE_LABEL[r["mode"]])]
+            mine.append(Reused(r["mode"], r["seed"], np.array([np.nan if x is None else x for x in r["curve"]], float),
+                               {**row, "reused": str(path), "code": r.get("code") or row.get("code") or meta.get("code", "unknown"),
+                                "measured": r.get("measured") or meta.get("date")}))
+        out += mine
+        files.append({"file": str(path), "date": meta.get("date"), "code": meta.get("code", "unknown"),
+                      "runs": sorted(f"{r.mode} {r.seed}" for r in mine),
+                      "until_arrived_pct": meta.get("until_arrived_pct"), "limit": meta.get("limit"), "jobs": meta.get("jobs")})
+    return out, {"files": files, "modes": sorted({r.mode for r in out})}
 
 
 class Report:
@@ -648,11 +666,12 @@ class Report:
         self.args, self.nodes, self.modes, self.t0 = args, nodes, modes, t0
         self.reused, self.reused_meta = list(reused), reused_meta
         self.outs = [Path(args.out)] + ([RESULTS_DIR] if args.save else [])
+        self.code = code_version()  # the commit the runs of this invocation measure
 
     def write(self, runs: list[RealRun], sims: dict[int, SeedRun], bursts: list[BurstRun],
               final: bool = False) -> tuple[str, list[str]]:
         args, capacity = self.args, self.nodes.total_gpu_milli
-        rows = summary_rows(runs, sims, bursts, capacity)
+        rows = [{**r, "code": self.code} for r in summary_rows(runs, sims, bursts, capacity)]
         rows = sorted(rows + [r.row for r in self.reused],
                       key=lambda r: (r["seed"], ROW_ORDER.index(r["mode"])))
         results = []
@@ -701,17 +720,19 @@ class Report:
                 "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}",
                 "kubernetes": "v1.28.7 (../shared/k8s)", "scheduler_config": "scheduler-config/scheduler-config.yaml",
                 "gpu_scheduler_name": scheduler_name(), "cpu_only_scheduler_name": cpu_scheduler_name(),
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "reused": self.reused_meta}
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "code": self.code,
+                "reused": self.reused_meta}
         doc = {"meta": meta, "rows": rows,
                "bursts": [{**asdict(b), "pods_per_s": round(b.pods_per_s, 1)} for b in bursts],
                "median_curves": {r.policy: [None if np.isnan(x) else round(float(x), 3) for x in r.median]
                                  for r in results},
                "problems": problems[:200],
                # each run's own binned curve: what --reuse reads back into a later run's tables
-               "runs": [{"mode": r.mode, "seed": r.seed,
+               "runs": [{"mode": r.mode, "seed": r.seed, "code": self.code, "measured": meta["date"],
                          "curve": [None if np.isnan(x) else round(float(x), 4) for x in binned(r.run, capacity)]}
                         for r in runs]
-                       + [{"mode": r.mode, "seed": r.seed, "curve": [None if np.isnan(x) else float(x) for x in r.curve],
+                       + [{"mode": r.mode, "seed": r.seed, "code": r.row["code"], "measured": r.row["measured"],
+                           "curve": [None if np.isnan(x) else float(x) for x in r.curve],
                            "reused": True} for r in self.reused]}
         for out in self.outs:
             out.mkdir(parents=True, exist_ok=True)
@@ -796,9 +817,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-stride", type=int, default=1, help="every K-th node of the trace (a smaller cluster of the same mix)")
     p.add_argument("--burst", type=int, default=0, metavar="N",
                    help="also time N GPU pods created at once, with the extender and plain (0: no burst)")
-    p.add_argument("--reuse", default=None, metavar="JSON",
-                   help="show the runs of the modes not run now from an earlier binpack_real.json of the same "
-                        "trace and cluster in the tables (e.g. plain rows measured before)")
+    p.add_argument("--reuse", action="append", default=[], metavar="JSON",
+                   help="show the runs (mode, seed) not run now from an earlier binpack_real.json of the same "
+                        "trace and cluster in the tables, e.g. plain rows or other seeds measured before; "
+                        "repeatable, the first file that has a run gives it")
     p.add_argument("--no-replay", action="store_true", help="only the burst")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: seed 42, every 6th node, the first 400 pods, a burst of 100")
@@ -891,12 +913,13 @@ def main(argv: list[str] | None = None) -> int:
     reused, reused_meta = [], None
     if args.reuse:
         try:
-            reused, reused_meta = load_reused(Path(args.reuse), [m for m in MODES if m not in modes], args.seeds,
-                                              trace_name(args.trace), nodes)
+            run_now = set() if args.no_replay else {(m, s) for m in modes for s in args.seeds}
+            reused, reused_meta = load_reused([Path(p) for p in args.reuse], run_now, trace_name(args.trace), nodes)
         except (OSError, ValueError, KeyError, TraceError) as exc:
             print(f"error: --reuse {args.reuse}: {exc}", file=sys.stderr)
             return 2
-        log.info("reusing %d runs of %s from %s (%s)", len(reused), reused_meta["modes"], args.reuse, reused_meta["date"])
+        for f in reused_meta["files"]:
+            log.info("reusing %s from %s (%s, code %s)", ", ".join(f["runs"]) or "nothing", f["file"], f["date"], f["code"])
     report = Report(args, nodes, modes, t_all, reused, reused_meta)
     try:
         if args.burst:
@@ -909,7 +932,9 @@ def main(argv: list[str] | None = None) -> int:
                          b.create_seconds, b.pods_per_s)
             report.write(runs, sims, bursts)
         if not args.no_replay:
-            for seed in args.seeds:
+            # the simulated replay of every seed in the tables, reused real runs' seeds too: it
+            # is cheap, and the real-vs-simulated comparison is per seed at this code
+            for seed in sorted(set(args.seeds) | {r.seed for r in reused}):
                 n = len(arrivals(pods, capacity, seed, args.limit, args.until))
                 sims[seed] = replay(nodes, pods, "stowage", seed, limit=n)
                 sim_at = binned(sims[seed], capacity)
