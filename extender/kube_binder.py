@@ -1,21 +1,23 @@
-"""Make a bind real on the API server: record the allocation on the pod, then create the Binding.
+"""Make a bind real on the API server: ONE write, the ``pods/binding`` subresource carrying the record.
 
-Order and why:
-1. PATCH the pod's ``stowage.io/allocation`` annotation, with ``metadata.uid`` in the merge patch
-   as a precondition (the API server answers 409 Conflict when a pod of the same name was
-   re-created, so a new pod never inherits an old choice). The record exists BEFORE the pod is
-   bound, so the device plugin on the node always finds it, and a restarted extender rebuilds it.
-2. POST the ``pods/binding`` subresource (target Node, ``metadata.uid`` precondition too). The
-   python client raises ``ValueError`` when deserialising the Status the API server answers
-   (it has no ``target``), so the call is made with ``_preload_content=False``.
-3. If the Binding fails, remove the record again with a JSON patch that first *tests* the pod's
-   uid and that the annotation still holds exactly our record (so we never delete a newer one),
-   then raise :class:`~extender.errors.BindError` with the API server's message.
-   A Binding that fails in a way that leaves its outcome unknown (timeout, connection reset) is
-   resolved by reading the pod back: bound to our node means success.
-No half-recorded allocation is left behind: either the pod is bound with its record, or it has
-no record (or, if even the pod cannot be read back, the error says so and the record is kept:
-keeping cards reserved for a pod that might be running is the safe side).
+Why one write: the API server copies a Binding's ``metadata.annotations`` onto the pod in the
+same storage update that sets ``spec.nodeName`` (upstream ``BindingREST.setPodHostAndAnnotations``,
+pkg/registry/core/pod/storage). So the ``stowage.io/allocation`` record and the binding exist
+together or not at all: the device plugin on the node always finds the record of a pod bound
+there, a restarted extender rebuilds it from the pod, and a failed bind leaves nothing to take
+back. It is also half the API work of a record-then-bind sequence (one write, one watch event to
+every watcher instead of two), which is what a burst of pods waits on (docs/extender.md, "bind").
+
+- ``metadata.uid`` of the Binding is a precondition: the API server answers 409 Conflict when a
+  pod of the same name was re-created, so a new pod never inherits an old choice.
+- The python client raises ``ValueError`` when deserialising the Status the API server answers
+  (it has no ``target``), so the call is made with ``_preload_content=False``.
+- A Binding that fails in a way that leaves its outcome unknown (timeout, connection reset), or
+  that is refused because the pod is already bound (a repeated bind whose first answer was lost),
+  is resolved by reading the pod back: bound to our node WITH our record means success. Bound
+  there without it (someone else bound it) is a failure: the device plugin would find no cards.
+- Who may send a Binding that carries the record is limited by the admission policy
+  ``stowage-allocation-record`` (scheduler-config/admission-policy.yaml): the extender only.
 """
 from __future__ import annotations
 
@@ -34,8 +36,6 @@ from .kube import api_message, read_json
 log = logging.getLogger("stowage.kube")
 
 MERGE_PATCH = "application/merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
-_ANNOTATION_PTR = "/metadata/annotations/" + ALLOCATION_ANNOTATION.replace("~", "~0").replace("/", "~1")
 
 
 def _drain(resp: Any) -> None:
@@ -58,7 +58,7 @@ class KubeBinder:
         self.readback_delay_s = readback_delay_s
 
     def bind(self, namespace: str, name: str, uid: str, node: str, record: AllocationRecord | None) -> None:
-        """Record ``record`` on the pod (when not None) and bind it to ``node``; BindError on failure."""
+        """Bind the pod to ``node`` with ``record`` on it (when not None), in one Binding; BindError on failure."""
         key = f"{namespace}/{name}"
         if not uid:
             pod = self._read(namespace, name)
@@ -66,76 +66,43 @@ class KubeBinder:
                 raise BindError(f"pod {key} not found")
             uid = str((pod.get("metadata") or {}).get("uid") or "")
         value = self.trust.encode(record, uid) if record is not None else None
-        if value is not None:
-            self._record(namespace, name, uid, value)
         try:
-            self._binding(namespace, name, uid, node)
+            self._binding(namespace, name, uid, node, value)
+            return
         except ApiException as exc:
-            if self._bound_to(namespace, name, uid, node):
-                log.info("binding %s -> %s answered %s but the pod is bound there: success", key, node, exc.status)
+            failure: BaseException = exc
+        except Exception as exc:  # transport failure: the Binding may or may not have been applied
+            failure = exc
+        msg = f"binding {key} to {node} failed: {api_message(failure)}"
+        pod, readable = self._read_back(namespace, name)
+        if not readable:
+            raise BindError(msg + "; the pod could not be read back, so whether it was bound is unknown (if it "
+                            "was, the watch brings its record back)") from failure
+        meta = (pod or {}).get("metadata") or {}
+        if pod is None:
+            raise BindError(f"pod {key} not found ({msg})") from failure
+        if uid and meta.get("uid") != uid:
+            raise BindError(f"pod {key} is not the pod with uid {uid} any more (re-created?): "
+                            f"{api_message(failure)}") from failure
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        if bound_to == node:
+            if value is None or (meta.get("annotations") or {}).get(ALLOCATION_ANNOTATION) == value:
+                log.info("binding %s -> %s answered %s but the pod is bound there with our record: success",
+                         key, node, api_message(failure))
                 return
-            msg = f"binding {key} to {node} failed: {api_message(exc)}"
-            self._rollback(namespace, name, uid, value, msg)
-            raise BindError(msg) from exc
-        except Exception as exc:  # transport failure: the Binding may or may not have been created
-            outcome = self._bound_to(namespace, name, uid, node)
-            if outcome:
-                log.info("binding %s -> %s: lost the answer (%s) but the pod is bound there: success", key, node, exc)
-                return
-            msg = f"binding {key} to {node} failed: {api_message(exc)}"
-            if outcome is None:
-                raise BindError(msg + "; the pod could not be read back, so its allocation record is kept "
-                                "(the cards stay reserved until the pod's fate is known)") from exc
-            self._rollback(namespace, name, uid, value, msg)
-            raise BindError(msg) from exc
+            raise BindError(f"{msg}; the pod is bound to {node} without this allocation record (bound by "
+                            "someone else?)") from failure
+        raise BindError(msg) from failure
 
     # ------------------------------------------------------------------ steps
-    def _record(self, namespace: str, name: str, uid: str, value: str) -> None:
-        body = {"metadata": {"uid": uid, "annotations": {ALLOCATION_ANNOTATION: value}}}
-        try:
-            _drain(self.core.patch_namespaced_pod(name, namespace, body, _content_type=MERGE_PATCH,
-                                                  _preload_content=False, _request_timeout=self.timeout))
-        except ApiException as exc:
-            if exc.status == 409:
-                raise BindError(f"pod {namespace}/{name} is not the pod with uid {uid} any more (re-created?): "
-                                f"{api_message(exc)}") from exc
-            raise BindError(f"cannot record the allocation on pod {namespace}/{name}: {api_message(exc)}") from exc
-        except Exception as exc:  # the patch may have been applied: take it back if it was
-            msg = f"cannot record the allocation on pod {namespace}/{name}: {api_message(exc)}"
-            self._rollback(namespace, name, uid, value, msg)
-            raise BindError(msg) from exc
-
-    def _binding(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def _binding(self, namespace: str, name: str, uid: str, node: str, record_value: str | None) -> None:
+        annotations = {ALLOCATION_ANNOTATION: record_value} if record_value is not None else None
         body = kubernetes.client.V1Binding(
-            metadata=kubernetes.client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
+            metadata=kubernetes.client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None,
+                                                    annotations=annotations),
             target=kubernetes.client.V1ObjectReference(api_version="v1", kind="Node", name=node))
         _drain(self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False,
                                                        _request_timeout=self.timeout))
-
-    def _rollback(self, namespace: str, name: str, uid: str, value: str | None, why: str) -> None:
-        """Remove our record if (and only if) the pod is still ours and still carries exactly it."""
-        if value is None:
-            return
-        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid},
-                                     {"op": "test", "path": _ANNOTATION_PTR, "value": value},
-                                     {"op": "remove", "path": _ANNOTATION_PTR}]
-        last: BaseException | None = None
-        for attempt in range(self.readback_attempts):
-            try:
-                _drain(self.core.patch_namespaced_pod(name, namespace, ops, _content_type=JSON_PATCH,
-                                                      _preload_content=False, _request_timeout=self.timeout))
-                log.info("removed the allocation record of %s/%s after: %s", namespace, name, why)
-                return
-            except ApiException as exc:
-                if exc.status in (404, 409, 422):  # pod gone, or the record is not ours / not there
-                    return
-                last = exc
-            except Exception as exc:
-                last = exc
-            time.sleep(self.readback_delay_s * (attempt + 1))
-        log.error("could not remove the allocation record of %s/%s after a failed bind (%s): %s. The cards stay "
-                  "reserved for it until it is bound again or deleted", namespace, name, why,
-                  api_message(last) if last else "?")
 
     def _read(self, namespace: str, name: str) -> dict | None:
         try:
@@ -147,17 +114,11 @@ class KubeBinder:
             raise
         return read_json(resp)
 
-    def _bound_to(self, namespace: str, name: str, uid: str, node: str) -> bool | None:
-        """Is this very pod bound to ``node``? None when it cannot be read back."""
+    def _read_back(self, namespace: str, name: str) -> tuple[dict | None, bool]:
+        """(the pod or None when it is gone, True) or (None, False) when it cannot be read."""
         for attempt in range(self.readback_attempts):
             try:
-                pod = self._read(namespace, name)
+                return self._read(namespace, name), True
             except Exception:
                 time.sleep(self.readback_delay_s * (attempt + 1))
-                continue
-            if pod is None:
-                return False
-            meta = pod.get("metadata") or {}
-            spec = pod.get("spec") or {}
-            return (not uid or meta.get("uid") == uid) and spec.get("nodeName") == node
-        return None
+        return None, False

@@ -22,6 +22,7 @@ Usage::
         kube.clear_faults()          # forget pending injected failures
         kube.delete_pod("default", "p1", emit=False)  # a change no watch will see (then expire_watches())
         kube.requests                # [(method, path, query dict)] for assertions
+        kube.bodies                  # the JSON body of each POST/PATCH/PUT, in order
         kube.wait_for(lambda: ...)   # poll helper for tests (no timed assertions)
 
 Endpoints (JSON, core/v1 only):
@@ -216,6 +217,7 @@ class FakeKube:
     bookmark_interval: float = 1.0
     host: str = "127.0.0.1"
     requests: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+    bodies: list[Any] = field(default_factory=list)   # the JSON body of each POST/PATCH/PUT, as sent
     events_posted: list[Obj] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -628,6 +630,8 @@ class _Handler(BaseHTTPRequestHandler):
         kube.requests.append((method, parts.path, q))
         try:
             body = self._body() if method in ("POST", "PATCH", "PUT") else None
+            if method in ("POST", "PATCH", "PUT"):
+                kube.bodies.append(copy.deepcopy(body))
             fault = kube._take_fault(method, parts.path)
             if fault is not None:
                 raise ApiError(fault, "InternalError" if fault >= 500 else "Injected", f"injected failure ({fault})")

@@ -29,7 +29,9 @@ def annotation(kube: FakeKube, name: str) -> str | None:
     return ((kube.get_pod("default", name)["metadata"].get("annotations") or {}).get(ALLOCATION_ANNOTATION))
 
 
-def test_bind_records_then_binds(kube):
+def test_bind_is_one_binding_that_carries_the_record(kube):
+    """One API write: the API server copies a Binding's annotations onto the pod in the same
+    update that sets spec.nodeName, so the record and the binding exist together or not at all."""
     p = kube.create_pod(make_pod("p", gpus=2))
     rec = record("n1", [0, 3])
     KubeBinder(kube.api_client()).bind("default", "p", p["metadata"]["uid"], "n1", rec)
@@ -37,8 +39,10 @@ def test_bind_records_then_binds(kube):
     assert pod["spec"]["nodeName"] == "n1"
     assert decode_allocation(pod["metadata"]["annotations"][ALLOCATION_ANNOTATION]) == rec
     calls = [(m, path) for m, path, q in kube.requests]
-    assert calls == [("PATCH", "/api/v1/namespaces/default/pods/p"),
-                     ("POST", "/api/v1/namespaces/default/pods/p/binding")]
+    assert calls == [("POST", "/api/v1/namespaces/default/pods/p/binding")]
+    body = kube.bodies[-1]
+    assert body["metadata"]["uid"] == p["metadata"]["uid"]
+    assert decode_allocation(body["metadata"]["annotations"][ALLOCATION_ANNOTATION]) == rec
 
 
 def test_bind_without_gpu_record_only_binds(kube):
@@ -75,7 +79,7 @@ def test_uid_precondition_protects_a_recreated_pod(kube):
         KubeBinder(kube.api_client()).bind("default", "p", old["metadata"]["uid"], "n1", record("n1", [0]))
     pod = kube.get_pod("default", "p")
     assert annotation(kube, "p") is None and not pod["spec"].get("nodeName")
-    assert [m for m, _, _ in kube.requests] == ["PATCH"]  # never got as far as the Binding
+    assert [m for m, _, _ in kube.requests][:1] == ["POST"]  # the Binding's uid precondition refused it
 
 
 def test_missing_pod_is_a_bind_error(kube):
@@ -93,22 +97,43 @@ def test_a_retried_bind_of_an_already_bound_pod_succeeds(kube):
     assert decode_allocation(annotation(kube, "p")) == rec
 
 
-def test_rollback_never_removes_a_record_that_is_not_ours(kube):
-    """Between our PATCH and the failed Binding someone wrote a different record: it is left alone."""
+def test_a_failed_binding_writes_nothing(kube):
+    """A record someone else wrote stays as it is when our Binding fails: nothing to roll back."""
     p = kube.create_pod(make_pod("p", gpus=1))
     other = encode_allocation(record("n9", [5]))
+    kube.patch_pod("default", "p", {"metadata": {"annotations": {ALLOCATION_ANNOTATION: other}}})
+    kube.fail_next(1, status=500, path="/binding$")
+    before = len(kube.requests)
+    with pytest.raises(BindError, match=r"injected failure \(500\)"):
+        KubeBinder(kube.api_client()).bind("default", "p", p["metadata"]["uid"], "n1", record("n1", [0]))
+    assert annotation(kube, "p") == other
+    assert [m for m, _, _ in kube.requests[before:]] == ["POST", "GET"]  # the Binding, then the read-back
+
+
+def test_bound_there_without_our_record_is_not_a_success(kube):
+    """The Binding answered 409 and the pod is on our node, but someone else bound it (no record
+    of ours on it): the device plugin would find no cards for it, so this bind failed."""
+    p = kube.create_pod(make_pod("p", gpus=1, node="n1"))
+    with pytest.raises(BindError, match="without this allocation record"):
+        KubeBinder(kube.api_client()).bind("default", "p", p["metadata"]["uid"], "n1", record("n1", [0]))
+    assert annotation(kube, "p") is None
+
+
+def test_lost_answer_of_a_binding_that_went_through_is_a_success(kube):
+    """The connection breaks after the API server applied the Binding: the read-back finds the pod
+    bound to our node with our record."""
+    p = kube.create_pod(make_pod("p", gpus=1))
     binder = KubeBinder(kube.api_client())
     real_binding = binder._binding
 
-    def binding_after_overwrite(namespace, name, uid, node):
-        kube.patch_pod("default", "p", {"metadata": {"annotations": {ALLOCATION_ANNOTATION: other}}})
-        kube.fail_next(1, status=500, path="/binding$")
-        return real_binding(namespace, name, uid, node)
+    def binding_then_lost(*args, **kw):
+        real_binding(*args, **kw)
+        raise ConnectionResetError("connection reset by peer")
 
-    binder._binding = binding_after_overwrite
-    with pytest.raises(BindError):
-        binder.bind("default", "p", p["metadata"]["uid"], "n1", record("n1", [0]))
-    assert annotation(kube, "p") == other
+    binder._binding = binding_then_lost
+    rec = record("n1", [1])
+    binder.bind("default", "p", p["metadata"]["uid"], "n1", rec)
+    assert decode_allocation(annotation(kube, "p")) == rec
 
 
 def _snapshot(model: ClusterModel) -> tuple[dict, dict]:

@@ -130,7 +130,8 @@ def test_the_extender_may_change_the_record_and_nothing_else(policy_k8s: LocalK8
     stamp["metadata"]["annotations"]["team.example/owner"] = "mallory"
     _denied(extender.kubectl("patch", "pod", name, "-n", "team-a", "--type=merge", "-p", json.dumps(stamp)),
             "stowage-extender-pod-writes")
-    # The roll-back JSON patch the binder uses (test the uid and the record, then remove it): allowed.
+    # A JSON patch that tests the uid and the record, then removes it (the binder's roll-back before
+    # it bound in one write; removing a stale record): allowed.
     uid = json.loads(policy_k8s.kubectl("get", "pod", name, "-n", "team-a", "-o", "json").stdout)["metadata"]["uid"]
     ops = [{"op": "test", "path": "/metadata/uid", "value": uid},
            {"op": "test", "path": "/metadata/annotations/stowage.io~1allocation", "value": RECORD % "n1"},
@@ -193,6 +194,40 @@ def test_exporter_and_kube_scheduler_accounts_hold_no_stowage_writes(policy_k8s:
     # kube-scheduler's account (the pod's) cannot write allocation records: it has no pods patch.
     assert sched.kubectl("auth", "can-i", "patch", "pods", "-n", "team-a").stdout.strip() == "no"
     assert sched.kubectl("auth", "can-i", "create", "pods", "--subresource=binding", "-n", "team-a").stdout.strip() == "yes"
+
+
+def test_only_the_extender_may_bind_with_a_record(policy_k8s: LocalK8s, tmp_path: Path) -> None:
+    """The API server copies a Binding's annotations onto the pod (that is how the extender
+    records and binds in one write), so a Binding carrying stowage.io/allocation is a record
+    write: refused from anyone but the extender, e.g. kube-scheduler's own account, which may
+    create bindings. A plain Binding from it is still fine (kube-scheduler binds pods that way)."""
+    import kubernetes
+    node = f"bind-node-{uuid.uuid4().hex[:6]}"
+    fake_gpu_node(policy_k8s, node, [Card(index=0, uuid="GPU-0", model="NVIDIA A100-SXM4-80GB", memory_mib=81920)])
+
+    def bind(who: As, pod: str, record: str | None) -> str:
+        uid = json.loads(policy_k8s.kubectl("get", "pod", pod, "-n", "team-a", "-o", "json").stdout)["metadata"]["uid"]
+        body = kubernetes.client.V1Binding(
+            metadata=kubernetes.client.V1ObjectMeta(name=pod, uid=uid, annotations={ALLOC: record} if record else None),
+            target=kubernetes.client.V1ObjectReference(api_version="v1", kind="Node", name=node))
+        try:
+            who.core(tmp_path).create_namespaced_pod_binding(pod, "team-a", body, _preload_content=False)
+            return ""
+        except kubernetes.client.ApiException as exc:
+            assert exc.status in (403, 422), exc
+            return str(exc.body)
+
+    sched, extender = As(policy_k8s, "stowage-scheduler", NS), As(policy_k8s, "stowage-extender", NS)
+    forged, plain, ours = (f"{w}-{uuid.uuid4().hex[:6]}" for w in ("forged", "plain", "ours"))
+    for name in (forged, plain, ours):
+        _ok(policy_k8s.kubectl("create", "-n", "team-a", "-f", "-", input=_pod(name), check=False))
+    assert "only the Stowage extender may bind a pod with" in bind(sched, forged, RECORD % node)
+    got = json.loads(policy_k8s.kubectl("get", "pod", forged, "-n", "team-a", "-o", "json").stdout)
+    assert not got["spec"].get("nodeName") and ALLOC not in (got["metadata"].get("annotations") or {})
+    assert bind(sched, plain, None) == ""
+    assert bind(extender, ours, RECORD % node) == ""
+    got = json.loads(policy_k8s.kubectl("get", "pod", ours, "-n", "team-a", "-o", "json").stdout)
+    assert got["spec"]["nodeName"] == node and got["metadata"]["annotations"][ALLOC] == RECORD % node
 
 
 def test_server_side_dry_run_of_the_manifests(policy_k8s: LocalK8s) -> None:

@@ -4,7 +4,7 @@ NVML is faked at the pynvml layer (``tests/fakenvml.py``); everything above it i
 code, in this process, on the kubelet's real device-plugin directory. Pods run the image
 ``example.local/fakegpu-test:1 env``, which prints its environment: what the kubelet put in the
 container from our Allocate answer is read back from the container's log. Pods are bound as the
-extender binds them (its ``KubeBinder``: record, then Binding), without a scheduler, so each test
+extender binds them (its ``KubeBinder``: one Binding that carries the record), without a scheduler, so each test
 controls exactly which card a pod is recorded on and when it is bound.
 
 The two bugs of issue 11 are pinned here: a pod bound while the kubelet is down must get ITS
