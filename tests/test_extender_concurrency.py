@@ -1,5 +1,6 @@
 """No card is ever double-booked, whatever the interleaving of filter/prioritize/bind calls
-from many threads over real HTTP (the extender's threads share one model and one lock)."""
+from many threads over real HTTP (the extender's threads share one model and one lock); and
+bind's API write runs outside the lock while its reservation is held (forced interleavings)."""
 from __future__ import annotations
 
 import random
@@ -8,7 +9,9 @@ from collections import defaultdict
 
 import requests
 
+from extender.errors import BindError
 from extender.service import ExtenderService, SimBinder
+from extender.wire import BindingArgs
 from extender_harness import Server, gpus, model_from, simple_placers
 from stowage.resources import CORE_MILLI_PER_CARD
 
@@ -146,3 +149,143 @@ def test_simultaneous_binds_to_one_node_take_exactly_its_capacity():
     assert sorted(model.allocations) == winners
     assert sorted(k for al in model.allocations.values() for k in al.cards) == [0, 1, 2, 3]
     check_no_overbooking(model)
+
+
+# ---------------------------------------------------------------- bind: writes outside the lock
+# The binder's API write runs outside the model lock while the card reservation is held: the
+# tests below drive ExtenderService.bind from threads with a binder that blocks on an Event until
+# the test lets it go, so every interleaving is forced by events, never by timing.
+
+class GatedBinder:
+    """A binder whose write for a chosen pod blocks until released, or fails."""
+
+    def __init__(self) -> None:
+        self.gates: dict[str, threading.Event] = {}     # pod name -> released when set
+        self.entered: dict[str, threading.Event] = {}   # pod name -> set once its write started
+        self.fail: set[str] = set()
+        self.bound: dict[str, tuple[str, list[int]]] = {}
+        self.lock = threading.Lock()
+
+    def hold(self, name: str) -> threading.Event:
+        self.gates[name] = threading.Event()
+        self.entered[name] = threading.Event()
+        return self.gates[name]
+
+    def bind(self, namespace, name, uid, node, record):
+        if name in self.entered:
+            self.entered[name].set()
+        if name in self.gates:
+            assert self.gates[name].wait(30), f"the test never released {name}"
+        if name in self.fail:
+            raise BindError(f"injected API failure for {name}")
+        with self.lock:
+            self.bound[name] = (node, [c.index for c in record.cards] if record else [])
+
+
+class PodsByName:
+    """The pod source: bind finds the pods here (no filter call needed)."""
+
+    def __init__(self, pods: list[dict]) -> None:
+        self.pods = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in pods}
+
+    def get_pod(self, namespace, name):
+        return self.pods.get((namespace, name))
+
+
+def gpu_pod(name: str, gpus: int = 1) -> dict:
+    return {"metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
+
+
+def bind_args(name: str, node: str) -> BindingArgs:
+    return BindingArgs(pod_name=name, pod_namespace="default", pod_uid=f"uid-{name}", node=node)
+
+
+def gated_service(nodes: dict[str, int], names: list[str]) -> tuple[ExtenderService, GatedBinder]:
+    model = model_from({"nodes": [{"name": n, "gpus": gpus("NVIDIA L4", k, "24Gi")} for n, k in nodes.items()]})
+    binder = GatedBinder()
+    svc = ExtenderService(model, binder=binder, pod_source=PodsByName([gpu_pod(n) for n in names]),
+                          placer_factory=simple_placers)
+    return svc, binder
+
+
+def in_thread(fn, *args) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("result", fn(*args)), daemon=True)
+    t.start()
+    return t, out
+
+
+def test_two_binds_racing_for_the_last_card_exactly_one_wins():
+    """A's write is in flight (its reservation taken, the lock free); B asks for the same last
+    card: refused at once, without waiting for A's write. Then A's write lands: A won, B lost."""
+    svc, binder = gated_service({"n": 1}, ["a", "b"])
+    gate = binder.hold("a")
+    ta, ra = in_thread(svc.bind, bind_args("a", "n"))
+    assert binder.entered["a"].wait(30)
+    err_b = svc.bind(bind_args("b", "n"))           # returns while a's write is still blocked
+    assert not gate.is_set() and ta.is_alive()
+    assert err_b == "cannot bind default/b to n now: too few free cards for 1 GPU: 0 free"
+    gate.set()
+    ta.join(30)
+    assert ra["result"] == ""
+    assert binder.bound == {"a": ("n", [0])}
+    assert list(svc.model.allocations) == ["uid-a"]
+    check_no_overbooking(svc.model)
+
+
+def test_racing_binds_started_together_exactly_one_wins():
+    """Eight binds for one last card released at once by a barrier: one wins, whatever the order."""
+    names = [f"p{i}" for i in range(8)]
+    svc, binder = gated_service({"n": 1}, names)
+    go = threading.Barrier(len(names))
+    results: dict[str, str] = {}
+
+    def run(name):
+        go.wait()
+        results[name] = svc.bind(bind_args(name, "n"))
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    winners = [n for n, e in results.items() if e == ""]
+    assert len(results) == 8 and len(winners) == 1
+    assert list(binder.bound) == winners and list(svc.model.allocations) == [f"uid-{winners[0]}"]
+    check_no_overbooking(svc.model)
+
+
+def test_a_failed_write_releases_the_reservation_for_the_next_pod():
+    """A's write fails while B waits behind the taken card: B is refused while A holds it, and
+    takes it once A's failure released it. A's answer carries the API's error."""
+    svc, binder = gated_service({"n": 1}, ["a", "b"])
+    binder.fail.add("a")
+    gate = binder.hold("a")
+    ta, ra = in_thread(svc.bind, bind_args("a", "n"))
+    assert binder.entered["a"].wait(30)
+    assert "0 free" in svc.bind(bind_args("b", "n"))    # held by a's reservation meanwhile
+    gate.set()
+    ta.join(30)
+    assert ra["result"] == "cannot bind default/a to n: injected API failure for a"
+    assert svc.model.allocations == {}
+    assert svc.bind(bind_args("b", "n")) == ""
+    assert binder.bound == {"b": ("n", [0])} and list(svc.model.allocations) == ["uid-b"]
+    check_no_overbooking(svc.model)
+
+
+def test_binds_of_different_pods_proceed_concurrently():
+    """A's write is blocked; B's bind (another card) runs its own write and completes meanwhile:
+    the model lock is not held across the API write."""
+    svc, binder = gated_service({"n1": 1, "n2": 1}, ["a", "b"])
+    gate = binder.hold("a")
+    ta, ra = in_thread(svc.bind, bind_args("a", "n1"))
+    assert binder.entered["a"].wait(30)
+    assert svc.bind(bind_args("b", "n2")) == ""          # completes while a's write is blocked
+    assert binder.bound == {"b": ("n2", [0])} and ta.is_alive() and "result" not in ra
+    with svc.model.lock:                                 # a's cards are reserved meanwhile
+        assert list(svc.model.allocations["uid-a"].cards) == [0]
+    gate.set()
+    ta.join(30)
+    assert ra["result"] == "" and binder.bound["a"] == ("n1", [0])
+    check_no_overbooking(svc.model)
