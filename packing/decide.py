@@ -47,15 +47,30 @@ def score(placer: Placer, a: CardArrays, req: GpuRequest, rows: np.ndarray, f: F
     return np.asarray(placer.score(a, req, rows, f.usable), float)
 
 
+def comparable(scores: np.ndarray) -> np.ndarray:
+    """Scores as they are compared, everywhere a node is chosen: rounded to 1e-9
+    (:data:`RAW_DECIMALS`), NaN as the worst. Raw scores equal up to float noise are equal: the
+    fragmentation placers' sums come out a last bit different depending on which other nodes
+    were evaluated in the same call (numpy sums short axes in a shape-dependent order), and a
+    per-node cache must not change answers. Integers (prioritize's 0..10) pass unchanged."""
+    return np.round(np.nan_to_num(np.asarray(scores, float), nan=-np.inf), RAW_DECIMALS)
+
+
 def best_node(scores: np.ndarray, rows: np.ndarray, tie: np.ndarray | None = None) -> int:
-    """The best-scoring node of ``rows``; among equal scores the one with the lowest ``tie``
-    (a fixed random order, as kube-scheduler's random pick among equal nodes), or without
-    ``tie`` the lowest slot, which keeps answers reproducible."""
-    s = np.asarray(scores, float)
+    """The ONE choice rule: the best-scoring node of ``rows`` (scores compared as
+    :func:`comparable`, to 1e-9, as prioritize ranks them); among equal scores the one with the
+    lowest ``tie`` (a fixed random order, as kube-scheduler's random pick among equal nodes), or
+    without ``tie`` the lowest slot, which keeps answers reproducible.
+
+    Used on raw scores by :func:`decide` and on prioritize's 0..10 by
+    :func:`extender.placing.schedule` (the benchmarks and ``stowage plan``): the top 10 is
+    exactly the set of nodes whose raw scores are best to 1e-9, so both choose the same node."""
+    s = comparable(scores)
+    rows = np.asarray(rows)
     cand = rows[s == s.max()]
     if tie is not None and len(cand) > 1:
         return int(cand[np.argmin(tie[cand])])
-    return int(cand[0])
+    return int(cand.min())
 
 
 def choose_cards(placer: Placer, a: CardArrays, i: int, req: GpuRequest, f: Fit, policy: PodPolicy,
@@ -88,10 +103,8 @@ def to_extender_scores(raw: np.ndarray) -> np.ndarray:
     losing the order the placer chose. Rank keeps the placer's best node strictly first, which
     is what kube-scheduler needs from us (it adds our score x weight to its own).
     """
-    # Raw scores equal up to float noise are equal: the fragmentation placers' sums come out a
-    # last bit different depending on which other nodes were evaluated in the same call (numpy
-    # sums short axes in a shape-dependent order), and a per-node cache must not change answers.
-    raw = np.round(np.nan_to_num(np.asarray(raw, float), nan=-np.inf), RAW_DECIMALS)
+    # Raw scores equal up to float noise are equal (see comparable): the same rule as best_node.
+    raw = comparable(raw)
     n = raw.size
     if n == 0:
         return np.zeros(0, np.int64)

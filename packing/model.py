@@ -16,6 +16,7 @@ Nothing here is the source of truth: allocations live on the pods as annotations
 """
 from __future__ import annotations
 
+import copy
 import threading
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -176,6 +177,13 @@ class ClusterModel:
         # tells placers that pods come and go; a reservation taken back (a failed bind, a stale
         # or replaced record) is not a pod leaving and is not counted.
         self.gpu_releases = 0
+
+    def copy(self) -> "ClusterModel":
+        """A private copy for what-ifs (``stowage plan``): the same nodes, cards, allocations
+        and counters, sharing nothing mutable with this one (its own lock), so placing pods in
+        it through the extender's service never changes the live model."""
+        with self.lock:
+            return copy.deepcopy(self, {id(self.lock): threading.RLock()})
 
     # ----------------------------------------------------------------- nodes
     def model_id(self, model: str) -> int:

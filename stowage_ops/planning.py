@@ -1,15 +1,17 @@
 """What-if planning for operators: pure logic over a :class:`packing.model.ClusterModel`.
 
-Three questions an operator asks before scaling, each answered by *simulating* the extender on
-a private copy of the card arrays (the live model is never touched):
+Three questions an operator asks before scaling, each answered by *running* the extender's
+service on a private copy of the model (:meth:`packing.model.ClusterModel.copy`; the live model
+is never touched):
 
 - :func:`capacity` — how many more pods of a shape fit right now, and on which nodes. Pods are
-  placed one after another with :func:`packing.decide.decide`, the code the extender serves, so the answer is what kube-scheduler + Stowage would do,
-  not an arithmetic upper bound (a 40 GiB card with 30 GiB used holds no 20 GiB slice, however
-  much memory the cluster has in total).
+  placed one after another through :func:`extender.placing.schedule` — the service's filter,
+  prioritize and bind, the calls kube-scheduler makes, with the one choice rule — so the answer
+  is what kube-scheduler + Stowage would do, not an arithmetic upper bound (a 40 GiB card with
+  30 GiB used holds no 20 GiB slice, however much memory the cluster has in total).
 - :func:`drain_plan` — which nodes could be emptied (so the cluster autoscaler can remove them)
-  by moving the fewest pods, greedily, re-placing every pod of a candidate node on the nodes
-  that stay, with the same fit code.
+  by moving the fewest pods, greedily: on a copy, a candidate node's pods leave and each is
+  scheduled again, through the same service calls, on the nodes that stay.
 - :func:`fragmentation` — per card, the free share that no typical pod shape could use now.
 
 Shapes are written in a small grammar (:func:`parse_shape`) shared by ``stowage plan`` and its
@@ -20,14 +22,15 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from packing.decide import decide
+from extender.placing import request_pod, schedule, serve
+from extender.service import ExtenderService
 from packing.fit import card_mask, fit, reason
-from packing.model import CardArrays, ClusterModel, PodAllocation, book_request
+from packing.model import CardArrays, ClusterModel, PodAllocation
 from packing.placer import Placer, attach_placer
 from packing.pod_policy import PodPolicy
 from packing.registry import get_placer, placer_for
@@ -146,11 +149,28 @@ def _placer(placer: str | Placer | None) -> Placer:
 def _prime(placer: Placer, model: ClusterModel) -> None:
     """Give the placer what the live extender's placer has: the model's GPU model names (the
     fragmentation-aware placers need them) and the pods already running (a learning placer
-    has seen them; one that is given its workload up front gets them as that workload)."""
+    has seen them, as a restarted extender learns them from its first list; one that is given
+    its workload up front gets them as that workload)."""
     reqs = [shape_of_allocation(al) for al in model.allocations.values()]
     attach_placer(placer, model, workload=[(r, ()) for r in reqs] if reqs else None)
     for r in reqs:
         placer.observe(r)
+
+
+def _service(model: ClusterModel, placer: str | Placer | None) -> ExtenderService:
+    """The extender's service over ``model`` (a copy, for a what-if), with the placer primed on
+    the pods the model holds. Pods are then learned as the service sees them (at filter)."""
+    pl = _placer(placer)
+    _prime(pl, model)
+    return serve(model, pl)
+
+
+def _node_names(model: ClusterModel) -> list[str]:
+    """Every node, in slot order (what kube-scheduler sends the extender; ties go to the lowest slot)."""
+    return [n for n in model.names if n is not None]
+
+
+WHATIF_NAMESPACE = "stowage-plan"
 
 
 @dataclass
@@ -173,32 +193,28 @@ class CapacityResult:
 
 def capacity(model: ClusterModel, shape: Shape, placer: str | Placer | None = None,
              limit: int = DEFAULT_LIMIT) -> CapacityResult:
-    """Place pods of ``shape`` one after another on a copy of the cluster until none fits."""
-    pl = _placer(placer)
-    with model.lock:
-        a = copy_arrays(model.a)
-        names = list(model.names)
-        models = list(model.models)
-        _prime(pl, model)
-    mask = card_mask(a, models, shape.policy, shape.req)
+    """Schedule pods of ``shape`` one after another, through the extender's service on a copy of
+    the cluster, until none fits; then why not, per node, in the words filter uses."""
+    sim = model.copy()
+    service = _service(sim, placer)
+    names = _node_names(sim)
     per_node: Counter[str] = Counter()
     placements: list[tuple[str, tuple[int, ...]]] = []
+    refusals: dict[str, str] = {}
     while len(placements) < limit:
-        pl.observe(shape.req, shape.policy.models_include)
-        got = decide(a, models, shape.req, shape.policy, pl, mask=mask)
-        if got is None:
+        n = len(placements)
+        uid = f"{WHATIF_NAMESPACE}/what-if-{n}"
+        pod = request_pod(f"what-if-{n}", shape.req, shape.policy, namespace=WHATIF_NAMESPACE, uid=uid)
+        node = schedule(service, pod, names, refusals=refusals)
+        if node is None:
             break
-        i, cards = got
-        book_request(a, i, cards, shape.req)
-        name = names[i] or f"#{i}"
-        per_node[name] += 1
-        placements.append((name, tuple(cards)))
+        per_node[node] += 1
+        placements.append((node, sim.allocations[uid].cards))
     limited = len(placements) >= limit
     why: Counter[str] = Counter()
     if not limited:
-        for i, name in enumerate(names):
-            if name is not None:
-                why[_generic(reason(a, i, shape.req, mask, _whole_only(model, name)))] += 1
+        for text in refusals.values():
+            why[_generic(text)] += 1
     return CapacityResult(shape=shape, count=len(placements),
                           per_node=dict(sorted(per_node.items(), key=lambda kv: (-kv[1], kv[0]))),
                           placements=placements, limited=limited, why_not=dict(why.most_common()))
@@ -276,29 +292,30 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
                max_nodes: int | None = None) -> DrainPlan:
     """Greedy: try to empty nodes with the fewest, lightest GPU pods first.
 
-    A candidate is emptied only if every one of its pods can be re-placed (same fit and placer
-    code) on nodes that stay: never on a node already emptied nor on the candidate itself, and
-    never on a node that received moved pods is then emptied in turn (so each pod moves once).
-    With ``keep_model`` a pod only moves to cards of the model it runs on now, because the
-    model does not record which model constraints the pod asked for; without it a whole-GPU pod
-    still only moves to cards with at least as much memory as it has now, and a slice to any
-    card with room. Empty GPU nodes come first and cost no move.
+    A candidate is emptied only if every one of its pods can be scheduled again, through the
+    extender's service (:func:`extender.placing.schedule`), on nodes that stay: on a copy of
+    the cluster the candidate's pods leave (as evicted pods do), and each is sent to filter with
+    the nodes kube-scheduler would send once the candidate is cordoned — never the candidate
+    itself nor a node already emptied — biggest first. A node that received moved pods is never
+    emptied in turn (so each pod moves once). With ``keep_model`` a pod asks for the GPU model
+    it runs on now (``stowage.io/gpu-model``), because the model does not record which model
+    constraints the pod asked for; without it a whole-GPU pod still asks for cards with at least
+    as much memory as it has now, and a slice for any card with room. Empty GPU nodes come first
+    and cost no move. Each candidate gets a fresh placer primed on the pods that stay, so a
+    candidate that cannot be emptied teaches the next nothing.
     """
-    pl = _placer(placer)
-    with model.lock:
-        sim = copy_arrays(model.a)
-        names = list(model.names)
-        index = dict(model.index)
-        pods = {n: _pods_on(model, n) for n in index}
-        _prime(pl, model)
-    gpu_nodes = [n for n, i in index.items() if sim.exists[i].any()]
+    sim = model.copy()
+    names = _node_names(sim)
+    index = dict(sim.index)
+    pods = {n: _pods_on(sim, n) for n in index}
+    gpu_nodes = [n for n, i in index.items() if sim.a.exists[i].any()]
     held = {n: sum(len(al.cards) * CORE_MILLI_PER_CARD if al.whole else max(al.core_milli) for al in pods[n])
             for n in gpu_nodes}
     order = sorted(gpu_nodes, key=lambda n: (len(pods[n]), held[n], n))
     drained: list[DrainedNode] = []
     kept: dict[str, str] = {}
     receivers: set[str] = set()
-    base_ok = sim.node_ok.copy()
+    emptied: set[str] = set()
     for node in order:
         if max_nodes is not None and len(drained) >= max_nodes:
             break
@@ -306,35 +323,48 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
             kept[node] = "receives pods moved from another emptied node"
             continue
         i = index[node]
-        trial = copy_arrays(sim)
-        trial.node_ok[i] = False
+        gpus = int(sim.a.exists[i].sum())
+        if not pods[node]:
+            emptied.add(node)
+            drained.append(DrainedNode(node=node, gpus=gpus, moves=[]))
+            continue
+        trial = sim.copy()
+        for al in pods[node]:
+            trial.release(al.uid)
+        service = _service(trial, placer)
+        targets = [n for n in names if n != node and n not in emptied]
         moves: list[Move] = []
         failed = ""
         for al in sorted(pods[node], key=_size_key):
-            req = shape_of_allocation(al)
-            book_request(trial, i, al.cards, req, -1)
-            mask = trial.exists.copy()
-            if keep_model and al.cards:
-                mask &= trial.model == trial.model[i, al.cards[0]]
-            elif al.whole and al.cards:
-                mask &= trial.mem_total >= int(trial.mem_total[i, list(al.cards)].min())
-            pol = PodPolicy()
-            got = decide(trial, (), req, pol, pl, mask=mask)
-            if got is None:
+            req, pol = _move_request(sim, i, al, keep_model)
+            namespace, _, name = al.name.rpartition("/")
+            pod = request_pod(name or al.uid, req, pol, namespace=namespace or "default", uid=al.uid)
+            target = schedule(service, pod, targets)
+            if target is None:
                 failed = f"no room elsewhere for {al.name} ({req.describe()})"
                 break
-            j, cards = got
-            book_request(trial, j, cards, req)
             moves.append(Move(pod=al.name, uid=al.uid, source=node, source_cards=tuple(al.cards),
-                              target=names[j] or f"#{j}", target_cards=tuple(cards), shape=req.describe()))
+                              target=target, target_cards=trial.allocations[al.uid].cards,
+                              shape=req.describe()))
         if failed:
             kept[node] = failed
             continue
         sim = trial
+        emptied.add(node)
         receivers.update(m.target for m in moves)
-        drained.append(DrainedNode(node=node, gpus=int(sim.exists[i].sum()), moves=moves))
-    sim.node_ok[:] = base_ok
+        drained.append(DrainedNode(node=node, gpus=gpus, moves=moves))
     return DrainPlan(drained=drained, kept=kept)
+
+
+def _move_request(model: ClusterModel, i: int, al: PodAllocation, keep_model: bool) -> tuple[GpuRequest, PodPolicy]:
+    """The request and card constraints a pod moved off node slot ``i`` asks for (see
+    :func:`drain_plan`): its shape, and its current GPU model or (whole GPUs) card size."""
+    req = shape_of_allocation(al)
+    if keep_model and al.cards:
+        return req, PodPolicy(models_include=(model.models[int(model.a.model[i, al.cards[0]])],))
+    if al.whole and al.cards:
+        return replace(req, min_card_mem_mib=int(model.a.mem_total[i, list(al.cards)].min())), PodPolicy()
+    return req, PodPolicy()
 
 
 # --------------------------------------------------------------------------- fragmentation
@@ -418,26 +448,19 @@ FILL_MIX: tuple[tuple[float, GpuRequest], ...] = (
 
 def fill_random(model: ClusterModel, n: int, seed: int = 0, placer: str | Placer | None = None,
                 namespace: str = "fill") -> int:
-    """Place up to ``n`` pods of a seeded random mix (:data:`FILL_MIX`) into the live model, so a
-    simulated cluster shows something. Returns how many were placed (the rest found no room)."""
+    """Schedule up to ``n`` pods of a seeded random mix (:data:`FILL_MIX`) into the model, through
+    the extender's service (:func:`extender.placing.schedule`), so a simulated cluster shows
+    something. Returns how many were placed (the rest found no room)."""
     rng = random.Random(seed)
-    pl = _placer(placer)
-    _prime(pl, model)
+    service = _service(model, placer)
+    names = _node_names(model)
     weights = [w for w, _ in FILL_MIX]
     placed = 0
     for p in range(n):
         req = rng.choices([r for _, r in FILL_MIX], weights)[0]
-        pol = PodPolicy()
-        pl.observe(req)  # as the extender does: the placer sees every pod before scoring it
-        with model.lock:
-            got = decide(model.a, model.models, req, pol, pl)
-            if got is None:
-                continue
-            i, cards = got
-            node = model.names[i]
-            assert node is not None
-            model.assign(f"{namespace}-uid-{p:05d}", f"{namespace}/pod-{p:05d}", node, cards, req)
-        placed += 1
+        pod = request_pod(f"pod-{p:05d}", req, namespace=namespace, uid=f"{namespace}-uid-{p:05d}")
+        if schedule(service, pod, names) is not None:
+            placed += 1
     return placed
 
 

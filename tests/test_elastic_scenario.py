@@ -152,10 +152,13 @@ def test_jobs_wait_in_the_queue_and_leave_at_their_deletion_time():
     assert r.job_wait_s == [0, 0]
 
 
-def test_each_gpu_pod_is_observed_once_like_the_extender(monkeypatch):
-    """The extender observes a pod the first time it sees it, and only GPU pods
-    (``ExtenderService.pod_info``): Pending pods retried step after step, and CPU-only pods,
-    must not be learned again (or at all)."""
+def test_each_pod_is_learned_once_as_the_extender_learns_it(monkeypatch):
+    """The simulation places through the extender's service, so its placer learns what the
+    live extender's does: every pod the first time the service sees it
+    (``ExtenderService.pod_info``/``learn_pod``), with its model list — CPU-only pods too, as
+    the service learns every pod it can parse — and Pending pods retried step after step, or
+    waiting behind a queue head that does not fit, never again. (The simulation once observed
+    GPU pods only, without their model lists: it knew less than the extender.)"""
     from benchmarks.elastic import sim
     from benchmarks.elastic.workload import Job
 
@@ -166,9 +169,9 @@ def test_each_gpu_pod_is_observed_once_like_the_extender(monkeypatch):
         placer = real_get(name)
         inner = placer.observe
 
-        def observe(req):
+        def observe(req, models=()):
             seen.append(req)
-            inner(req)
+            inner(req, models)
         placer.observe = observe
         return placer
 
@@ -177,15 +180,15 @@ def test_each_gpu_pod_is_observed_once_like_the_extender(monkeypatch):
                      trace_pods=1)
     jobs = (Job(req=GpuRequest(gpus=8), models=(), start=1, end=8),           # Pending 7 steps, never fits
             Job(req=GpuRequest(gpus=8), models=(), start=1, end=9),           # behind it in the same queue
-            Job(req=GpuRequest(cpu_milli=500), models=(), start=2, end=9))    # CPU-only: never observed
+            Job(req=GpuRequest(cpu_milli=500), models=(), start=2, end=9))    # CPU-only: learned once too
     sc = Scenario(deployments=(dep,), jobs=jobs, t0=0, step_s=60, steps=10, scale=1.0, capacity_milli=4000,
                   dropped_short=0)
     r = run(sc, nodes(1), "stowage", 42, HpaSettings(scale_down_window_s=0))
     assert r.replicas_delayed + r.replicas_never > 0 and r.pending_replica_hours > 0   # pods were retried
-    gpu_pods = 1 + r.replicas_created + 2      # the initial replica, every scale-out replica, the 8-GPU jobs
-    assert len(seen) == gpu_pods
-    assert all(req.is_gpu for req in seen)
+    pods = 1 + r.replicas_created + 3      # the initial replica, every scale-out replica, the three jobs
+    assert len(seen) == pods
     assert sum(req.gpus == 8 for req in seen) == 2
+    assert sum(not req.is_gpu for req in seen) == 1
 
 
 def test_stowage_switches_to_churn_mode_when_a_gpu_pod_leaves(monkeypatch):

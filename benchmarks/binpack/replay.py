@@ -10,8 +10,9 @@ each pod a Pod object, as the API server would return them (:func:`node_object`,
 :func:`pod_object`); nodes reach the model through the watch's own code
 (:func:`extender.kube_objects.node_view`, :func:`extender.kube_objects.node_into_model`), and
 each pod is decided by the extender's own service calls, in kube-scheduler's order
-(:func:`schedule`): ``filter`` over every node, ``prioritize`` over those that pass (when more
-than one does), the best-scored node, ``bind``. So the replay can never know more, or less,
+(:func:`extender.placing.schedule`, shared with the elastic simulation and ``stowage plan``):
+``filter`` over every node, ``prioritize`` over those that pass (when more than one does), the
+best-scored node (:func:`packing.decide.best_node`, the one choice rule), ``bind``. So the replay can never know more, or less,
 than the live extender (``tests/test_binpack_one_path.py`` checks it against the three steps of
 :mod:`packing.decide` called directly).
 
@@ -30,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from extender.kube_objects import node_into_model, node_view
+from extender.placing import schedule, serve
 from extender.service import ExtenderService
-from extender.wire import BindingArgs, ExtenderArgs
 from packing.model import ClusterModel
 from packing.placer import Placer, attach_placer
 from packing.pod_policy import GPU_MODEL, SPREAD, PodPolicy
@@ -146,29 +147,7 @@ def build_cluster(nodes: Nodes) -> ClusterModel:
 # ------------------------------------------------------------------------------- deciding
 def replay_service(model: ClusterModel, placer: Placer, base: PodPolicy) -> ExtenderService:
     """The extender's service over the replay's model, serving every pod with ``placer``."""
-    return ExtenderService(model, memory_unit_mib=MEMORY_UNIT_MIB, default_policy=base,
-                           placer_factory=lambda _value: placer)
-
-
-def schedule(service: ExtenderService, pod: dict[str, Any], names: list[str], rank: np.ndarray) -> str | None:
-    """One pod as kube-scheduler takes it through the extender: filter, prioritize (only when
-    more than one node passes), the best-scored node (ties: lowest ``rank``), bind. Returns the
-    node, or None when no node passes (the pod stays pending) or bind refuses."""
-    res = service.filter(ExtenderArgs(pod=pod, node_names=names, nodes=None, names=names))
-    passing = res.node_names or []
-    if not passing:
-        return None
-    if len(passing) == 1:
-        node = passing[0]
-    else:
-        got, scores = service.prioritize_scores(ExtenderArgs(pod=pod, node_names=passing, nodes=None,
-                                                             names=passing))
-        index = service.model.index
-        top = np.flatnonzero(scores == scores.max())
-        node = min((got[t] for t in top.tolist()), key=lambda n: rank[index[n]])
-    m = pod["metadata"]
-    err = service.bind(BindingArgs(m["name"], m["namespace"], m["uid"], node))
-    return None if err else node
+    return serve(model, placer, default_policy=base, memory_unit_mib=MEMORY_UNIT_MIB)
 
 
 def replay(nodes: Nodes, pods: Pods, policy: str, seed: int, *, limit: int | None = None,
@@ -194,7 +173,7 @@ def replay(nodes: Nodes, pods: Pods, policy: str, seed: int, *, limit: int | Non
         milli = int(pods.milli[j])
         done += milli
         uid = f"{pods.name}-{seed}-{e}"
-        node = schedule(service, pod_object(pods, j, uid), names, rank)
+        node = schedule(service, pod_object(pods, j, uid), names, rank)   # extender.placing
         if placements is not None:
             placements.append(None if node is None else (node, model.allocations[uid].cards))
         if node is not None:

@@ -8,18 +8,21 @@ Every ``step_s`` seconds (an HPA sync) the simulation:
    the service has, shared by its ready replicas, capped at 100 %; scale-outs create Pending
    replicas, scale-ins delete replicas in the ReplicaSet controller's order (pending first,
    then those on the nodes holding most replicas of the deployment, newest first);
-3. schedules the queue in creation order, like kube-scheduler's FIFO: each pod goes where the
-   extender's own code puts it (:func:`packing.decide.decide`; ties: the seed's fixed node
-   order, as in the binpack benchmark) or stays Pending and is retried next step. The
-   placer learns each GPU pod once, at its first scheduling attempt, as the extender does
-   (``ExtenderService.pod_info`` observes a pod the first time it sees it, and only pods that
-   ask for a GPU): retries of a Pending pod are not new pods;
+3. schedules the queue in creation order, like kube-scheduler's FIFO: each pod is a Pod object
+   sent through the extender's own service calls (:func:`extender.placing.schedule`, shared
+   with the binpack replay and ``stowage plan``: filter, prioritize, the best-scored node —
+   ties: the seed's fixed node order, as in the binpack benchmark — and bind, which books it)
+   or stays Pending and is retried next step. The placer learns each pod once, at its first
+   scheduling attempt, because the service does (``ExtenderService.pod_info`` observes a pod
+   the first time it sees it): retries of a Pending pod are not new pods;
 4. counts empty nodes: a node with no pod at all for ``unneeded_s`` (cluster-autoscaler's
    scale-down-unneeded-time, 10 min) is one the autoscaler could have released. Counted in
    node-hours and in GPU-hours (its GPUs x hours): node-hours alone would rate emptying a
    2-GPU node as high as emptying an 8-GPU one.
 
-Only the cluster and the pod source are simulated; placement is the production code.
+Only the cluster (Node objects through the watch's object-to-model code,
+:func:`benchmarks.binpack.replay.build_cluster`) and the pod source are simulated; placement is
+the production code, through the same calls the live extender answers.
 """
 from __future__ import annotations
 
@@ -32,10 +35,9 @@ from typing import Callable
 
 import numpy as np
 
-from benchmarks.binpack.replay import CARD_POLICY, build_cluster, node_rank
+from benchmarks.binpack.replay import CARD_POLICY, MEMORY_UNIT_MIB, NAMESPACE, build_cluster, node_rank
 from benchmarks.binpack.trace import Nodes
-from packing.decide import decide
-from packing.fit import card_mask
+from extender.placing import request_pod, schedule, serve
 from packing.placer import attach_placer
 from packing.pod_policy import PodPolicy
 from packing.registry import get_placer
@@ -69,7 +71,8 @@ class Item:
     node: int = -1
     placed: int = -1                # step placed, -1 while pending
     dead: bool = False
-    seen: bool = False              # has met the extender (its placer observed it, if a GPU pod)
+    seen: bool = False              # has met the extender (its placers learned it)
+    pod: dict | None = None         # the Pod object (made at its first scheduling attempt)
 
     @property
     def uid(self) -> str:
@@ -164,22 +167,22 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
     workload = [(d.req, d.models) for d in sc.deployments for _ in range(d.trace_pods * copies)]
     workload += [(j.req, j.models) for j in sc.jobs]
     placer = attach_placer(get_placer(policy), model, seed=seed, workload=workload)
-    base = CARD_POLICY.get(policy, PodPolicy())
-    policies: dict[tuple[str, ...], PodPolicy] = {}
-    masks: dict[tuple, np.ndarray] = {}
+    service = serve(model, placer, default_policy=CARD_POLICY.get(policy, PodPolicy()),
+                    memory_unit_mib=MEMORY_UNIT_MIB)
+    node_names = [n for n in names if n is not None]   # slot order, as ``rank`` is
+
+    def pod_of(it: Item) -> dict:
+        if it.pod is None:
+            models = it.key[1]
+            it.pod = request_pod(it.uid, it.req, PodPolicy(models_include=models) if models else None,
+                                 namespace=NAMESPACE, uid=it.uid, memory_unit_mib=MEMORY_UNIT_MIB)
+        return it.pod
 
     def meet_extender(it: Item) -> None:
-        """A pod's first filter call: the extender observes GPU pods once, when first seen."""
+        """A pod kube-scheduler tries this round without calling filter for it (its queue's
+        head did not fit): the service learns it as filter would (once per uid)."""
         it.seen = True
-        if it.req.is_gpu:
-            placer.observe(it.req)
-
-    def pol_for(models: tuple[str, ...]) -> PodPolicy:
-        p = policies.get(models)
-        if p is None:
-            p = policies[models] = PodPolicy(node=base.node, card=base.card, models_include=models,
-                                             topology=base.topology)
-        return p
+        service.learn_pod(pod_of(it))
 
     seq = 0
     queues: dict[tuple, deque[Item]] = {}
@@ -305,15 +308,10 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
             _, key = heapq.heappop(heap)
             q = queues[key]
             it = q[0]
-            req, models = key
-            pol = pol_for(models)
-            mask = masks.get(key)
-            if mask is None:
-                mask = masks[key] = card_mask(a, model.models, pol, req)
-            if not it.seen:
-                meet_extender(it)
-            got = decide(a, model.models, req, pol, placer, mask=mask, tie=rank)
-            if got is None:
+            req = it.req
+            it.seen = True   # filter learns it
+            node = schedule(service, pod_of(it), node_names, rank)
+            if node is None:
                 # kube-scheduler tries every queued pod this round, so the new pods behind this
                 # head (same shape, so they do not fit either) meet the extender now too. Seen
                 # pods form a prefix of the queue: the unseen ones are its tail.
@@ -326,11 +324,7 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
                     if not other.dead:
                         meet_extender(other)
                 continue
-            i, cards = got
-            if req.is_gpu:
-                model.assign(it.uid, it.uid, names[i], cards, req)
-            else:
-                model.assign(it.uid, it.uid, names[i], (), req, check=False)
+            i = model.index[node]   # bind booked it
             placed_milli += _milli(req)
             it.node, it.placed = i, s
             q.popleft()
