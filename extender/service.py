@@ -1,8 +1,9 @@
 """Filter, prioritize and bind over a :class:`~packing.model.ClusterModel`, without HTTP.
 
 The Flask app (:mod:`extender.app`) only decodes bodies and encodes answers; every decision is
-made here, with :mod:`packing.decide` — the same three steps ``stowage plan`` and the benchmarks
-take in one go — so tests, the demo and the benchmarks exercise the very same logic:
+made here, with :mod:`packing.decide` — and ``stowage plan`` and the benchmarks place through
+these very calls (:mod:`extender.placing`) — so tests, the demo and the benchmarks exercise the
+very same logic:
 
 - filter: step 1, which nodes fit (and :func:`packing.fit.reason` for each one that does not);
 - prioritize: step 2, the placer's scores of the nodes that fit, ranked 0..10;

@@ -1,15 +1,16 @@
 """Deciding one pod: the one place where a pod's node and cards are chosen.
 
-Every user of placement goes through here — the extender's verbs (filter, prioritize and bind
-are the three steps below, asked for over HTTP one at a time), ``stowage plan``, the bin-packing
-replay and the elastic simulation (:func:`decide`, all three steps at once) — so a figure from a
-benchmark or a plan is a figure for what the extender does:
+The extender's verbs are the three steps below (filter, prioritize and bind, asked for over
+HTTP one at a time); ``stowage plan``, the bin-packing replay and the elastic simulation reach
+them only through the extender's service (:mod:`extender.placing`), so a figure from a
+benchmark or a plan is a figure for what the extender does. :func:`decide` is the three steps
+at once, for tests of the core:
 
 1. :func:`feasible` — the pod's card mask and fit: which nodes can take it now
    (:mod:`packing.fit`; the nodes that cannot get a :func:`packing.fit.reason`);
 2. :func:`score` — the placer ranks the feasible nodes (:mod:`packing.strategies`); for
-   kube-scheduler the raw scores become 0..10 by rank (:func:`to_extender_scores`), and a
-   one-shot caller takes the best (:func:`best_node`);
+   kube-scheduler the raw scores become 0..10 by rank (:func:`to_extender_scores`), and the
+   best is chosen by the one rule (:func:`best_node`), on raw scores or on those 0..10;
 3. :func:`choose_cards` — the placer picks the card(s) on the chosen node.
 
 The caller books the result (``ClusterModel.assign``, or :func:`packing.model.book` on a copy of
