@@ -14,5 +14,12 @@ class BindError(RuntimeError):
     """
 
 
+class BindOutcomeUnknown(BindError):
+    """The Binding may or may not have been applied (its answer was lost and the pod could not be
+    read back). The pod may be running on the cards, so the service keeps their reservation
+    instead of handing them to another pod: a retry of the pod to the same node completes on it,
+    a bind to another node releases it once the pod is seen unbound, a deletion releases it."""
+
+
 class KubeConfigError(RuntimeError):
     """No usable Kubernetes client configuration (kubeconfig / in-cluster service account)."""

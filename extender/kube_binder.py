@@ -30,7 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, RecordTrust
 
-from .errors import BindError
+from .errors import BindError, BindOutcomeUnknown
 from .kube import api_message, read_json
 
 log = logging.getLogger("stowage.kube")
@@ -76,8 +76,10 @@ class KubeBinder:
         msg = f"binding {key} to {node} failed: {api_message(failure)}"
         pod, readable = self._read_back(namespace, name)
         if not readable:
-            raise BindError(msg + "; the pod could not be read back, so whether it was bound is unknown (if it "
-                            "was, the watch brings its record back)") from failure
+            if isinstance(failure, ApiException) and failure.status and failure.status < 500:
+                raise BindError(msg) from failure  # refused by the API server: nothing was applied
+            raise BindOutcomeUnknown(msg + "; the pod could not be read back, so whether it was bound is unknown: "
+                                     "its cards stay reserved until it is") from failure
         meta = (pod or {}).get("metadata") or {}
         if pod is None:
             raise BindError(f"pod {key} not found ({msg})") from failure

@@ -19,8 +19,10 @@ Concurrency contract: every read of the model that must be consistent (fit for a
 scores, card choice) happens under ``model.lock``; bind's re-check and reservation
 (``model.assign(check=True)``) happen in the same critical section as the card choice, so two
 binds can never take the same card whatever the interleaving. The binder (which talks to the
-API server and may be slow) runs OUTSIDE the lock; if it fails, the reservation is released, so
-no half-recorded allocation survives.
+API server and may be slow) runs OUTSIDE the lock, so binds of different pods write concurrently
+while each holds its reservation; if it fails, the reservation is released under the lock (the
+next pod can take the cards), except when the write's outcome is unknown
+(:class:`~extender.errors.BindOutcomeUnknown`: the pod may be running on them).
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ from packing.registry import placer_for
 from stowage.allocation import AllocationRecord, CardShare
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError, pod_request
 
-from .errors import BindError  # noqa: F401  (re-exported: binders raise it)
+from .errors import BindError, BindOutcomeUnknown  # noqa: F401  (BindError re-exported: binders raise it)
 from .nominated import PodMarks
 from .rowcache import DEFAULT_MAX_SHAPES
 from .speedups import FastPath
@@ -524,10 +526,18 @@ class ExtenderService:
 
     def _complete(self, namespace: str, name: str, uid: str, node: str, record: AllocationRecord | None,
                   reserved: PodAllocation | None, what: str) -> str:
-        """Call the binder outside the model lock; on failure release ``reserved`` (ours only)."""
+        """Call the binder outside the model lock; on failure release ``reserved`` (ours only),
+        unless the outcome is unknown (then the cards stay reserved for the pod)."""
         key = f"{namespace}/{name}"
         try:
             self.binder.bind(namespace, name, uid, node, record)
+        except BindOutcomeUnknown as exc:
+            # The pod may be bound on these cards: keep them (see BindOutcomeUnknown for how the
+            # reservation ends). Releasing them could give a running pod's card to another.
+            with self.model.lock:
+                self._inflight.discard(uid)
+            log.warning("bind %s -> %s: outcome unknown, reservation kept: %s", key, node, exc)
+            return f"cannot bind {key} to {node}: {exc}"
         except Exception as exc:  # BindError or anything else: never keep the reservation
             if reserved is not None:
                 with self.model.lock:

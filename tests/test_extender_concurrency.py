@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import requests
 
-from extender.errors import BindError
+from extender.errors import BindError, BindOutcomeUnknown
 from extender.service import ExtenderService, SimBinder
 from extender.wire import BindingArgs
 from extender_harness import Server, gpus, model_from, simple_placers
@@ -288,4 +288,25 @@ def test_binds_of_different_pods_proceed_concurrently():
     gate.set()
     ta.join(30)
     assert ra["result"] == "" and binder.bound["a"] == ("n1", [0])
+    check_no_overbooking(svc.model)
+
+
+def test_a_write_whose_outcome_is_unknown_keeps_the_reservation():
+    """The Binding may have been applied (answer lost, pod unreadable): the pod may be running on
+    the card, so the card stays reserved: no other pod gets it. The scheduler's retry of the same
+    pod to the same node completes on the reservation it still holds."""
+    svc, binder = gated_service({"n": 1}, ["a", "b"])
+    real = binder.bind
+
+    def unknown_once(namespace, name, uid, node, record):
+        binder.bind = real
+        raise BindOutcomeUnknown("binding default/a to n failed: connection reset; the pod could not be read back")
+
+    binder.bind = unknown_once
+    err = svc.bind(bind_args("a", "n"))
+    assert err.startswith("cannot bind default/a to n: binding default/a to n failed: connection reset")
+    assert list(svc.model.allocations) == ["uid-a"]            # kept
+    assert "0 free" in svc.bind(bind_args("b", "n"))            # nobody else gets the card
+    assert svc.bind(bind_args("a", "n")) == ""                  # the retry completes
+    assert binder.bound == {"a": ("n", [0])}
     check_no_overbooking(svc.model)

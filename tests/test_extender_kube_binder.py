@@ -6,7 +6,7 @@ import json
 import pytest
 from extender_kube_helpers import FakeKube, gfd_node, inv_node, make_pod, new_feeder, row
 
-from extender.errors import BindError
+from extender.errors import BindError, BindOutcomeUnknown
 from extender.kube_binder import KubeBinder
 from packing.model import ClusterModel, PodAllocation
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, decode_allocation, encode_allocation
@@ -229,3 +229,28 @@ def test_restart_rebuilds_exactly_the_same_model(kube):
         assert (rec.node, tuple(c.index for c in rec.cards), tuple(c.memory_mib for c in rec.cards),
                 tuple(c.core_milli for c in rec.cards), rec.whole) == (node, cards, mems, cores, whole)
     assert json.loads(annotation(kube, "train"))["whole"] is True
+
+
+def test_unknown_outcome_is_said_and_a_refusal_is_not(kube):
+    """Lost answer and the pod unreadable: maybe bound (BindOutcomeUnknown: the service keeps the
+    cards). A 4xx refusal with the pod unreadable: nothing was applied (a plain BindError)."""
+    p = kube.create_pod(make_pod("p", gpus=1))
+    binder = KubeBinder(kube.api_client(), readback_attempts=1, readback_delay_s=0)
+
+    def unreadable(namespace, name):
+        raise ConnectionRefusedError("API server unreachable")
+
+    binder._read = unreadable
+    real_binding = binder._binding
+
+    def lost(*args, **kw):
+        raise ConnectionResetError("connection reset by peer")
+
+    binder._binding = lost
+    with pytest.raises(BindOutcomeUnknown, match="whether it was bound is unknown"):
+        binder.bind("default", "p", p["metadata"]["uid"], "n1", record("n1", [0]))
+    binder._binding = real_binding
+    kube.fail_next(1, status=403, path="/binding$")
+    with pytest.raises(BindError) as err:
+        binder.bind("default", "p", p["metadata"]["uid"], "n1", record("n1", [0]))
+    assert not isinstance(err.value, BindOutcomeUnknown)
