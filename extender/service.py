@@ -59,11 +59,13 @@ PREEMPT_BUDGET = 4000
 
 
 class Binder(Protocol):
-    """Makes a bind real: records the allocation on the pod, then creates the Binding.
+    """Makes a bind real: binds the pod with its allocation record (Kubernetes: one Binding that
+    carries the record, :mod:`extender.kube_binder`).
 
     ``record`` is None for a pod that asks for no GPU (nothing to record, just bind). Raise
-    :class:`BindError` on failure; the implementation must itself leave no annotation behind
-    when the Binding could not be created.
+    :class:`BindError` on failure, leaving no record behind when the pod was not bound; raise
+    :class:`BindOutcomeUnknown` when whether it was bound cannot be told (the service then
+    keeps the cards reserved).
     """
 
     def bind(self, namespace: str, name: str, uid: str, node: str, record: AllocationRecord | None) -> None: ...
