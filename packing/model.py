@@ -56,6 +56,10 @@ class CardArrays:
     cpu_free: np.ndarray   # [N] milli-CPU (inf when not modelled)
     hmem_free: np.ndarray  # [N] host MiB (inf when not modelled)
     pod_room: np.ndarray   # [N] pods the node may still take: allocatable pods - pods on it (inf when not modelled)
+    # [N] allocatable milli-CPU and host MiB of the node, whatever is booked (inf when not
+    # modelled): what the node could offer a pod when empty (placers' capability pressure).
+    cpu_total: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    hmem_total: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @classmethod
     def empty(cls, n: int, k: int) -> "CardArrays":
@@ -65,7 +69,8 @@ class CardArrays:
             core_free=np.zeros((n, k), np.int64), pods=np.zeros((n, k), np.int32),
             model=np.zeros((n, k), np.int32), numa=np.full((n, k), -1, np.int32),
             nvlink=np.zeros((n, k, k), bool), node_ok=np.zeros(n, bool),
-            cpu_free=np.full(n, INF), hmem_free=np.full(n, INF), pod_room=np.full(n, INF))
+            cpu_free=np.full(n, INF), hmem_free=np.full(n, INF), pod_room=np.full(n, INF),
+            cpu_total=np.full(n, INF), hmem_total=np.full(n, INF))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -78,7 +83,7 @@ class CardArrays:
         for name in ("exists", "healthy", "mem_total", "mem_free", "core_free", "pods", "model", "numa"):
             getattr(out, name)[:n0, :k0] = getattr(self, name)
         out.nvlink[:n0, :k0, :k0] = self.nvlink
-        for name in ("node_ok", "cpu_free", "hmem_free", "pod_room"):
+        for name in ("node_ok", "cpu_free", "hmem_free", "pod_room", "cpu_total", "hmem_total"):
             getattr(out, name)[:n0] = getattr(self, name)
         return out
 
@@ -243,8 +248,8 @@ class ClusterModel:
                 meta.uuids[k] = c.uuid
                 meta.models[k] = c.model
             a.node_ok[i] = schedulable
-            a.cpu_free[i] = cpu_milli
-            a.hmem_free[i] = host_mem_mib
+            a.cpu_free[i] = a.cpu_total[i] = cpu_milli
+            a.hmem_free[i] = a.hmem_total[i] = host_mem_mib
             a.pod_room[i] = max_pods
             self.meta[name] = meta
             self._recompute_node(i, meta)

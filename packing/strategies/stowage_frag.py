@@ -35,6 +35,20 @@ P100-only pods needed: 2.1x FGD's unallocated GPUs on a variant with a quarter o
 limited (docs/binpack.md). No pod limited to models: every ``rho`` is 0, nothing changes.
 ``rho`` is computed once per rebuild of the learned table, so scores stay row-local.
 
+Capability pressure. Some whole-GPU classes fit on only a few nodes at all: on the openb
+cluster an 8-GPU pod asking for 120 cores and 720 GiB fits only the 39 G3 nodes (128 cores,
+768 GiB), which are also the 8-card nodes with the most host memory per GPU, so the stranding
+term sends memory-hungry pods (and CPU-only ones) there first. For every whole-GPU class seen,
+S is the set of nodes that could host it empty (cards of an allowed model and size, allocatable
+CPU and memory: ``CardArrays.cpu_total``/``hmem_total``) and q its share of the GPU demand seen;
+``r = min(1, q * (K_all - K_S) / K_S)`` (cards) is the demand it puts on S beyond what a class
+that may use every card would (0 when every node can host it). A node's ability to host the
+class is worth ``r * its cards * 1000`` GPU-milli, and a pod that takes it away (a card of the
+class's last whole set, or the CPU or memory it needs) pays that, ``capability_weight`` = 1,
+the unit of ``F``. It is FGD's "does the class still fit here" weighted by the class's GPU
+volume and scarcity instead of its pod count: a rare class that only a few nodes can host
+is protected, one that can go anywhere is not. Computed once per learned table (row-local).
+
 Churn mode. In a cluster where pods come and go, an empty node is worth more than any
 fragmentation gain: the cluster autoscaler can remove it (and a node that stays empty keeps
 room for the biggest pods). So once the placer learns that GPU pods have LEFT the cluster
@@ -63,11 +77,13 @@ from stowage.resources import GpuRequest
 
 from ..frag import MILLI, FragPlacerBase, PodClass, model_list, same_as_previous_card
 from ..model import CardArrays
+from ..fit import row_count
 from ..placer import choose_cards_default, choose_whole_cards, first_free_cards, segment_max
 from ..pod_policy import SPREAD, PodPolicy
 
 STRAND_WEIGHT = 2.0
 PRESSURE_WEIGHT = 1.0  # model pressure: cost per GPU-milli taken on a card whose model is wanted
+CAPABILITY_WEIGHT = 1.0  # capability pressure: cost per GPU-milli of scarce capability lost
 CHURN_COST = 1e5   # churn mode: placing a GPU pod on a node that runs no GPU pod (see the module doc)
 
 
@@ -78,6 +94,7 @@ class StowageFragPlacer(FragPlacerBase):
     host_memory = True
     strand_weight = STRAND_WEIGHT
     pressure_weight = PRESSURE_WEIGHT
+    capability_weight = CAPABILITY_WEIGHT
 
     def __init__(self) -> None:
         self._version = 0
@@ -101,6 +118,10 @@ class StowageFragPlacer(FragPlacerBase):
         self.gpu_demand = [0.0, 0.0, 0.0]
         self.model_demand: dict[tuple[str, ...], list[float]] = {}
         self._pressure: np.ndarray | None = None
+        # Capability pressure (see capability_pressure): per protected whole-GPU class, its
+        # table group, cards, host CPU and memory, and the GPU-milli a node's ability to host
+        # it is worth; None until computed for the current table.
+        self._capability: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     # ------------------------------------------------------------------ churn mode
     @property
@@ -231,10 +252,12 @@ class StowageFragPlacer(FragPlacerBase):
     def _rebuild(self) -> None:
         super()._rebuild()
         self._pressure = None       # the demand shares moved: recompute with the new table
+        self._capability = None
 
     def bind_models(self, models: Sequence[str]) -> None:
         super().bind_models(models)
         self._pressure = None
+        self._capability = None
 
     def model_pressure(self, a: CardArrays) -> np.ndarray:
         """[model ids] the share of a card of each GPU model that pods limited to a list of
@@ -266,6 +289,96 @@ class StowageFragPlacer(FragPlacerBase):
         self._pressure = np.minimum(rho, 1.0)
         return self._pressure
 
+    def _demand_milli(self, acc: list[float], card: float) -> float:
+        """GPU-milli of a demand accumulator ([whole milli, share compute, share memory]) on
+        cards of ``card`` MiB."""
+        return acc[0] + max(acc[1], acc[2] * MILLI / max(card, 1.0))
+
+    def capability_pressure(self, a: CardArrays):
+        """The whole-GPU classes of the learned table that only part of the cluster can host,
+        and what a node's ability to host each is worth (see the module doc, "Capability
+        pressure"): ``(group, cards, cpu, host memory, value)`` arrays over those classes, or
+        None when there is none. A class's capable set S is the nodes that could host it if
+        they were empty (enough cards of an allowed model and size, enough allocatable CPU and
+        host memory); with q its share of the GPU demand seen (GPU-milli), its scarcity is
+        ``r = min(1, q * (K_all - K_S) / K_S)`` (cards), the demand it puts on S beyond what a
+        class that may use every card would: 0 for a class every node can host. The value is
+        ``r * cards * 1000``: the GPU-milli of the class's pod, weighted by its scarcity.
+        Computed once per learned table (a score stays a function of the node's row and
+        :attr:`version`)."""
+        if self._capability is not None:
+            return self._capability if len(self._capability[0]) else None
+        empty = np.zeros(0, np.int64)
+        self._capability = (empty, empty, np.zeros(0), np.zeros(0), np.zeros(0))
+        t, ix = self.table, self.index
+        n = a.shape[0]
+        valid = a.exists & a.healthy & a.node_ok[:, None]
+        k_all = float(valid.sum())
+        if t is None or ix is None or k_all <= 0 or self.gpu_demand[0] <= 0:
+            return None
+        card = float(np.median(a.mem_total[valid]))
+        total = self._demand_milli(self.gpu_demand, card)
+        cpu_cap = a.cpu_total if len(a.cpu_total) == n else np.full(n, np.inf)
+        mem_cap = a.hmem_total if len(a.hmem_total) == n else np.full(n, np.inf)
+        allowed = ix.allowed(a)                                                   # [G, M]
+        gidx = {key: g for g, key in enumerate(t.keys)}
+        out: list[tuple[int, int, float, float, float]] = []
+        # Every whole-GPU class seen, not only the typical ones: a class can be rare by count
+        # (0.1 % of the pods) and still want most of the few nodes that can host it. Its fit
+        # is read from the table group of its GPU shape (cards, models, card size), which a
+        # typical class of the same shape provides; the host CPU and memory are its own.
+        for cls, count in self.workload.counts.items():
+            if not cls.gpus:
+                continue
+            g = gidx.get((cls.gpus, cls.mem_mib, cls.core_milli, cls.models, cls.min_card_mem_mib))
+            if g is None:
+                continue
+            ok = valid & allowed[g][a.model] & (a.mem_total >= cls.min_card_mem_mib)  # [N, K]
+            capable = (row_count(ok) >= cls.gpus) & (cpu_cap >= cls.cpu_milli) & (mem_cap >= cls.host_mem_mib)
+            k_s = float(ok[capable].sum())
+            if k_s <= 0:
+                continue   # no node can ever host it: nothing to protect
+            q = count * cls.gpus * MILLI / max(total, 1.0)
+            r = min(1.0, q * (k_all - k_s) / k_s)
+            if r * cls.gpus * MILLI >= 1.0:   # worth at least one GPU-milli (the unit of F)
+                out.append((g, cls.gpus, float(cls.cpu_milli), float(cls.host_mem_mib), r * cls.gpus * MILLI))
+        if out:
+            cols = list(zip(*out))
+            self._capability = (np.array(cols[0], np.int64), np.array(cols[1], np.int64),
+                                np.array(cols[2], np.float64), np.array(cols[3], np.float64),
+                                np.array(cols[4], np.float64))
+            return self._capability
+        return None
+
+    def capability_cost(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray | None,
+                        rows: np.ndarray | None, kk: np.ndarray | None) -> np.ndarray | float:
+        """The value of the protected classes (:meth:`capability_pressure`) that the node could
+        host before the pod and no longer could after it: per node for whole-GPU and CPU-only
+        pods, per (node, card) pair for a share. O(protected classes x cards) per node."""
+        cap = self.capability_pressure(a)
+        if cap is None:
+            return 0.0
+        grp, need, cpu_c, mem_c, value = cap
+        ix = self.index
+        cnt0 = ix.cnt[np.ix_(grp, idx)]                                                  # [C, n]
+        cpu0, mem0 = a.cpu_free[idx], a.hmem_free[idx]
+        host0 = (cpu0[None] >= cpu_c[:, None]) & (mem0[None] >= mem_c[:, None])
+        fit0 = (cnt0 >= need[:, None]) & host0
+        host1 = ((cpu0 - req.cpu_milli)[None] >= cpu_c[:, None]) & ((mem0 - req.host_mem_mib)[None] >= mem_c[:, None])
+        if rows is None:
+            if req.is_whole:
+                u = usable[idx] if usable is not None else (a.exists[idx] & a.healthy[idx] & (a.pods[idx] == 0))
+                take = u & (np.cumsum(u, axis=1) <= req.gpus)                        # first usable cards
+                cnt1 = cnt0 - np.einsum("cnk,nk->cn", ix.fits[np.ix_(grp, idx)], take)
+            else:
+                cnt1 = cnt0
+            lost = fit0 & ~((cnt1 >= need[:, None]) & host1)
+            return value @ lost
+        ii = idx[rows]
+        cnt1 = cnt0[:, rows] - ix.fits[grp[:, None], ii[None], kk[None]]     # a card that held a whole class is whole no more
+        lost = fit0[:, rows] & ~((cnt1 >= need[:, None]) & host1[:, rows])
+        return value @ lost
+
     def pressure_cost(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray | None,
                       rows: np.ndarray | None, kk: np.ndarray | None) -> np.ndarray | float:
         """GPU-milli the pod takes times the pressure on the cards' model: per node for a
@@ -291,7 +404,9 @@ class StowageFragPlacer(FragPlacerBase):
         fragmentation and stranding score less the model pressure cost."""
         s, rows, kk = self._base_scores(a, req, idx, usable, pairs)
         cost = self.pressure_cost(a, req, idx, usable, rows, kk)
-        return (s - self.pressure_weight * cost if np.ndim(cost) else s), rows, kk
+        s = s - self.pressure_weight * cost if np.ndim(cost) else s
+        lost = self.capability_cost(a, req, idx, usable, rows, kk)
+        return (s - self.capability_weight * lost if np.ndim(lost) else s), rows, kk
 
     def _base_scores(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray,
                      pairs: tuple[np.ndarray, np.ndarray] | None = None):

@@ -1,0 +1,90 @@
+"""Capability pressure: pods that could go anywhere leave alone the few nodes that can host a
+big class at all (issue 15, the multi-GPU-heavy variants).
+
+Hand-made clusters where the right answer is known: two 8-card nodes of the same model, one
+"big" (128 cores, 768 GiB) and one "small" (96 cores, 384 GiB), and a learned workload in
+which 8-GPU pods asking for 120 cores and 720 GiB (only the big node can ever host them) are a
+large share of the GPU demand. A 1-GPU pod, or a memory-hungry CPU-only pod, must go to the
+small node whatever the tie order, so that the big 8-GPU pod that comes next still fits. The
+stranding term alone pulls memory-hungry pods to the big node (more host memory per GPU), and
+the fragmentation score does not see that the small node can never host the big class: the
+same arrivals without the capability pressure fail.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks.binpack.replay import build_cluster
+from benchmarks.binpack.trace import Nodes
+from packing.model import ClusterModel
+from packing.placer import attach_placer
+from packing.registry import get_placer
+from stowage.resources import GpuRequest
+
+from tests.test_packing_scarce_models import ANY, place_all
+
+BIG8 = GpuRequest(gpus=8, cpu_milli=120_000, host_mem_mib=737_280)
+ONE = GpuRequest(gpus=1, cpu_milli=8_000, host_mem_mib=32_768)
+SHARE = GpuRequest(mem_mib=500, core_milli=500, cpu_milli=4_000, host_mem_mib=16_384)
+HUNGRY_CPU = GpuRequest(cpu_milli=8_000, host_mem_mib=153_600)   # CPU-only, 150 GiB
+TIES = [np.array([0, 1]), np.array([1, 0])]
+TIE_IDS = ["big-first", "small-first"]
+
+
+def big_and_small() -> ClusterModel:
+    return build_cluster(Nodes(names=("big", "small"), cpu_milli=np.array([128_000, 96_000]),
+                               memory_mib=np.array([786_432, 393_216]), gpus=np.array([8, 8]),
+                               model=("G3", "G3")))
+
+
+def history(n: int = 12):
+    """A third of the pods seen are big 8-GPU pods (8 of every 10 GPUs asked), the rest 1-GPU."""
+    return [(BIG8 if k % 3 == 0 else ONE, ANY) for k in range(n)]
+
+
+@pytest.mark.parametrize("name", ["stowage", "stowage-frag"])
+@pytest.mark.parametrize("tie", TIES, ids=TIE_IDS)
+@pytest.mark.parametrize("first", [ONE, SHARE, HUNGRY_CPU], ids=["one-gpu", "share", "hungry-cpu"])
+def test_a_pod_that_fits_anywhere_leaves_the_only_node_a_big_class_fits(name, tie, first):
+    got = place_all(name, big_and_small(), history(), [(first, ANY), (first, ANY), (BIG8, ANY)], tie)
+    assert got == ["small", "small", "big"]
+
+
+def test_capability_pressure_values_the_scarce_class_only():
+    """Only the big class is protected: a 1-GPU class every node can host has no scarcity.
+    Its value is r * 8000 with r = min(1, q * (K_all - K_S) / K_S): q = 32/40 of the GPU
+    demand seen, K_all = 16 cards, K_S = 8 -> r = 0.8."""
+    model = big_and_small()
+    placer = attach_placer(get_placer("stowage"), model, seed=0)
+    for req, models in history(15):   # 5 big (40 GPUs) and 10 one-GPU pods: q = 40/50
+        placer.observe(req, models)
+    placer._index(model.a)
+    grp, need, cpu, mem, value = placer.capability_pressure(model.a)
+    assert need.tolist() == [8] and cpu.tolist() == [120_000.0] and mem.tolist() == [737_280.0]
+    assert value.tolist() == pytest.approx([0.8 * 8000])
+
+
+def test_no_scarce_class_no_capability_pressure():
+    """When every node could host every class seen, nothing is protected (the policy is
+    what it was without the term)."""
+    model = big_and_small()
+    placer = attach_placer(get_placer("stowage"), model, seed=0)
+    for k in range(12):
+        placer.observe(ONE if k % 2 else GpuRequest(gpus=8, cpu_milli=64_000, host_mem_mib=262_144), ANY)
+    placer._index(model.a)
+    assert placer.capability_pressure(model.a) is None
+
+
+def test_without_the_capability_pressure_the_big_class_is_lost(monkeypatch):
+    """The memory-hungry CPU-only pods with the term switched off: the stranding term sends
+    one to the big node (it has more host memory per GPU), under one of the two tie orders or
+    both, and the big 8-GPU pod finds no room. (A 1-GPU pod is kept off the big node by the
+    fragmentation score already, here where the big class is a third of the pods; on the
+    openb variants it is a fraction of a percent of them.)"""
+    first = HUNGRY_CPU
+    import packing.strategies.stowage_frag as sf
+    monkeypatch.setattr(sf.StowageFragPlacer, "capability_weight", 0.0)
+    outcomes = [place_all("stowage", big_and_small(), history(), [(first, ANY), (first, ANY), (BIG8, ANY)], tie)
+                for tie in TIES]
+    assert any(o[-1] is None for o in outcomes), outcomes
