@@ -59,6 +59,7 @@ def test_capability_pressure_values_the_scarce_class_only():
     placer = attach_placer(get_placer("stowage"), model, seed=0)
     for req, models in history(15):   # 5 big (40 GPUs) and 10 one-GPU pods: q = 40/50
         placer.observe(req, models)
+    placer._rebuild()   # the table (and what the pressure is computed from) as of all 15 pods
     placer._index(model.a)
     grp, need, cpu, mem, value = placer.capability_pressure(model.a)
     assert need.tolist() == [8] and cpu.tolist() == [120_000.0] and mem.tolist() == [737_280.0]

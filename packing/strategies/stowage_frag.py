@@ -122,6 +122,7 @@ class StowageFragPlacer(FragPlacerBase):
         # table group, cards, host CPU and memory, and the GPU-milli a node's ability to host
         # it is worth; None until computed for the current table.
         self._capability: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._cap_basis: tuple[list, list[float]] = ([], [0.0, 0.0, 0.0])
 
     # ------------------------------------------------------------------ churn mode
     @property
@@ -253,6 +254,10 @@ class StowageFragPlacer(FragPlacerBase):
         super()._rebuild()
         self._pressure = None       # the demand shares moved: recompute with the new table
         self._capability = None
+        # What the capability pressure is computed from, as of this table: it is computed at
+        # the first score after the rebuild, and a host that skips scoring (the row cache)
+        # must get the same values as one that scores every pod.
+        self._cap_basis = ([(c, n) for c, n in self.workload.counts.items() if c.gpus], list(self.gpu_demand))
 
     def bind_models(self, models: Sequence[str]) -> None:
         super().bind_models(models)
@@ -314,10 +319,11 @@ class StowageFragPlacer(FragPlacerBase):
         n = a.shape[0]
         valid = a.exists & a.healthy & a.node_ok[:, None]
         k_all = float(valid.sum())
-        if t is None or ix is None or k_all <= 0 or self.gpu_demand[0] <= 0:
+        classes, demand = self._cap_basis
+        if t is None or ix is None or k_all <= 0 or demand[0] <= 0:
             return None
         card = float(np.median(a.mem_total[valid]))
-        total = self._demand_milli(self.gpu_demand, card)
+        total = self._demand_milli(demand, card)
         cpu_cap = a.cpu_total if len(a.cpu_total) == n else np.full(n, np.inf)
         mem_cap = a.hmem_total if len(a.hmem_total) == n else np.full(n, np.inf)
         allowed = ix.allowed(a)                                                   # [G, M]
@@ -327,9 +333,7 @@ class StowageFragPlacer(FragPlacerBase):
         # (0.1 % of the pods) and still want most of the few nodes that can host it. Its fit
         # is read from the table group of its GPU shape (cards, models, card size), which a
         # typical class of the same shape provides; the host CPU and memory are its own.
-        for cls, count in self.workload.counts.items():
-            if not cls.gpus:
-                continue
+        for cls, count in classes:
             g = gidx.get((cls.gpus, cls.mem_mib, cls.core_milli, cls.models, cls.min_card_mem_mib))
             if g is None:
                 continue
