@@ -38,7 +38,7 @@ import numpy as np
 from packing import decide
 from packing.fit import reason
 from packing.model import AllocationConflict, CardArrays, ClusterModel, PodAllocation
-from packing.placer import Placer
+from packing.placer import Placer, attach_placer
 from packing.preempt import DEFAULT_BUDGET, judge_node, pdb_violations, reserve, row_copy
 from packing.pod_policy import PACK, SPREAD, PodPolicy, PolicyError, parse_policy
 from packing.registry import placer_for
@@ -206,12 +206,10 @@ class ExtenderService:
         self.path: ReferencePath | FastPath = FastPath(row_cache_shapes) if speedups else ReferencePath()
         self.placers: dict[str, Placer] = {p: placer_factory(p) for p in (PACK, SPREAD)}
         for placer in self._distinct_placers():
-            # Only the count of pods leaving (churn mode). NOT YET the model's GPU model names
-            # (attach_placer's bind_models), which the benchmarks and `stowage plan` give their
-            # placers: with them the row cache's prioritize answers differ from the reference
-            # path's (tests/test_extender_rowcache.py ...identical_nodes...[stowage]): a row
-            # cache fix must come first.
-            placer.watch_releases(lambda: self.model.gpu_releases)
+            # The model's GPU model names (the fragmentation placers match pods' model lists
+            # against them) and its count of pods leaving (churn mode): what every user of a
+            # placer gives it (attach_placer), the live extender included.
+            attach_placer(placer, model)
             self.path.attach(placer, model)
         self._pods: OrderedDict[str, PodInfo] = OrderedDict()  # uid -> info, LRU
         self._uid_by_key: dict[str, str] = {}

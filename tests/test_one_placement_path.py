@@ -226,13 +226,12 @@ def test_a_what_if_pod_is_the_request_it_stands_for():
         assert info.req == req and info.policy.models_include == pol.models_include
 
 
-# ------------------------------------------------------------------ known gap (issue 13)
-@pytest.mark.xfail(strict=True, reason="issue 13, open: ExtenderService does not give its placers the model's GPU "
-                   "model names (attach_placer) because with them the row cache's prioritize differs from the "
-                   "reference path for the stowage placer (tests/test_extender_rowcache.py::"
-                   "test_identical_nodes_are_evaluated_once_and_answers_are_unchanged[stowage]); the benchmarks "
-                   "and plan do give them, so on model-limited workloads they know more than the live extender")
+# ------------------------------------------------------------------ the live extender's placers
 def test_the_live_extenders_placers_know_the_gpu_model_names_the_benchmark_gives_them():
+    """The benchmarks and plan attach their placers to the model (attach_placer: GPU model names,
+    release count); the live extender must too, or on model-limited workloads the benchmark
+    knows more than the product (the fragmentation placers would see every card as an unknown
+    model)."""
     model = watched_cluster()
     service = ExtenderService(model)  # the placers the extender serves by default (pack: stowage)
     models = [p._models for p in service.placers.values() if hasattr(p, "_models")]

@@ -141,3 +141,20 @@ def test_pressure_keeps_unconstrained_pods_off_the_wanted_model_when_fragmentati
     history = [(WHOLE, T4 if k % 4 == 0 else ANY) for k in range(8)]
     arrivals = [(WHOLE, ANY)] * 4 + [(WHOLE, T4)] * 4
     assert place_all("stowage", build_cluster(n), history, arrivals, tie) == ["g2"] * 4 + ["t4"] * 4
+
+
+def test_the_first_model_limited_pod_invalidates_cached_scores():
+    """The model pressure is 0 until a pod limited to GPU models is seen; that pod switches it on,
+    which moves scores without a table rebuild. A host that caches scores by the placer's
+    version (the extender's row cache) would serve the pressure-free scores until the next
+    rebuild unless the version moves: the row cache then disagreed with the reference path."""
+    from stowage.resources import GpuRequest
+    placer = get_placer("stowage")
+    for _ in range(5):
+        placer.observe(GpuRequest(gpus=1))
+    v = placer.version
+    placer.observe(GpuRequest(gpus=1), ("H100",))
+    assert placer.version != v
+    v = placer.version
+    placer.observe(GpuRequest(gpus=1), ("A100",))  # a rebuild may bump it; the 7th pod does not rebuild
+    assert placer.version == v

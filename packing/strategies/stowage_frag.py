@@ -179,6 +179,10 @@ class StowageFragPlacer(FragPlacerBase):
         every 128 pods (a full recompute)."""
         allowed = model_list(models)
         self.workload.add(PodClass.of(req, allowed, host_memory=self.host_memory))
+        if req.is_gpu and allowed and not self.model_demand:
+            # The first pod limited to GPU models switches the model pressure on (pressure_cost
+            # is 0 while no list was seen): every score may move, so cached scores must go.
+            self.version += 1
         if req.is_gpu:
             for acc in (self.gpu_demand, self.model_demand.setdefault(allowed, [0.0, 0.0, 0.0]) if allowed else None):
                 if acc is None:
