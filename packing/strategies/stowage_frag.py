@@ -286,15 +286,11 @@ class StowageFragPlacer(FragPlacerBase):
         if self.model_demand and valid.any():
             supply = np.bincount(a.model[valid], minlength=len(rho)).astype(np.float64)
             card = float(np.median(a.mem_total[valid]))
-
-            def milli(acc: list[float]) -> float:
-                return acc[0] + max(acc[1], acc[2] * MILLI / max(card, 1.0))
-
-            total = milli(self.gpu_demand)
+            total = self._demand_milli(self.gpu_demand, card)
             for allowed, acc in self.model_demand.items():
                 on = np.array([any(model_matches(p, m) for p in allowed) for m in names], bool)
                 if total > 0 and supply[on].sum() > 0:
-                    rho[on] += milli(acc) / total * supply.sum() / supply[on].sum()
+                    rho[on] += self._demand_milli(acc, card) / total * supply.sum() / supply[on].sum()
         self._pressure = np.minimum(rho, 1.0)
         return self._pressure
 
