@@ -534,6 +534,10 @@ class BurstRun:
     extender_verbs: dict[str, tuple[int, float]] = field(default_factory=dict)
     scheduler: dict[str, float] = field(default_factory=dict)
     bind_retries: int = 0          # "Error scheduling pod; retrying" in kube-scheduler's log (e.g. a refused bind)
+    # CPU seconds each peer used from the first create to the last pod's end (user + system, all
+    # threads and processes of it): on a shared machine the burst's rate is bounded by the CPU the
+    # peers together need per pod, so this says who needs how much of it
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def pods_per_s(self) -> float:
@@ -551,12 +555,14 @@ def burst(nodes: Nodes, pods: Pods, mode: str, n: int, seed: int, opts: RunOptio
         sched_log = cl.k8s.scheduler.log_path
         offset = sched_log.stat().st_size
         try:
+            cpu0 = peer_cpu_seconds(cl)
             t0 = time.monotonic()
             with ThreadPoolExecutor(opts.threads) as ex:
                 list(ex.map(lambda b: cl.api.post(f"/api/v1/namespaces/{NAMESPACE}/pods", b), bodies))
             t_created = time.monotonic() - t0
             outs = watch.wait_all([b["metadata"]["name"] for b in bodies], opts.pod_timeout)
             t_end = max(o.at for o in outs.values())
+            cpu1 = peer_cpu_seconds(cl)
             verbs, sched = burst_metrics(cl)
             with sched_log.open("rb") as fh:
                 fh.seek(offset)
@@ -565,7 +571,52 @@ def burst(nodes: Nodes, pods: Pods, mode: str, n: int, seed: int, opts: RunOptio
             watch.stop()
     states = [o.state for o in outs.values()]
     return BurstRun(mode, len(bodies), states.count("bound"), states.count("unschedulable"), states.count("timeout"),
-                    t_created, t_end - t0, verbs, sched, retries)
+                    t_created, t_end - t0, verbs, sched, retries,
+                    {k: round(cpu1[k] - cpu0[k], 3) for k in cpu1 if k in cpu0})
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process (all its threads) from /proc; 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK   # utime, stime (fields 14 and 15 of stat)
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU seconds of every live process in process group ``pgid`` (the extender: gunicorn's master,
+    its decision process and its HTTP workers, all started in one session)."""
+    total = 0.0
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if os.getpgid(int(d.name)) == pgid:
+                    total += process_cpu_seconds(int(d.name))
+            except (ProcessLookupError, PermissionError):
+                continue
+    return total
+
+
+def peer_cpu_seconds(cl: "Cluster") -> dict[str, float]:
+    """CPU seconds so far of each peer of a run: etcd, kube-apiserver, kube-scheduler, the extender
+    (all its processes) and this benchmark process (the pod creates and the watch)."""
+    out: dict[str, float] = {}
+    for name in ("etcd", "kube-apiserver"):
+        try:
+            out[name] = process_cpu_seconds(int((cl.k8s.dir / f"{name}.pid").read_text()))
+        except (FileNotFoundError, ValueError):
+            pass
+    if cl.k8s.scheduler is not None and cl.k8s.scheduler.popen is not None:
+        out["kube-scheduler"] = process_cpu_seconds(cl.k8s.scheduler.popen.pid)
+    if cl.extender is not None and cl.extender.proc is not None and cl.extender.proc.popen is not None:
+        out["extender"] = group_cpu_seconds(cl.extender.proc.popen.pid)
+    t = os.times()
+    out["benchmark"] = t.user + t.system
+    return out
 
 
 def _metric_sums(text: str, names: tuple[str, ...]) -> dict[str, float]:
@@ -704,6 +755,10 @@ class Report:
                                  f"attempts {b.scheduler.get('attempt_sum', 0):.1f}s over {int(b.scheduler.get('attempt_count', 0))}")
                 if spent:
                     lines.append("      time spent: " + "; ".join(spent))
+                if b.cpu_seconds:
+                    lines.append("      CPU per pod: " + ", ".join(f"{k} {1000 * v / max(b.pods, 1):.1f} ms"
+                                                            for k, v in b.cpu_seconds.items())
+                                 + f"; all {1000 * sum(b.cpu_seconds.values()) / max(b.pods, 1):.1f} ms")
                 if b.bind_retries:
                     lines.append(f"      {b.bind_retries} scheduling attempts failed and were retried (kube-scheduler's log: "
                                  f"e.g. a bind refused because the card was taken by a bind in flight)")

@@ -1,0 +1,44 @@
+"""The burst's CPU accounting (``benchmarks.binpack.real``): a peer's CPU is every thread of it,
+and the extender's is every process of its group (master, decision process, HTTP workers)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from benchmarks.binpack.real import group_cpu_seconds, process_cpu_seconds
+
+BURN = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", '''
+import sys, time
+t = time.process_time()
+while time.process_time() - t < 0.4:
+    pass
+print("burnt", flush=True)
+time.sleep(60)
+'''], stdout=sys.stdout)
+time.sleep(60)
+"""
+
+
+def test_a_group_counts_the_cpu_of_its_children_and_a_process_only_its_own():
+    leader = subprocess.Popen([sys.executable, "-c", BURN], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        assert leader.stdout.readline().strip() == "burnt"
+        group, own = group_cpu_seconds(leader.pid), process_cpu_seconds(leader.pid)
+        assert group >= own + 0.35          # the child's 0.4 s busy loop is in the group's figure
+        assert own < 0.35                    # and not in the leader's own
+    finally:
+        os.killpg(leader.pid, 9)
+        leader.wait()
+
+
+def test_a_process_that_is_gone_counts_zero():
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    time.sleep(0.05)
+    assert process_cpu_seconds(p.pid) == 0.0
+    assert group_cpu_seconds(p.pid) == 0.0
