@@ -24,7 +24,7 @@ from .gunicorn_conf import ExtenderServer, TLSFiles, gunicorn_options, register_
 from .intake import DEFAULT_CLIENT_TIMEOUT_S, return_big_buffers_to_the_system, set_client_timeout
 from packing.model import ClusterModel
 from packing.pod_policy import PACK, SPREAD, PodPolicy
-from .service import ExtenderService
+from .service import FILTER_KEEPS, FILTER_KEEPS_BEST, ExtenderService
 from .simcluster import SimCluster, SimClusterError, describe, load_cluster
 
 log = logging.getLogger("stowage.extender")
@@ -49,6 +49,7 @@ class ServeConfig:
     record_key_file: str | None = None      # kube mode: sign records (and honour only signed ones)
     scheduler_names: tuple[str, ...] = ()   # kube mode: honour records only on these schedulers' pods
     stale_after_s: float = 60.0             # kube mode: a watch failing this long makes the model stale
+    filter_keeps: str = FILTER_KEEPS_BEST   # filter answers the best nodes, or every node that fits
 
 
 def parse_host_port(value: str) -> tuple[str, int]:
@@ -86,7 +87,8 @@ def _build_app(cfg: ServeConfig) -> Flask:
     model = ClusterModel()
     if cfg.cluster is not None:
         cfg.cluster.populate(model)
-        service = ExtenderService(model, memory_unit_mib=cfg.memory_unit_mib, default_policy=cfg.default_policy)
+        service = ExtenderService(model, memory_unit_mib=cfg.memory_unit_mib, default_policy=cfg.default_policy,
+                                  filter_keeps=cfg.filter_keeps)
         message = f"simulated cluster {cfg.cluster.source}: {describe(cfg.cluster)}"
         log.info("model fed from %s", message)
         return create_app(service, url_prefix=cfg.url_prefix, ready=lambda: (True, message),
@@ -102,7 +104,8 @@ def _build_app(cfg: ServeConfig) -> Flask:
     feeder = KubeFeeder(model, api_client, memory_unit_mib=cfg.memory_unit_mib, trust=trust,
                         stale_after_s=cfg.stale_after_s)
     service = ExtenderService(model, binder=KubeBinder(api_client, trust=trust), pod_source=feeder,
-                              memory_unit_mib=cfg.memory_unit_mib, default_policy=cfg.default_policy)
+                              memory_unit_mib=cfg.memory_unit_mib, default_policy=cfg.default_policy,
+                              filter_keeps=cfg.filter_keeps)
     # Pods refused on a model the watch has since given room are tried again (extender/requeue.py).
     requeuer = Requeuer(lambda ns, name, body: feeder.core.patch_namespaced_pod(
         name, ns, body, _content_type=MERGE_PATCH, _request_timeout=10), feeder.pending_uid).start()
@@ -202,6 +205,11 @@ def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str |
               help="Node-level policy for pods without the stowage.io/node-policy annotation.")
 @click.option("--default-card-policy", type=click.Choice([PACK, SPREAD]), default=PACK, show_default=True,
               help="Card-level policy for pods without the stowage.io/card-policy annotation.")
+@click.option("--filter-keeps", type=click.Choice(list(FILTER_KEEPS)), default=FILTER_KEEPS_BEST, show_default=True,
+              help="What filter answers. best: only the nodes Stowage ranks best (the decision in one round trip; "
+                   "kube-scheduler's own scores choose among equal ones; the shipped scheduler config has no "
+                   "prioritizeVerb). fitting: every node that fits, for a scheduler config with prioritizeVerb "
+                   "that blends Stowage's ranking with kube-scheduler's scores (weight).")
 @click.option("--memory-unit-mib", type=click.IntRange(1), default=DEFAULT_MEMORY_UNIT_MIB, show_default=True,
               help="MiB per unit of nvidia.com/gpu-memory (must match the device plugin).")
 @click.option("--max-body-mib", type=click.IntRange(1), default=DEFAULT_MAX_BODY_BYTES // (1 << 20),
@@ -232,7 +240,7 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
           kubeconfig: str | None, in_cluster: bool, default_node_policy: str, default_card_policy: str,
           memory_unit_mib: int, max_body_mib: int, metrics_bind: str | None, record_key_file: str | None,
           scheduler_names: tuple[str, ...], stale_after_s: float, client_timeout: float, timeout: int,
-          log_level: str) -> None:
+          log_level: str, filter_keeps: str) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, /healthz, /readyz, /metrics).
 
     The card model lives in ONE process (several would each hand out the same cards): the one
@@ -279,7 +287,8 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
                       default_policy=PodPolicy(node=default_node_policy, card=default_card_policy),
                       memory_unit_mib=memory_unit_mib, max_body_bytes=max_body_mib << 20,
                       metrics_bind=metrics_bind, record_key_file=record_key_file,
-                      scheduler_names=tuple(scheduler_names), stale_after_s=stale_after_s)
+                      scheduler_names=tuple(scheduler_names), stale_after_s=stale_after_s,
+                      filter_keeps=filter_keeps)
     set_client_timeout(client_timeout)  # the workers fork from this process and inherit it
     return_big_buffers_to_the_system()
     run_server(cfg, bind=bind, threads=threads, log_level=log_level, timeout=timeout, workers=workers, tls=tls)

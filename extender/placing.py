@@ -3,7 +3,9 @@ the bin-packing replay, the elastic simulation and ``stowage plan``.
 
 They all place through the extender's own service (:class:`extender.service.ExtenderService`),
 in kube-scheduler's order (:func:`schedule`): ``filter`` over the candidate nodes,
-``prioritize`` over those that pass (when more than one does), the best-scored node by the one
+``prioritize`` over those that pass (when more than one does, and only when the service's filter
+answers every node that fits: by default it answers only the best, as the shipped scheduler
+config expects, and kube-scheduler calls no prioritize), the best-scored node by the one
 choice rule (:func:`packing.decide.best_node`), ``bind``. Each pod is a Pod object
 (:func:`request_pod` writes one for a request and a policy), parsed by the service's own code,
 learned by the placers when the service first sees it, and booked by bind. So no caller can
@@ -25,7 +27,7 @@ from packing.placer import Placer
 from packing.pod_policy import GPU_MODEL, GPU_MODEL_EXCLUDE, MIN_CARD_MEMORY, PodPolicy
 from stowage.resources import RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, GpuRequest
 
-from .service import ExtenderService
+from .service import FILTER_KEEPS_BEST, ExtenderService
 from .wire import BindingArgs, ExtenderArgs
 
 # What-if pods state GPU memory in MiB: the service then reads a request back to the MiB, what
@@ -95,8 +97,9 @@ def choose(model: ClusterModel, names: Sequence[str], scores: np.ndarray, tie: n
 def schedule(service: ExtenderService, pod: dict[str, Any], names: list[str], tie: np.ndarray | None = None,
              refusals: dict[str, str] | None = None) -> str | None:
     """One pod as kube-scheduler takes it through the extender: filter, prioritize (only when
-    more than one node passes), :func:`choose`, bind. Returns the node, or None when no node
-    passes (the pod stays pending; ``refusals`` then gets each node's reason) or bind refuses."""
+    more than one node passes and the filter answers every node that fits), :func:`choose`, bind.
+    Returns the node, or None when no node passes (the pod stays pending; ``refusals`` then gets
+    each node's reason) or bind refuses."""
     res = service.filter(ExtenderArgs(pod=pod, node_names=names, nodes=None, names=names))
     passing = res.node_names or []
     if not passing:
@@ -106,6 +109,9 @@ def schedule(service: ExtenderService, pod: dict[str, Any], names: list[str], ti
         return None
     if len(passing) == 1:
         node = passing[0]
+    elif service.filter_keeps == FILTER_KEEPS_BEST:
+        # Equal to 1e-9 by the placer (filter kept only those): kube-scheduler's pick among them
+        node = choose(service.model, passing, np.zeros(len(passing)), tie)
     else:
         got, scores = service.prioritize_scores(ExtenderArgs(pod=pod, node_names=passing, nodes=None,
                                                              names=passing))

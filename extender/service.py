@@ -5,8 +5,12 @@ made here, with :mod:`packing.decide` — and ``stowage plan`` and the benchmark
 these very calls (:mod:`extender.placing`) — so tests, the demo and the benchmarks exercise the
 very same logic:
 
-- filter: step 1, which nodes fit (and :func:`packing.fit.reason` for each one that does not);
-- prioritize: step 2, the placer's scores of the nodes that fit, ranked 0..10;
+- filter: step 1, which nodes fit (and :func:`packing.fit.reason` for each one that does not),
+  and by default (``filter_keeps="best"``) step 2 at once: of the nodes that fit, only those
+  prioritize would score 10 (the best to 1e-9), so kube-scheduler needs no prioritize call and
+  chooses among equal nodes with its own scores — one round trip per pod instead of two;
+- prioritize: step 2, the placer's scores of the nodes that fit, ranked 0..10 (for a scheduler
+  config that blends them with kube-scheduler's own scores: ``filter_keeps="fitting"``);
 - bind: step 3, the card(s) on the chosen node, re-checked and reserved.
 
 The verbs are written as the plain reference path (:class:`ReferencePath`: every answer computed
@@ -55,6 +59,10 @@ from .wire import (BindingArgs, ExtenderArgs, FilterResult, PlainParser, Preempt
 log = logging.getLogger("stowage.extender")
 
 UNKNOWN_NODE = "node unknown to Stowage"
+# filter's answer (ExtenderService(filter_keeps=...), `stowage extender --filter-keeps`)
+FILTER_KEEPS_BEST = "best"        # only the nodes prioritize would score 10: the decision itself
+FILTER_KEEPS_FITTING = "fitting"  # every node that fits; prioritize ranks them
+FILTER_KEEPS = (FILTER_KEEPS_BEST, FILTER_KEEPS_FITTING)
 PREEMPT_BUDGET = 4000
 
 
@@ -194,10 +202,16 @@ class ExtenderService:
                  memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB, default_policy: PodPolicy | None = None,
                  placer_factory: Callable[[str], Placer] = placer_for,
                  pod_cache_size: int = 100_000, speedups: bool = True,
-                 row_cache_shapes: int = DEFAULT_MAX_SHAPES) -> None:
+                 row_cache_shapes: int = DEFAULT_MAX_SHAPES, filter_keeps: str = FILTER_KEEPS_BEST) -> None:
         if memory_unit_mib <= 0:
             raise ValueError("memory unit must be a positive number of MiB")
+        if filter_keeps not in FILTER_KEEPS:
+            raise ValueError(f"filter_keeps must be one of {', '.join(FILTER_KEEPS)}, not {filter_keeps!r}")
         self.model = model
+        # What filter answers: the nodes the placer ranks best (the decision, made in one round
+        # trip; kube-scheduler's own scores choose among equals) or every node that fits (for a
+        # scheduler config that also calls prioritize to blend our ranking with its scores).
+        self.filter_keeps = filter_keeps
         self.binder: Binder = binder if binder is not None else SimBinder()
         self.pod_source = pod_source
         self.memory_unit_mib = memory_unit_mib
@@ -339,7 +353,8 @@ class ExtenderService:
     # ----------------------------------------------------------------------------- filter
     def filter(self, args: ExtenderArgs) -> FilterResult:
         """Which of the candidate nodes can host the pod now (step 1 of :mod:`packing.decide`),
-        and why each other one cannot."""
+        and why each other one cannot; with ``filter_keeps="best"`` only the best of them (step 2:
+        the nodes :meth:`prioritize` would score 10), the others that fit left out without a reason."""
         names = args.names
         info = self.pod_info(args.pod)
         if info.req is None:
@@ -367,6 +382,10 @@ class ExtenderService:
             passing = entry.take(sel) if len(sel) < len(names) else names
             path.remember_passing(self.model, entry, passing, idx[sel], sel)
             generation = self.model.generation
+            ranks = None
+            if self.filter_keeps == FILTER_KEEPS_BEST and len(sel) > 1:
+                # Step 2 here, on the same model as step 1: prioritize's 0..10 of each fitting node
+                ranks = self._ranks(feas, self.placers[policy.node], req, idx[sel])
         if not passing and self.on_refused is not None:
             self.on_refused(info.uid, info.namespace, info.name, generation)
         if unres.any():
@@ -380,8 +399,18 @@ class ExtenderService:
         held = self._held_for_nominees(info, pod_priority(args.pod), passing)
         if held:
             failed.update(held)
-            passing = [n for n in passing if n not in held]
-            sel = sel[np.array([n not in held for n in take(names, sel)], bool)] if len(sel) else sel
+            keep = np.array([n not in held for n in passing], bool)
+            passing = take(passing, keep)
+            sel = sel[keep]
+            ranks = ranks[keep] if ranks is not None else None
+        if ranks is not None and len(sel) > 1:
+            # Only the best (to 1e-9, as best_node compares) of the nodes left: the others fit
+            # but are not chosen, so they are left out of the answer without a reason (a reason
+            # is shown only when no node passes, and then none is left out).
+            best = ranks == ranks.max()
+            if not best.all():
+                passing = take(passing, best)
+                sel = sel[best]
         if args.nodes is not None:
             if args.node_names is None:
                 passing_nodes = take(args.nodes, sel)
@@ -390,6 +419,12 @@ class ExtenderService:
                 passing_nodes = [n for n in args.nodes if n["metadata"]["name"] in keep]
         return filter_answer(args, passing=passing, passing_nodes=passing_nodes,
                              failed=failed, unresolvable=unresolvable)
+
+    def _ranks(self, feas: Feasibility, placer: Placer, req: GpuRequest, rows: np.ndarray) -> np.ndarray:
+        """Prioritize's 0..10 for the feasible ``rows`` (under ``model.lock``, with their ``feas``)."""
+        raw, inverse = self.path.scores(self.model, feas, placer, req, rows)
+        ranked = decide.to_extender_scores(raw)
+        return ranked if inverse is None else ranked[inverse]
 
     # ------------------------------------------------------------------------- prioritize
     def prioritize(self, args: ExtenderArgs, *, as_json: bool = False) -> list[dict[str, Any]] | bytes:
@@ -427,9 +462,7 @@ class ExtenderService:
                 feasible = known & feas.ok[np.where(known, idx, 0)]
                 fidx = idx[feasible]
                 if fidx.size:
-                    raw, inverse = path.scores(self.model, feas, self.placers[policy.node], req, fidx)
-                    ranked = decide.to_extender_scores(raw)
-                    scores[feasible] = ranked if inverse is None else ranked[inverse]
+                    scores[feasible] = self._ranks(feas, self.placers[policy.node], req, fidx)
         return names, scores, entry
 
     # ------------------------------------------------------------------------------- bind

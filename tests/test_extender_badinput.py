@@ -107,7 +107,8 @@ def test_oversized_body(srv):
     r = srv.post("/filter", data=(data[i:i + 8192] for i in range(0, len(data), 8192)))
     assert r.status_code == 413
     # ...and the server is fine afterwards.
-    assert srv.post("/filter", args(pod(limits={"nvidia.com/gpu": "1"}))).json()["NodeNames"] == NODES
+    ok = srv.post("/filter", args(pod(limits={"nvidia.com/gpu": "1"})))
+    assert ok.status_code == 200 and ok.json()["NodeNames"] and set(ok.json()["NodeNames"]) <= set(NODES)
 
 
 def test_unknown_paths_and_methods_answer_json(srv):

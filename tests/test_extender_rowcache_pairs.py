@@ -98,7 +98,7 @@ def test_pair_scores_are_cached_per_content_and_the_global_part_is_not():
     for n in ("a", "b", "c"):
         eight_gpu_node(model, n)
     svc = ExtenderService(model, placer_factory=lambda v: GapCrowdPlacer() if v == PACK else
-                          get_placer("least-allocated"))
+                          get_placer("least-allocated"), filter_keeps="fitting")
     pod = bench_cluster.pod_object("p", {"nvidia.com/gpu-memory": "10"})
     body = encode({"Pod": pod, "Nodes": None, "NodeNames": ["a", "b", "c"]})
     svc.filter(parse_extender_args(body))

@@ -37,7 +37,9 @@ def wire_cluster() -> ClusterModel:
 
 @pytest.fixture
 def server():
-    srv = Server(ExtenderService(wire_cluster(), placer_factory=simple_placers))
+    # The bodies were captured from kube-scheduler with filter + prioritize, as a config that
+    # blends Stowage's ranking with kube-scheduler's scores runs it (--filter-keeps fitting).
+    srv = Server(ExtenderService(wire_cluster(), placer_factory=simple_placers, filter_keeps="fitting"))
     yield srv
     srv.close()
 

@@ -272,11 +272,15 @@ def test_profile_and_extender_settings_are_the_documented_choices():
     (profile,) = cfg["profiles"]
     assert profile["schedulerName"] == "stowage-scheduler"
     ext = extender_entry()
-    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
+    assert (ext["filterVerb"], ext["bindVerb"]) == ("filter", "bind")
+    # Filter answers only the best nodes (the extender's --filter-keeps best, its default): a
+    # prioritize call would score nodes all equal to Stowage, one round trip per pod for nothing.
+    assert "prioritizeVerb" not in ext and "weight" not in ext
+    cmd = container(scheduler_deployment()["spec"]["template"]["spec"], "extender")["command"]
+    assert "--filter-keeps" not in cmd or cmd[cmd.index("--filter-keeps") + 1] == "best"
     assert ext["nodeCacheCapable"] is True      # only NodeNames on the wire: scales to 5,000 nodes
     assert ext["ignorable"] is False            # never place GPU pods without a card choice
     assert ext["enableHTTPS"] is False          # loopback sidecar
-    assert isinstance(ext["weight"], int) and 1 <= ext["weight"] <= 10
     assert ext["preemptVerb"] == "preempt"    # card-aware victims (docs/extender.md)
     # No managedResources: kube-scheduler then sends every pod of the profile, CPU-only ones too
     # (they must not strand GPUs; see the comments in scheduler-config.yaml), and counts the GPU
@@ -364,7 +368,7 @@ def test_scheduler_config_urls_are_the_extender_routes(wire):
     app = _extender_app(urlsplit(ext["urlPrefix"]).path)
     routes = {(r.rule, m) for r in app.url_map.iter_rules() for m in r.methods}
     base = urlsplit(ext["urlPrefix"]).path.rstrip("/")
-    for verb in (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]):
+    for verb in (ext["filterVerb"], ext.get("prioritizeVerb", "prioritize"), ext["bindVerb"]):
         assert (f"{base}/{verb}", "POST") in routes
     for path in ("/healthz", "/readyz", "/metrics"):
         assert (path, "GET") in routes
@@ -375,7 +379,8 @@ def test_scheduler_config_urls_are_the_extender_routes(wire):
     answer = filt.get_json()
     # Nodes the (empty) model does not know are failed with a reason, never an error.
     assert not answer.get("Error") and set(answer["FailedNodes"]) == {"node-a", "node-b", "node-c"}
-    prio = client.post(f"{base}/{ext['prioritizeVerb']}", json=wire(mode, "02-prioritize"))
+    # prioritize is still served (for a config with --filter-keeps fitting and prioritizeVerb)
+    prio = client.post(f"{base}/{ext.get('prioritizeVerb', 'prioritize')}", json=wire(mode, "02-prioritize"))
     assert prio.status_code == 200 and isinstance(prio.get_json(), list)
     bind = client.post(f"{base}/{ext['bindVerb']}", json=wire(mode, "03-bind"))
     assert bind.status_code == 200 and "Error" in bind.get_json()
