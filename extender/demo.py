@@ -5,8 +5,9 @@ separate process, so what is shown is exactly what a kube-scheduler would get ov
 listening socket is bound here (port 0: a free loopback port, no race) and handed to gunicorn
 as ``fd://N``. Then, pod after pod, it sends the bodies kube-scheduler sends
 (``nodeCacheCapable: true`` shape by default, full ``v1.Node`` objects with ``--full-nodes``):
-filter, prioritize only when more than one node is feasible, then bind to the best-scored node,
-retrying once on a bind error as the scheduler would.
+filter (which answers only the nodes Stowage ranks best, as the shipped scheduler config uses
+it: no prioritize call), then bind to one of them at random (kube-scheduler's own scores would
+choose among them), retrying once on a bind error as the scheduler would.
 """
 from __future__ import annotations
 
@@ -210,11 +211,8 @@ class FakeScheduler:
             if not feasible:
                 out.why = summarize_failures(len(self.names), ans)
                 return out
-            node = feasible[0]
-            if len(feasible) > 1:
-                scores = {h["Host"]: h["Score"] for h in self._post("prioritize", self._args(p.obj)).json()}
-                top = max(scores.get(n, 0) for n in feasible)
-                node = self.rng.choice([n for n in feasible if scores.get(n, 0) == top])
+            # equal to Stowage; kube-scheduler's own scores would choose, the demo draws one
+            node = self.rng.choice(feasible) if len(feasible) > 1 else feasible[0]
             bind = self._post("bind", {"PodName": p.name, "PodNamespace": NAMESPACE, "PodUID": p.uid, "Node": node})
             err = bind.json().get("Error", "")
             if not err:
@@ -324,8 +322,8 @@ def demo(cluster_file: str | None, pods: int, seed: int, full_nodes: bool, threa
          startup_timeout: float) -> None:
     """Start the extender on the embedded cluster and schedule a mix of GPU pods through it.
 
-    Speaks to the extender over HTTP exactly as kube-scheduler does (filter, prioritize when
-    more than one node fits, bind), prints where each pod went (node and cards) or why not, how
+    Speaks to the extender over HTTP exactly as kube-scheduler does with the shipped config
+    (filter, which answers only the best nodes, then bind), prints where each pod went (node and cards) or why not, how
     full every node and card is, and a summary.
     """
     try:
