@@ -931,6 +931,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _exit_on_sigterm()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    # The simulated replay binds ~10,000 pods through the extender's service in this process: its
+    # one line per bind would bury this tool's own progress (the real extender runs at warning too).
+    logging.getLogger("stowage.extender").setLevel(logging.WARNING)
     if args.quick:
         args.seeds, args.node_stride, args.limit = (42,), 6, args.limit or 400
         args.burst = args.burst or 100
