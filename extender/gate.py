@@ -49,6 +49,11 @@ class GatedVerbs:
             return False, f"readiness check failed: {exc!r}"
         return bool(ok), why
 
+    def bind_begin(self, body: bytes) -> "Reply | Callable[[], Reply]":
+        """:meth:`Verbs.bind_begin` from a complete and current model; the refusal otherwise."""
+        ok, _ = self.state()
+        return self.verbs.bind_begin(body) if ok else self.handle("bind", body)
+
     def handle(self, verb: str, body: bytes | None) -> Reply:
         ok, why = self.state()
         if ok or body is None:

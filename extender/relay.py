@@ -274,14 +274,29 @@ class RelayServer:
         if op in (OPS["filter"], OPS["prioritize"]) and blen <= INLINE_MAX_BODY:
             self._reply(conn, self.answer(op, flags, path, body))
             return
+        job: Callable[[], Reply] = lambda: self.answer(op, flags, path, body)  # noqa: E731
+        if op == OPS["bind"] and not flags & TOO_LARGE and blen <= INLINE_MAX_BODY:
+            # The cards are reserved here, in arrival order with the filters: a filter that
+            # arrives after this bind sees them taken, even while the API write is under way.
+            first = self.verbs.bind_begin(body)
+            if isinstance(first, Reply):
+                self._reply(conn, first)
+                return
+            job = first
         self._sel.unregister(conn)  # the pool answers; nothing else arrives meanwhile
         try:
-            self._pool.submit(self._pooled, conn, op, flags, path, body)
+            self._pool.submit(self._pooled, conn, job)
         except RuntimeError:  # stopping: the pool takes no more work
             self._close(conn)
 
-    def _pooled(self, conn: socket.socket, op: int, flags: int, path: str, body: bytes) -> None:
-        if self._reply(conn, self.answer(op, flags, path, body)):
+    def _pooled(self, conn: socket.socket, job: Callable[[], Reply]) -> None:
+        try:
+            reply = job()
+        except Exception as exc:  # noqa: BLE001 - never leave the worker without an answer
+            log.exception("relay: request failed")
+            reply = json_reply({"Error": f"Stowage extender internal error: {type(exc).__name__}"}, 500,
+                               "internal_error")
+        if self._reply(conn, reply):
             with self._lock:
                 self._back.append(conn)
             self._wake()

@@ -191,6 +191,30 @@ def node_reason(model: ClusterModel, a: CardArrays, i: int, req: GpuRequest, mas
     return reason(a, i, req, mask, whole_only=meta is not None and meta.whole_only)
 
 
+@dataclass
+class BindWrite:
+    """Bind's second half (:meth:`ExtenderService.reserve` made the first): the API write, outside
+    the model lock; on failure the reservation is released (unless the outcome is unknown)."""
+
+    service: "ExtenderService"
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    record: AllocationRecord | None
+    reserved: PodAllocation | None     # what reserve() booked (None: the pod already held it)
+    what: str                          # the request, for the log line
+    forget: bool                       # drop the pod from the service's cache once bound
+
+    def write(self) -> str:
+        """'' or the error message, as :meth:`ExtenderService.bind` answers."""
+        svc = self.service
+        err = svc._complete(self.namespace, self.name, self.uid, self.node, self.record, self.reserved, self.what)
+        if not err and self.forget:
+            svc._forget(self.uid)
+        return err
+
+
 class ExtenderService:
     """The three extender verbs over one shared model.
 
@@ -497,8 +521,24 @@ class ExtenderService:
         An error makes kube-scheduler retry the pod within seconds, which is the right answer
         when another pod took the cards in between.
         """
+        step = self.reserve(args)
+        assert step is not None
+        return step if isinstance(step, str) else step.write()
+
+    def reserve(self, args: BindingArgs, *, may_block: bool = True) -> "str | BindWrite | None":
+        """Bind's first half: choose the cards and reserve them (under the model lock), without
+        the API write. Returns the refusal message, or the second half to run (:meth:`BindWrite.write`,
+        which may wait on the API server). The split layout runs this half on the thread that
+        answers filter, in arrival order, so a filter that comes after a bind sees its cards
+        taken even while the write is still on its way.
+
+        ``may_block=False``: None instead of a step that would wait on the API server (a pod not
+        seen at filter, cards held on another node): the caller then runs :meth:`bind` where
+        waiting is fine."""
         node = args.node
         if args.pod_uid:
+            if not may_block and self._stale_elsewhere(args.pod_uid, node):
+                return None
             busy = self._release_if_stale(args.pod_uid, node, args.key, args.pod_namespace, args.pod_name)
             if busy:
                 return busy
@@ -507,7 +547,10 @@ class ExtenderService:
                 record = self._record(prev) if prev is not None and prev.cards else None
             if prev is not None and prev.node == node:
                 # Already holds cards on this node (a bind repeated, or rebuilt from the pod's annotation).
-                return self._complete(args.pod_namespace, args.pod_name, args.pod_uid, node, record, None, "")
+                return BindWrite(self, args.pod_namespace, args.pod_name, args.pod_uid, node, record, None, "",
+                                 forget=False)
+        if not may_block and self._known_pod(args) is None:
+            return None
         info = self._pod_for_bind(args)
         if isinstance(info, str):
             log.warning("bind %s -> %s refused: %s", args.key, node, info)
@@ -515,11 +558,11 @@ class ExtenderService:
         if info.req is None:
             return info.error
         uid = args.pod_uid or info.uid
-        alloc: PodAllocation | None = None
-        record = None
         # Every pod reserves: a GPU pod its cards, any pod its CPU, memory and pod slot.
         req, policy = info.req, info.policy
         assert policy is not None
+        if not may_block and self._stale_elsewhere(uid, node):
+            return None
         busy = self._release_if_stale(uid, node, info.key, info.namespace, info.name)
         if busy:
             return busy
@@ -554,10 +597,13 @@ class ExtenderService:
                 return f"cannot bind {info.key} to {node}: {exc}"
             record = self._record(alloc) if req.is_gpu else None
             self._inflight.add(uid)
-        err = self._complete(info.namespace, info.name, uid, node, record, alloc, info.req.describe())
-        if not err:
-            self._forget(uid)
-        return err
+        return BindWrite(self, info.namespace, info.name, uid, node, record, alloc, info.req.describe(), forget=True)
+
+    def _stale_elsewhere(self, uid: str, node: str) -> bool:
+        """Whether ``uid`` holds cards on another node (dealing with them may read the pod)."""
+        with self.model.lock:
+            prev = self.model.allocations.get(uid)
+            return prev is not None and prev.node != node
 
     def _complete(self, namespace: str, name: str, uid: str, node: str, record: AllocationRecord | None,
                   reserved: PodAllocation | None, what: str) -> str:

@@ -182,6 +182,43 @@ class Verbs:
             return json_reply(binding_result(f"Stowage extender internal error: {exc!r}"), outcome="internal_error")
         return json_reply(binding_result(err), outcome="refused" if err else "bound")
 
+    def bind_begin(self, body: bytes) -> "Reply | Callable[[], Reply]":
+        """Bind in two halves, for a host that answers filter on one thread in arrival order (the
+        split layout's relay): the card choice and reservation now, on the caller's thread, and
+        the API write as the returned callable, to run where waiting is fine. The answer (and
+        what is counted and timed) is exactly :meth:`handle`'s for ``"bind"``; a bind that would
+        wait on the API server before it can reserve (the pod not seen at filter, cards held
+        elsewhere) is returned whole as the callable."""
+        t0 = time.perf_counter()
+        try:
+            args = parse_binding_args(body)
+        except WireError:
+            return self.handle("bind", body)          # its 400, counted as always
+        try:
+            step = self.service.reserve(args, may_block=False)
+        except Exception:
+            return lambda: self.handle("bind", body)  # the whole bind, with its error handling
+        if step is None:
+            return lambda: self.handle("bind", body)
+
+        def done(reply: Reply) -> Reply:
+            self._latency["bind"].observe(time.perf_counter() - t0)
+            self.metrics.requests.labels("bind", reply.outcome).inc()
+            return reply
+
+        if isinstance(step, str):
+            return done(json_reply(binding_result(step), outcome="refused" if step else "bound"))
+
+        def write() -> Reply:
+            try:
+                err = step.write()
+            except Exception as exc:
+                log.exception("bind: internal error for %s -> %s", args.key, args.node)
+                return done(json_reply(binding_result(f"Stowage extender internal error: {exc!r}"),
+                                       outcome="internal_error"))
+            return done(json_reply(binding_result(err), outcome="refused" if err else "bound"))
+        return write
+
     def _preempt(self, body: bytes) -> Reply:
         try:
             args = parse_preemption_args(body)
