@@ -916,13 +916,13 @@ def summary_rows(runs: list[RealRun], sims: dict[int, SeedRun], bursts: list[Bur
 
 def format_per_seed(rows: list[dict]) -> str:
     head = f"{'seed':>4}  {'mode':<18}" + "".join(f"{'@' + str(p) + '%':>8}" for p in TABLE_POINTS) \
-        + f"{'pods':>7}{'failed':>7}{'checks':>8}{'time':>9}{'pods/s':>8}"
+        + f"{'pods':>7}{'failed':>7}  {'checks':<22}{'time':>9}{'pods/s':>8}"
     lines = ["", "== per seed: GPU allocation % at arrived % ==", head]
     for r in rows:
         cells = "".join(f"{'-' if r[f'alloc_at_{p}'] is None else format(r[f'alloc_at_{p}'], '.2f'):>8}" for p in TABLE_POINTS)
         checks = "" if "problems" not in r else ("ok" if r["problems"] == 0 and r["late_binds"] == 0 and r["timeout"] == 0
-                                                else f"{r['problems']}p/{r['late_binds']}l/{r['timeout']}t")
-        lines.append(f"{r['seed']:>4}  {r['mode']:<18}{cells}{r['pods']:>7}{r['failed']:>7}{checks:>8}"
+                                                else f"{r['problems']} bad, {r['late_binds']} late, {r['timeout']} t/o")
+        lines.append(f"{r['seed']:>4}  {r['mode']:<18}{cells}{r['pods']:>7}{r['failed']:>7}  {checks:<22}"
                      f"{r['seconds']:>8.1f}s{r.get('pods_per_s', ''):>8}")
     return "\n".join(lines)
 
