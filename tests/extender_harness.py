@@ -109,14 +109,14 @@ def simple_placers(policy_value: str):
 
 
 @contextlib.contextmanager
-def relay_to(app, tmp_path: Path):
+def relay_to(app, tmp_path: Path, pool_threads: int = 4):
     """A RelayServer on a real unix socket (``tmp_path / "relay.sock"``) serving ``app``'s verbs
-    and routes, and a client."""
+    and routes (binds and other requests on ``pool_threads`` threads), and a client."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     path = str(tmp_path / "relay.sock")
     listener.bind(path)
     listener.listen(8)
-    server = RelayServer(listener, app.extensions["stowage"]["verbs"], flask_other(app))
+    server = RelayServer(listener, app.extensions["stowage"]["verbs"], flask_other(app), pool_threads=pool_threads)
     server.start()
     client = RelayClient(path, timeout=10)
     try:

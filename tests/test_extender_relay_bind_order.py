@@ -7,16 +7,14 @@ model without the previous pod's cards, be offered the same node, and fail its b
 "Error scheduling pod; retrying" in bursts through the real kube-scheduler)."""
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import orjson
 
 from extender.app import create_app
-from extender.relay import OPS, RelayClient, RelayServer
-from extender.split import flask_other
+from extender.relay import OPS
 
+from extender_harness import relay_to
 from test_extender_concurrency import gated_service, gpu_pod, in_thread
 
 
@@ -30,14 +28,12 @@ def until(cond, what: str, timeout: float = 10.0) -> None:
 def test_a_filter_after_a_bind_sees_its_cards_while_the_write_waits(tmp_path):
     svc, binder = gated_service({"n1": 1, "n3": 1}, ["a", "b", "c"])
     app = create_app(svc)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    path = str(tmp_path / "relay.sock")
-    listener.bind(path)
-    listener.listen(8)
-    server = RelayServer(listener, app.extensions["stowage"]["verbs"], flask_other(app), pool_threads=1)
-    server.start()
-    client = RelayClient(path, timeout=30)
+    with relay_to(app, tmp_path, pool_threads=1) as (_server, client):
+        one_pool_thread(svc, binder, app, client)
 
+
+def one_pool_thread(svc, binder, app, client) -> None:
+    """c's write holds the relay's one pool thread; a's bind must still reserve at once."""
     def filt(name: str, nodes: list[str]) -> dict:
         body = orjson.dumps({"Pod": gpu_pod(name), "Nodes": None, "NodeNames": nodes})
         return orjson.loads(client.call(OPS["filter"], body).body)
@@ -46,8 +42,8 @@ def test_a_filter_after_a_bind_sees_its_cards_while_the_write_waits(tmp_path):
         body = orjson.dumps({"PodName": name, "PodNamespace": "default", "PodUID": f"uid-{name}", "Node": node})
         return orjson.loads(client.call(OPS["bind"], body).body)
 
+    gate_c = binder.hold("c")
     try:
-        gate_c = binder.hold("c")
         assert filt("c", ["n3"])["NodeNames"] == ["n3"]
         tc, rc = in_thread(bind, "c", "n3")
         assert binder.entered["c"].wait(30)          # c's write holds the one pool thread
@@ -66,28 +62,15 @@ def test_a_filter_after_a_bind_sees_its_cards_while_the_write_waits(tmp_path):
         assert m.requests.labels("bind", "bound")._value.get() == 2   # counted once each, as before
     finally:
         gate_c.set()
-        client.drop()
-        server.stop()
 
 
 def test_a_bind_of_a_pod_not_seen_at_filter_runs_whole_in_the_pool(tmp_path):
     """Reading the pod from the API would block the reading thread: such a bind is not split."""
     svc, binder = gated_service({"n1": 1}, ["a"])
-    app = create_app(svc)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    path = str(tmp_path / "relay.sock")
-    listener.bind(path)
-    listener.listen(8)
-    server = RelayServer(listener, app.extensions["stowage"]["verbs"], flask_other(app))
-    server.start()
-    client = RelayClient(path, timeout=30)
-    try:
+    with relay_to(create_app(svc), tmp_path) as (_server, client):
         body = orjson.dumps({"PodName": "a", "PodNamespace": "default", "PodUID": "uid-a", "Node": "n1"})
         assert orjson.loads(client.call(OPS["bind"], body).body) == {"Error": ""}
         assert binder.bound == {"a": ("n1", [0])}
-    finally:
-        client.drop()
-        server.stop()
 
 
 def test_a_model_that_is_not_current_reserves_nothing_in_the_first_half():
