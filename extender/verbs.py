@@ -30,8 +30,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from .service import ExtenderService
-from .wire import (WireError, binding_result, encode, encode_filter_result, filter_answer, parse_binding_args,
-                   parse_preemption_args, preemption_result)
+from .wire import (BindingArgs, WireError, binding_result, encode, encode_filter_result, filter_answer,
+                   parse_binding_args, parse_preemption_args, preemption_result)
 
 log = logging.getLogger("stowage.extender")
 
@@ -134,7 +134,10 @@ class Verbs:
     def handle(self, verb: str, body: bytes | None) -> Reply:
         """The answer to ``verb`` with request ``body`` (None: the body was too large)."""
         t0 = time.perf_counter()
-        reply = self.too_large() if body is None else self._run[verb](body)
+        return self._counted(verb, t0, self.too_large() if body is None else self._run[verb](body))
+
+    def _counted(self, verb: str, t0: float, reply: Reply) -> Reply:
+        """``reply``, timed from ``t0`` and counted by outcome in the verb's metrics."""
         self._latency[verb].observe(time.perf_counter() - t0)
         self.metrics.requests.labels(verb, reply.outcome).inc()
         return reply
@@ -175,12 +178,25 @@ class Verbs:
         except WireError as exc:
             log.warning("bind: bad request: %s", exc)
             return json_reply(binding_result(str(exc)), 400, "bad_request")
+        return self._bind_reply(args, lambda: self.service.bind(args))
+
+    def _bind_reply(self, args: BindingArgs, run: Callable[[], str]) -> Reply:
+        """Bind's answer to what ``run`` (a whole bind, or its API write) returns."""
         try:
-            err = self.service.bind(args)
+            err = run()
         except Exception as exc:
-            log.exception("bind: internal error for %s -> %s", args.key, args.node)
-            return json_reply(binding_result(f"Stowage extender internal error: {exc!r}"), outcome="internal_error")
+            return self._bind_internal_error(args, exc)
+        return self._bind_answer(err)
+
+    @staticmethod
+    def _bind_answer(err: str) -> Reply:
+        """'' bound, a message refused."""
         return json_reply(binding_result(err), outcome="refused" if err else "bound")
+
+    @staticmethod
+    def _bind_internal_error(args: BindingArgs, exc: Exception) -> Reply:
+        log.exception("bind: internal error for %s -> %s", args.key, args.node)
+        return json_reply(binding_result(f"Stowage extender internal error: {exc!r}"), outcome="internal_error")
 
     def bind_begin(self, body: bytes) -> "Reply | Callable[[], Reply]":
         """Bind in two halves, for a host that answers filter on one thread in arrival order (the
@@ -196,28 +212,13 @@ class Verbs:
             return self.handle("bind", body)          # its 400, counted as always
         try:
             step = self.service.reserve(args, may_block=False)
-        except Exception:
-            return lambda: self.handle("bind", body)  # the whole bind, with its error handling
-        if step is None:
+        except Exception as exc:
+            return self._counted("bind", t0, self._bind_internal_error(args, exc))
+        if step is None:                              # it may wait on the API server: all of it there
             return lambda: self.handle("bind", body)
-
-        def done(reply: Reply) -> Reply:
-            self._latency["bind"].observe(time.perf_counter() - t0)
-            self.metrics.requests.labels("bind", reply.outcome).inc()
-            return reply
-
-        if isinstance(step, str):
-            return done(json_reply(binding_result(step), outcome="refused" if step else "bound"))
-
-        def write() -> Reply:
-            try:
-                err = step.write()
-            except Exception as exc:
-                log.exception("bind: internal error for %s -> %s", args.key, args.node)
-                return done(json_reply(binding_result(f"Stowage extender internal error: {exc!r}"),
-                                       outcome="internal_error"))
-            return done(json_reply(binding_result(err), outcome="refused" if err else "bound"))
-        return write
+        if isinstance(step, str):                     # refused now
+            return self._counted("bind", t0, self._bind_answer(step))
+        return lambda: self._counted("bind", t0, self._bind_reply(args, step.write))
 
     def _preempt(self, body: bytes) -> Reply:
         try:

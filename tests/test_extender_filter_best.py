@@ -12,13 +12,13 @@ from click.testing import CliRunner
 
 from benchmarks.latency import cluster as bench_cluster
 from extender.service import ExtenderService
-from extender.wire import ExtenderArgs, encode, parse_binding_args, parse_extender_args
+from extender.wire import encode, parse_binding_args, parse_extender_args
 from packing.model import ClusterModel
 from packing.registry import get_placer
 from stowage.resources import GpuRequest
 
 from planning_clusters import GiB, add_node
-from test_extender_preempt import nominate, preemptor
+from test_extender_preempt import filter_names, nominate, preemptor
 from test_latency_equivalence import POD_ANNOTATIONS, POD_LIMITS, churn, random_model
 
 
@@ -97,15 +97,11 @@ def test_a_node_held_for_a_nominee_is_never_the_best_answer():
     low = preemptor("low", gib=8, priority=10)
     fitting = ExtenderService(m, filter_keeps="fitting")
     nominate(fitting, "hi", "held", 20, 1000)
-    every = svc_filter(fitting, low, ["held", "other", "empty"])
+    every = filter_names(fitting, low, ["held", "other", "empty"])
     assert sorted(every.node_names) == ["empty", "other"] and "held" in every.failed
-    got = svc_filter(svc, low, ["held", "other", "empty"])
+    got = filter_names(svc, low, ["held", "other", "empty"])
     assert got.node_names == ["other"]               # the started card, as pack would choose
     assert "cards held for default/hi" in got.failed["held"]
-
-
-def svc_filter(svc: ExtenderService, pod: dict, names: list[str]):
-    return svc.filter(ExtenderArgs(pod=pod, node_names=names, nodes=None, names=names))
 
 
 def test_an_unknown_setting_is_refused_with_the_choices():
