@@ -44,6 +44,21 @@ from .verbs import Reply
 log = logging.getLogger("stowage.extender")
 
 STOP_GRACE_S = 10.0
+# Process names (Linux's comm, what ps, top and /proc show) of the layout's two kinds of process,
+# so that an operator — and the burst benchmark, which reports each one's CPU — tells them apart:
+# all of them run the same command line.
+DECIDER_NAME = "stowage-decide"
+HTTP_WORKER_NAME = "stowage-http"
+
+
+def name_process(name: str) -> None:
+    """Set this process's name as ``ps -o comm`` shows it (at most 15 bytes); nothing where
+    /proc is not Linux's. Only the name changes: the command line stays the one started."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(name[:15])
+    except OSError:
+        pass
 
 
 def flask_other(app: Flask) -> OtherFn:
@@ -72,6 +87,7 @@ def flask_other(app: Flask) -> OtherFn:
 def _decider_main(app_factory: Callable[[], Flask], listener: socket.socket, master: int) -> None:
     """The decision process: build the app (model, feeder), serve frames until told to stop."""
     code = 1
+    name_process(DECIDER_NAME)
     try:
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -150,7 +166,8 @@ def run_split(app_factory: Callable[[], Flask], *, bind: str, workers: int, thre
         shutil.rmtree(sock_dir, ignore_errors=True)
 
     options = gunicorn_options(bind=bind, threads=threads, log_level=log_level, workers=workers, **extra)
-    options.update(when_ready=when_ready, on_exit=on_exit)
+    options.update(when_ready=when_ready, on_exit=on_exit,
+                   post_fork=lambda _arbiter, _worker: name_process(HTTP_WORKER_NAME))
     lane = BigBodyLane()  # made before the workers fork: one lane for all of them
     try:
         ExtenderServer(lambda: create_frontend(path, url_prefix=url_prefix, max_body_bytes=max_body_bytes,

@@ -7,12 +7,14 @@ import subprocess
 import sys
 import time
 
-from benchmarks.binpack.real import group_cpu_seconds, process_cpu_seconds
+from benchmarks.binpack.real import group_cpu_by_name, group_cpu_seconds, process_cpu_seconds, process_name
 
 BURN = """
 import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", '''
 import sys, time
+from extender.split import name_process
+name_process("burner-with-a-long-name")
 t = time.process_time()
 while time.process_time() - t < 0.4:
     pass
@@ -31,6 +33,10 @@ def test_a_group_counts_the_cpu_of_its_children_and_a_process_only_its_own():
         group, own = group_cpu_seconds(leader.pid), process_cpu_seconds(leader.pid)
         assert group >= own + 0.35          # the child's 0.4 s busy loop is in the group's figure
         assert own < 0.35                    # and not in the leader's own
+        by_name = group_cpu_by_name(leader.pid)
+        assert by_name["burner-with-a-l"] >= 0.35   # the child's name (15 bytes of it) carries its CPU
+        assert by_name[process_name(leader.pid)] < 0.35
+        assert abs(sum(by_name.values()) - group) < 0.05
     finally:
         os.killpg(leader.pid, 9)
         leader.wait()

@@ -203,6 +203,34 @@ def test_graceful_stop_takes_the_whole_tree(small_split):
     assert "Traceback" not in Path(proc.log.name).read_text()
 
 
+def test_processes_are_named_so_ps_tells_them_apart(small_split):
+    """ps/top (and the burst benchmark's CPU split) tell the decision process from the HTTP
+    workers by name, though all run the same command line; the master keeps its own name."""
+    from extender.split import DECIDER_NAME, HTTP_WORKER_NAME
+
+    proc, _http = small_split
+    master = proc.proc.pid
+    decider = _decider_pid(proc)
+    children = [pid for pid in _pids() if _stat(pid)[1] == master]
+    names = sorted(_stat(pid)[0] for pid in children)
+    assert names == sorted([DECIDER_NAME, HTTP_WORKER_NAME, HTTP_WORKER_NAME]), names
+    assert _stat(decider)[0] == DECIDER_NAME
+    assert _stat(master)[0] not in (DECIDER_NAME, HTTP_WORKER_NAME)
+
+
+def _pids() -> list[int]:
+    return [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()]
+
+
+def _stat(pid: int) -> tuple[str, int]:
+    """(name, parent pid) of a process; ('', -1) when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "", -1
+    return stat[stat.find("(") + 1:stat.rfind(")")], int(stat[stat.rfind(")") + 2:].split()[1])
+
+
 # ------------------------------------------------------------------ in-process, real sockets
 def _service() -> ExtenderService:
     return ExtenderService(model_from(SMALL))

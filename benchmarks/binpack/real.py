@@ -60,6 +60,7 @@ from tqdm import tqdm
 
 from benchmarks.localk8s import (ApiSession, ExtenderProc, LocalK8s, SCHEDULER_CONFIG, free_port,
                                  missing_for_control_plane, scheduler_config_for_test, wait_until)
+from extender.split import DECIDER_NAME, HTTP_WORKER_NAME
 from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
 from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
 
@@ -538,6 +539,9 @@ class BurstRun:
     # threads and processes of it): on a shared machine the burst's rate is bounded by the CPU the
     # peers together need per pod, so this says who needs how much of it
     cpu_seconds: dict[str, float] = field(default_factory=dict)
+    # the extender's share of it per process name: stowage-decide (the model, the watch, the
+    # binds' API writes), stowage-http (the HTTP workers of the split layout), the master
+    extender_cpu_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def pods_per_s(self) -> float:
@@ -555,14 +559,14 @@ def burst(nodes: Nodes, pods: Pods, mode: str, n: int, seed: int, opts: RunOptio
         sched_log = cl.k8s.scheduler.log_path
         offset = sched_log.stat().st_size
         try:
-            cpu0 = peer_cpu_seconds(cl)
+            cpu0, ext0 = peer_cpu_seconds(cl)
             t0 = time.monotonic()
             with ThreadPoolExecutor(opts.threads) as ex:
                 list(ex.map(lambda b: cl.api.post(f"/api/v1/namespaces/{NAMESPACE}/pods", b), bodies))
             t_created = time.monotonic() - t0
             outs = watch.wait_all([b["metadata"]["name"] for b in bodies], opts.pod_timeout)
             t_end = max(o.at for o in outs.values())
-            cpu1 = peer_cpu_seconds(cl)
+            cpu1, ext1 = peer_cpu_seconds(cl)
             verbs, sched = burst_metrics(cl)
             with sched_log.open("rb") as fh:
                 fh.seek(offset)
@@ -572,9 +576,12 @@ def burst(nodes: Nodes, pods: Pods, mode: str, n: int, seed: int, opts: RunOptio
     states = [o.state for o in outs.values()]
     return BurstRun(mode, len(bodies), states.count("bound"), states.count("unschedulable"), states.count("timeout"),
                     t_created, t_end - t0, verbs, sched, retries,
-                    {k: round(cpu1[k] - cpu0[k], 3) for k in cpu1 if k in cpu0})
+                    {k: round(cpu1[k] - cpu0[k], 3) for k in cpu1 if k in cpu0},
+                    {k: round(ext1[k] - ext0[k], 3) for k in ext1 if k in ext0})
 
 
+EXTENDER_PROCESS_LABEL = {DECIDER_NAME: "decision process", HTTP_WORKER_NAME: "HTTP workers",
+                          "stowage": "gunicorn master"}
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -587,24 +594,43 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK   # utime, stime (fields 14 and 15 of stat)
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    """CPU seconds of every live process in process group ``pgid`` (the extender: gunicorn's master,
-    its decision process and its HTTP workers, all started in one session)."""
-    total = 0.0
+def process_name(pid: int) -> str:
+    """The process's name as ``ps -o comm`` shows it ('' when it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return ""
+    return stat[stat.find("(") + 1:stat.rfind(")")]
+
+
+def group_cpu_by_name(pgid: int) -> dict[str, float]:
+    """CPU seconds of every live process in process group ``pgid``, summed per process name (the
+    extender: gunicorn's master, its decision process ``stowage-decide`` and its HTTP workers
+    ``stowage-http``, all started in one session; see :func:`extender.split.name_process`)."""
+    out: dict[str, float] = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
+            pid = int(d.name)
             try:
-                if os.getpgid(int(d.name)) == pgid:
-                    total += process_cpu_seconds(int(d.name))
+                if os.getpgid(pid) == pgid:
+                    name = process_name(pid)
+                    out[name] = out.get(name, 0.0) + process_cpu_seconds(pid)
             except (ProcessLookupError, PermissionError):
                 continue
-    return total
+    return out
 
 
-def peer_cpu_seconds(cl: "Cluster") -> dict[str, float]:
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU seconds of every live process in process group ``pgid``, all together."""
+    return sum(group_cpu_by_name(pgid).values())
+
+
+def peer_cpu_seconds(cl: "Cluster") -> tuple[dict[str, float], dict[str, float]]:
     """CPU seconds so far of each peer of a run: etcd, kube-apiserver, kube-scheduler, the extender
-    (all its processes) and this benchmark process (the pod creates and the watch)."""
+    (all its processes) and this benchmark process (the pod creates and the watch); and the
+    extender's per process name (its decision process, HTTP workers, master)."""
     out: dict[str, float] = {}
+    extender: dict[str, float] = {}
     for name in ("etcd", "kube-apiserver"):
         try:
             out[name] = process_cpu_seconds(int((cl.k8s.dir / f"{name}.pid").read_text()))
@@ -613,10 +639,11 @@ def peer_cpu_seconds(cl: "Cluster") -> dict[str, float]:
     if cl.k8s.scheduler is not None and cl.k8s.scheduler.popen is not None:
         out["kube-scheduler"] = process_cpu_seconds(cl.k8s.scheduler.popen.pid)
     if cl.extender is not None and cl.extender.proc is not None and cl.extender.proc.popen is not None:
-        out["extender"] = group_cpu_seconds(cl.extender.proc.popen.pid)
+        extender = group_cpu_by_name(cl.extender.proc.popen.pid)
+        out["extender"] = sum(extender.values())
     t = os.times()
     out["benchmark"] = t.user + t.system
-    return out
+    return out, extender
 
 
 def _metric_sums(text: str, names: tuple[str, ...]) -> dict[str, float]:
@@ -759,6 +786,10 @@ class Report:
                     lines.append("      CPU per pod: " + ", ".join(f"{k} {1000 * v / max(b.pods, 1):.1f} ms"
                                                             for k, v in b.cpu_seconds.items())
                                  + f"; all {1000 * sum(b.cpu_seconds.values()) / max(b.pods, 1):.1f} ms")
+                if len(b.extender_cpu_seconds) > 1:
+                    lines.append("      the extender's per process: " + ", ".join(
+                        f"{EXTENDER_PROCESS_LABEL.get(k, k)} {1000 * v / max(b.pods, 1):.1f} ms"
+                        for k, v in sorted(b.extender_cpu_seconds.items(), key=lambda kv: -kv[1])))
                 if b.bind_retries:
                     lines.append(f"      {b.bind_retries} scheduling attempts failed and were retried (kube-scheduler's log: "
                                  f"e.g. a bind refused because the card was taken by a bind in flight)")
