@@ -15,21 +15,21 @@ Why this shape:
   pod allocation annotations): a restarted extender gets the very same model.
 
 Objects are handled as camelCase JSON dicts (exactly what the API server sends): lists are read
-with ``_preload_content=False`` and parsed once; watches use ``watch.Watch`` with the ``object``
-return type, so no generated model classes are built on the hot path. Each event takes the model
-lock only for its own small update.
+with ``_preload_content=False`` and parsed once, and so is each watch event (:class:`WatchStream`):
+no generated model classes, no second encoding, on the hot path. Each event takes the model lock
+only for its own small update.
 """
 from __future__ import annotations
 
 import logging
 import random
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import kubernetes.client
-from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
 from stowage.allocation import AllocationRecord, RecordTrust
@@ -71,6 +71,91 @@ def creation_order(obj: Mapping[str, Any]) -> tuple[str, str, str]:
     m = meta(obj)
     return (str(m.get("creationTimestamp") or ""), f"{m.get('namespace') or ''}/{m.get('name') or ''}",
             str(m.get("uid") or ""))
+
+
+class WatchStream:
+    """One watch request: its newline-delimited events, each decoded ONCE into a plain dict.
+
+    Why not ``kubernetes.watch.Watch``: even with ``return_type="object"`` it decodes each line
+    with the standard library's json, then encodes the object again and decodes it a second time
+    (``ApiClient.deserialize``) — three passes over every pod event of the cluster, on the decision
+    process's GIL, where a burst's filters wait for it (docs/binpack.md, "Burst throughput").
+    Same protocol otherwise: the request is made by ``fn`` with ``watch=True`` and an unread
+    body; an ``ERROR`` event raises :class:`ApiException` with the Status's code (410: the
+    history is gone, which the feeder turns into a relist); :meth:`stop` ends the stream after
+    the event being handled.
+    """
+
+    def __init__(self) -> None:
+        self._stopped = False
+        self._resp: Any = None
+
+    def stop(self) -> None:
+        """End the stream: after the event being handled, or at once when the reading thread is
+        blocked waiting for the next one (its socket is shut down under it, which a blocked TLS
+        read notices where closing the response from another thread could hang)."""
+        self._stopped = True
+        resp = self._resp
+        sock = getattr(getattr(resp, "connection", None), "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def stream(self, fn: Callable[..., Any], **kwargs: Any) -> Iterator[dict]:
+        resp = fn(watch=True, _preload_content=False, **kwargs)
+        self._resp = resp
+        try:
+            if self._stopped:
+                return
+            status = getattr(resp, "status", 200)
+            if isinstance(status, int) and not 200 <= status <= 299:
+                raise ApiException(status=status, reason=f"watch answered HTTP {status}")
+            for line in watch_lines(resp.stream(amt=None, decode_content=False)):
+                event = watch_event(line)
+                if event.get("type") == "ERROR":
+                    obj = event.get("object") if isinstance(event.get("object"), Mapping) else {}
+                    raise ApiException(status=obj.get("code") if isinstance(obj.get("code"), int) else 500,
+                                       reason=f"{obj.get('reason')}: {obj.get('message')}")
+                yield event
+                if self._stopped:
+                    return
+        finally:
+            self._resp = None
+            resp.close()
+            resp.release_conn()
+
+
+def watch_lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The non-empty lines of a watch body, whatever the chunking (an event may span chunks, a
+    chunk may hold several events). A newline never occurs inside a UTF-8 multi-byte sequence
+    nor, unescaped, inside JSON, so splitting the bytes is safe."""
+    rest = b""
+    for chunk in chunks:
+        if not chunk:
+            continue
+        data = rest + chunk if rest else chunk
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            if end > start and not data[start:end].isspace():
+                yield data[start:end]
+            start = end + 1
+        rest = data[start:]
+    if rest and not rest.isspace():
+        yield rest
+
+
+def watch_event(line: bytes) -> dict:
+    """One watch event line as a dict; ValueError (the stream is then re-opened from the last
+    resourceVersion) when it is not a JSON object."""
+    try:
+        event = _loads(line)
+    except ValueError as exc:
+        raise ValueError(f"undecodable watch event ({exc}): {line[:200]!r}") from None
+    if not isinstance(event, dict):
+        raise ValueError(f"watch event is not an object: {line[:200]!r}")
+    return event
 
 
 class Gone(Exception):
@@ -189,7 +274,7 @@ class KubeFeeder:
         self._lock = threading.Lock()            # feeder bookkeeping below (never held across I/O)
         self._stop = threading.Event()
         self._threads: dict[str, threading.Thread] = {}
-        self._watches: dict[str, watch.Watch] = {}
+        self._watches: dict[str, WatchStream] = {}
         self._node_fp: dict[str, tuple] = {}     # node -> fingerprint last applied
         self.node_errors: dict[str, str] = {}    # node -> why its inventory could not be read
         self._records: dict[str, AllocationRecord] = {}  # uid -> record applied from its annotation
@@ -384,7 +469,7 @@ class KubeFeeder:
 
     def _watch(self, st: StreamState) -> None:
         """One watch request from ``st.rv`` until the server ends it; events applied as they come."""
-        w = watch.Watch(return_type="object")  # raw dicts: no generated-model deserialisation
+        w = WatchStream()
         timeout = int(self.watch_timeout_s * (1 + self.rng.random()))
         list_fn = self.core.list_node if st.kind == NODES else self.core.list_pod_for_all_namespaces
 
@@ -403,7 +488,7 @@ class KubeFeeder:
                                _request_timeout=(self.request_timeout_s, timeout + 30)):
                 if self._stop.is_set():
                     break
-                self._event(st, ev.get("type"), ev.get("raw_object"))
+                self._event(st, ev.get("type"), ev.get("object"))
         except ApiException as exc:
             if exc.status == 410:
                 raise Gone(api_message(exc)) from exc

@@ -1,0 +1,117 @@
+"""The feeder's watch reader (:class:`extender.kube.WatchStream`): every event of the API server's
+newline-delimited stream, decoded once, whatever the chunking; an ERROR event becomes the
+ApiException the feeder acts on (410: relist); the response is always closed.
+
+The feeder's behaviour over a whole stream (resume, relist on 410, broken streams, stop) is tested
+against the fake API server (test_extender_kube_feeder.py) and the real one (tests/integration)."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from extender.kube import WatchStream, watch_event, watch_lines
+
+EVENTS = [
+    {"type": "ADDED", "object": {"kind": "Pod", "metadata": {"name": "p-ä", "resourceVersion": "5"}}},
+    {"type": "MODIFIED", "object": {"kind": "Pod", "metadata": {"name": "日本", "resourceVersion": "6"},
+                                    "spec": {"nodeName": "n1"}}},
+    {"type": "BOOKMARK", "object": {"kind": "Pod", "metadata": {"resourceVersion": "9"}}},
+]
+
+
+def body(events: list[dict], blank_lines: bool = True) -> bytes:
+    sep = b"\n\n" if blank_lines else b"\n"
+    return sep.join(json.dumps(e, ensure_ascii=False).encode() for e in events) + b"\n"
+
+
+def chunked(data: bytes, rng: random.Random) -> list[bytes]:
+    """``data`` cut at random places (inside events and inside multi-byte characters too)."""
+    cuts = sorted(rng.sample(range(1, len(data)), k=min(len(data) - 1, rng.randint(1, 12))))
+    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])] + [b""]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_lines_are_the_events_whatever_the_chunking(seed):
+    rng = random.Random(seed)
+    data = body(EVENTS, blank_lines=bool(seed % 2))
+    got = [watch_event(line) for line in watch_lines(iter(chunked(data, rng)))]
+    assert got == EVENTS
+
+
+def test_a_last_line_without_newline_is_still_an_event():
+    data = body(EVENTS)[:-1]
+    assert [watch_event(x) for x in watch_lines(iter([data[:7], data[7:]]))] == EVENTS
+
+
+def test_a_line_that_is_not_a_json_object_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="undecodable watch event"):
+        watch_event(b'{"type": "ADDED", "object": ')
+    with pytest.raises(ValueError, match="not an object"):
+        watch_event(b'["ADDED"]')
+
+
+class FakeResponse:
+    def __init__(self, chunks: list[bytes], status: int = 200) -> None:
+        self.chunks, self.status, self.closed, self.released = chunks, status, False, False
+
+    def stream(self, amt=None, decode_content=False):
+        yield from self.chunks
+
+    def close(self) -> None:
+        self.closed = True
+
+    def release_conn(self) -> None:
+        self.released = True
+
+
+def run(resp: FakeResponse, stop_after: int | None = None) -> tuple[list[dict], dict]:
+    calls: dict = {}
+    w = WatchStream()
+
+    def fn(**kwargs):
+        calls.update(kwargs)
+        return resp
+
+    out = []
+    for ev in w.stream(fn, resource_version="4", timeout_seconds=30):
+        out.append(ev)
+        if stop_after is not None and len(out) == stop_after:
+            w.stop()
+    return out, calls
+
+
+def test_stream_yields_decoded_events_and_closes_the_response():
+    resp = FakeResponse(chunked(body(EVENTS), random.Random(1)))
+    got, calls = run(resp)
+    assert got == EVENTS
+    assert calls == {"watch": True, "_preload_content": False, "resource_version": "4", "timeout_seconds": 30}
+    assert resp.closed and resp.released
+
+
+def test_stop_ends_the_stream_after_the_event_being_handled():
+    resp = FakeResponse([body(EVENTS)])
+    got, _ = run(resp, stop_after=1)
+    assert got == EVENTS[:1] and resp.closed
+
+
+@pytest.mark.parametrize("code", [410, 500])
+def test_an_error_event_raises_its_status_code_and_closes_the_response(code):
+    error = {"type": "ERROR", "object": {"kind": "Status", "code": code, "reason": "Expired",
+                                         "message": "too old resource version: 4 (99)"}}
+    resp = FakeResponse([body([EVENTS[0], error, EVENTS[1]])])
+    got: list = []
+    with pytest.raises(ApiException) as exc:
+        for ev in WatchStream().stream(lambda **_: resp):
+            got.append(ev)
+    assert exc.value.status == code and "too old resource version" in str(exc.value)
+    assert got == EVENTS[:1] and resp.closed
+
+
+def test_a_non_2xx_answer_is_an_api_exception():
+    resp = FakeResponse([], status=403)
+    with pytest.raises(ApiException) as exc:
+        list(WatchStream().stream(lambda **_: resp))
+    assert exc.value.status == 403 and resp.closed
