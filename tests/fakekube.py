@@ -1,6 +1,6 @@
 """A small Kubernetes API server for tests: real HTTP on loopback, enough for the real `kubernetes` client.
 
-Why: our code talks to the API server through the official client (REST calls, ``watch.Watch``
+Why: our code talks to the API server through the official client (REST calls, watch
 streams, patches, the ``pods/binding`` subresource). Faking at the HTTP layer lets that client
 code run for real; only the API server itself is fake.
 
