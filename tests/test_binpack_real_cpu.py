@@ -48,3 +48,24 @@ def test_a_process_that_is_gone_counts_zero():
     time.sleep(0.05)
     assert process_cpu_seconds(p.pid) == 0.0
     assert group_cpu_seconds(p.pid) == 0.0
+
+
+# ------------------------------------------------------------------ --burst-rounds
+def _burst(mode: str, pods_per_s: float):
+    from benchmarks.binpack.real import BurstRun
+    return BurstRun(mode, 300, 300, 0, 0, 1.0, 300 / pods_per_s if pods_per_s else 0.0)
+
+
+def test_burst_rounds_pair_each_extender_burst_with_the_plain_one_of_its_round():
+    from benchmarks.binpack.real import burst_ratios
+    # round 1: stowage then plain; round 2: plain then stowage (the order alternates)
+    bursts = [_burst("stowage", 30), _burst("plain", 50), _burst("plain", 40), _burst("stowage", 30)]
+    assert [round(r) for r in burst_ratios(bursts)] == [60, 75]
+    assert burst_ratios([_burst("stowage", 30)]) == []          # no plain run: no ratio
+    assert burst_ratios([_burst("stowage", 30), _burst("plain", 0)]) == []   # a plain run that bound nothing
+
+
+def test_burst_rounds_below_one_are_refused(capsys):
+    from benchmarks.binpack.real import main
+    assert main(["--no-replay", "--burst", "10", "--burst-rounds", "0"]) == 2
+    assert "--burst-rounds must be at least 1" in capsys.readouterr().err

@@ -659,6 +659,14 @@ def _metric_sums(text: str, names: tuple[str, ...]) -> dict[str, float]:
     return out
 
 
+def burst_ratios(bursts: list[BurstRun]) -> list[float]:
+    """Extender / plain pods/s in %, one per round: the i-th stowage burst against the i-th plain
+    one (the rounds run them back to back)."""
+    ext = [b for b in bursts if b.mode == "stowage"]
+    plain = [b for b in bursts if b.mode == "plain"]
+    return [100 * e.pods_per_s / p.pods_per_s for e, p in zip(ext, plain) if p.pods_per_s]
+
+
 def burst_metrics(cl: Cluster) -> tuple[dict[str, tuple[int, float]], dict[str, float]]:
     """The extender's per-verb call counts and seconds, and kube-scheduler's time in its
     scheduling algorithm and attempts; empty where a page cannot be read (never fails a run)."""
@@ -793,16 +801,20 @@ class Report:
                 if b.bind_retries:
                     lines.append(f"      {b.bind_retries} scheduling attempts failed and were retried (kube-scheduler's log: "
                                  f"e.g. a bind refused because the card was taken by a bind in flight)")
-            by = {b.mode: b for b in bursts}
-            if "stowage" in by and "plain" in by and by["plain"].pods_per_s:
-                lines.append(f"  extender / plain: {100 * by['stowage'].pods_per_s / by['plain'].pods_per_s:.0f} %")
+            ratios = burst_ratios(bursts)
+            if len(ratios) == 1:
+                lines.append(f"  extender / plain: {ratios[0]:.0f} %")
+            elif ratios:
+                lines.append(f"  extender / plain, {len(ratios)} rounds: median {float(np.median(ratios)):.0f} % "
+                             f"(each round: {', '.join(f'{r:.0f}' for r in ratios)} %)")
         problems = [p for r in runs for p in r.problems]
         if problems:
             lines.append(f"\nCONSISTENCY PROBLEMS ({len(problems)}):\n  " + "\n  ".join(problems[:20]))
         meta = {"trace": trace_name(args.trace), "seeds": list(args.seeds), "modes": self.modes, "limit": args.limit,
                 "until_arrived_pct": args.until, "jobs": args.jobs, "complete": final,
                 "node_stride": args.node_stride, "nodes": len(self.nodes.names), "gpus": int(self.nodes.gpus.sum()),
-                "extender_workers": args.workers, "wall_seconds": round(time.monotonic() - self.t0, 1),
+                "extender_workers": args.workers, "burst_rounds": args.burst_rounds if args.burst else 0,
+                "wall_seconds": round(time.monotonic() - self.t0, 1),
                 "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}",
                 "kubernetes": "v1.28.7 (../shared/k8s)", "scheduler_config": "scheduler-config/scheduler-config.yaml",
                 "gpu_scheduler_name": scheduler_name(), "cpu_only_scheduler_name": cpu_scheduler_name(),
@@ -889,6 +901,7 @@ def build_parser() -> argparse.ArgumentParser:
                "examples:\n"
                "  python -m benchmarks.binpack.real --quick                 # smoke: ~200 nodes, 400 pods, seed 42\n"
                "  python -m benchmarks.binpack.real --seeds 42,43,44 --burst 300 --save\n"
+               "  python -m benchmarks.binpack.real --no-replay --burst 300 --burst-rounds 3   # the ratio, 3 rounds\n"
                "  python -m benchmarks.binpack.real --seeds 42 --limit 2000 --modes stowage")
     p.add_argument("--trace", default=DEFAULT_TRACE, help="trace name (default, gpushare40, ...) or CSV path")
     p.add_argument("--seeds", type=parse_seeds, default=(42, 43, 44), help="42,43,44 (default), 42-44 or a count")
@@ -907,6 +920,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show the runs (mode, seed) not run now from an earlier binpack_real.json of the same "
                         "trace and cluster in the tables, e.g. plain rows or other seeds measured before; "
                         "repeatable, the first file that has a run gives it")
+    p.add_argument("--burst-rounds", type=int, default=1, metavar="K",
+                   help="time the burst K times in each mode, alternating which goes first, and report the "
+                        "median ratio (one burst's ratio moves by 10 points from run to run on a shared machine)")
     p.add_argument("--no-replay", action="store_true", help="only the burst")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: seed 42, every 6th node, the first 400 pods, a burst of 100")
@@ -968,6 +984,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.seeds, args.node_stride, args.limit = (42,), 6, args.limit or 400
         args.burst = args.burst or 100
+    if args.burst_rounds < 1:
+        print(f"error: --burst-rounds must be at least 1, not {args.burst_rounds}", file=sys.stderr)
+        return 2
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -1013,13 +1032,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.burst:
             # first and alone: a burst timed beside replays would measure the replays too
-            for mode in modes:
-                b = burst(nodes, pods, mode, args.burst, args.seeds[0], opts)
-                bursts.append(b)
-                log.info("burst %s: %d pods, %d bound, %d unschedulable, %d no answer in %.1fs (created in %.1fs): "
-                         "%.1f pods/s", mode, b.pods, b.bound, b.unschedulable, b.timeout, b.seconds,
-                         b.create_seconds, b.pods_per_s)
-            report.write(runs, sims, bursts)
+            for rnd in range(args.burst_rounds):
+                # Rounds alternate which mode goes first, so that a machine slowly getting busier
+                # or quieter does not favour one of them.
+                for mode in (modes if rnd % 2 == 0 else modes[::-1]):
+                    b = burst(nodes, pods, mode, args.burst, args.seeds[0], opts)
+                    bursts.append(b)
+                    log.info("burst %s (round %d of %d): %d pods, %d bound, %d unschedulable, %d no answer in %.1fs "
+                             "(created in %.1fs): %.1f pods/s", mode, rnd + 1, args.burst_rounds, b.pods, b.bound,
+                             b.unschedulable, b.timeout, b.seconds, b.create_seconds, b.pods_per_s)
+                report.write(runs, sims, bursts)
         if not args.no_replay:
             # the simulated replay of every seed in the tables, reused real runs' seeds too: it
             # is cheap, and the real-vs-simulated comparison is per seed at this code
