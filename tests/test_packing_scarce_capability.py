@@ -89,3 +89,26 @@ def test_without_the_capability_pressure_the_big_class_is_lost(monkeypatch):
     outcomes = [place_all("stowage", big_and_small(), history(), [(first, ANY), (first, ANY), (BIG8, ANY)], tie)
                 for tie in TIES]
     assert any(o[-1] is None for o in outcomes), outcomes
+
+
+MID8 = GpuRequest(gpus=8, cpu_milli=64_000, host_mem_mib=262_144)     # any 8-card node
+HALF4 = GpuRequest(gpus=4, cpu_milli=40_000, host_mem_mib=409_600)    # 400 GiB: the big node only
+
+
+def test_a_whole_gpu_pod_takes_all_its_cards_from_the_capability():
+    """An 8-GPU pod on the big node leaves it no card: the node loses both protected classes,
+    the 4-GPU one too although its CPU and memory would still fit (64 cores, 512 GiB left).
+    (The cards taken were once counted with a boolean einsum, i.e. one card whatever the
+    pod's size: the 4-GPU class seemed to survive, 7 >= 4 cards.)"""
+    model = big_and_small()
+    placer = attach_placer(get_placer("stowage"), model, seed=0)
+    for req in [BIG8, HALF4, MID8, ONE, ONE, ONE] * 2:
+        placer.observe(req, ANY)
+    placer._rebuild()
+    placer._index(model.a)
+    grp, need, cpu, mem, value = placer.capability_pressure(model.a)
+    assert sorted(need.tolist()) == [4, 8]
+    usable = model.a.exists & model.a.healthy
+    cost = placer.capability_cost(model.a, MID8, np.array([0, 1]), usable, None, None)
+    assert cost.tolist() == pytest.approx([value.sum(), 0.0])   # big loses both, small had neither
+

@@ -373,7 +373,9 @@ class StowageFragPlacer(FragPlacerBase):
             if req.is_whole:
                 u = usable[idx] if usable is not None else (a.exists[idx] & a.healthy[idx] & (a.pods[idx] == 0))
                 take = u & (np.cumsum(u, axis=1) <= req.gpus)                        # first usable cards
-                cnt1 = cnt0 - np.einsum("cnk,nk->cn", ix.fits[np.ix_(grp, idx)], take)
+                # Cards taken that fit each class, as integers: over booleans einsum's sum is
+                # an "any" (an 8-GPU pod took one card from the count, not eight).
+                cnt1 = cnt0 - np.einsum("cnk,nk->cn", ix.fits[np.ix_(grp, idx)], take.astype(np.int64))
             else:
                 cnt1 = cnt0
             lost = fit0 & ~((cnt1 >= need[:, None]) & host1)
