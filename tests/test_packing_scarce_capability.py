@@ -89,3 +89,69 @@ def test_without_the_capability_pressure_the_big_class_is_lost(monkeypatch):
     outcomes = [place_all("stowage", big_and_small(), history(), [(first, ANY), (first, ANY), (BIG8, ANY)], tie)
                 for tie in TIES]
     assert any(o[-1] is None for o in outcomes), outcomes
+
+
+MID8 = GpuRequest(gpus=8, cpu_milli=64_000, host_mem_mib=262_144)     # any 8-card node
+HALF4 = GpuRequest(gpus=4, cpu_milli=40_000, host_mem_mib=409_600)    # 400 GiB: the big node only
+
+
+def test_a_whole_gpu_pod_takes_all_its_cards_from_the_capability():
+    """An 8-GPU pod on the big node leaves it no card: the node loses both protected classes,
+    the 4-GPU one too although its CPU and memory would still fit (64 cores, 512 GiB left).
+    (The cards taken were once counted with a boolean einsum, i.e. one card whatever the
+    pod's size: the 4-GPU class seemed to survive, 7 >= 4 cards.)"""
+    model = big_and_small()
+    placer = attach_placer(get_placer("stowage"), model, seed=0)
+    for req in [BIG8, HALF4, MID8, ONE, ONE, ONE] * 2:
+        placer.observe(req, ANY)
+    placer._rebuild()
+    placer._index(model.a)
+    grp, need, cpu, mem, value = placer.capability_pressure(model.a)
+    assert sorted(need.tolist()) == [4, 8]
+    usable = model.a.exists & model.a.healthy
+    cost = placer.capability_cost(model.a, MID8, np.array([0, 1]), usable, None, None)
+    assert cost.tolist() == pytest.approx([value.sum(), 0.0])   # big loses both, small had neither
+
+
+def many_small_one_big_left():
+    """Two big 8-card nodes (128 cores, 768 GiB) and six small ones (96 cores, 384 GiB); the
+    first big node already ran out of host memory (a CPU-only pod holds 650 GiB of it)."""
+    names = ("big0", "big1") + tuple(f"s{i}" for i in range(6))
+    model = build_cluster(Nodes(names=names, cpu_milli=np.array([128_000] * 2 + [96_000] * 6),
+                                memory_mib=np.array([786_432] * 2 + [393_216] * 6), gpus=np.full(8, 8),
+                                model=("G3",) * 8))
+    model.assign("x", "x", "big0", [], GpuRequest(cpu_milli=16_000, host_mem_mib=665_600))
+    return model
+
+
+RARE_HISTORY = [(BIG8, ANY)] + [(MID8, ANY)] * 6 + [(ONE, ANY)] * 104
+
+
+def test_capability_value_rises_when_the_capable_nodes_run_out():
+    """The big class is rare (q = 8,000 of 160,000 GPU-milli seen = 0.05), so its scarcity over
+    the empty cluster is r = q * (64 - 16) / 16 = 0.15 (1,200 GPU-milli per node). But only one
+    node can host it now, and the idle GPU (64 cards) at that mix means lam = q * 64,000 / 8,000
+    = 0.4 such pods to come: the one place left is needed with P(X >= 1) = 1 - e^-0.4."""
+    model = many_small_one_big_left()
+    placer = attach_placer(get_placer("stowage"), model, seed=0)
+    for req, models in RARE_HISTORY:
+        placer.observe(req, models)
+    placer._rebuild()
+    placer._index(model.a)
+    grp, need, cpu, mem, value = placer.capability_pressure(model.a)
+    assert need.tolist() == [8]
+    assert value.tolist() == pytest.approx([8000 * (1 - np.exp(-0.4))])
+
+
+@pytest.mark.parametrize("tie", [np.arange(8), np.arange(8)[::-1]], ids=["big-first", "small-first"])
+def test_the_last_node_a_rare_class_fits_is_kept(tie, monkeypatch):
+    """A memory-hungry CPU-only pod, then the rare big 8-GPU pod: with the scarcity measured
+    on the nodes as they are, the CPU pod goes to a small node and the big pod fits; with the
+    scarcity over the empty cluster only (1,200 GPU-milli), the stranding pull wins, the CPU
+    pod takes the last big node and the big pod fails."""
+    got = place_all("stowage", many_small_one_big_left(), RARE_HISTORY, [(HUNGRY_CPU, ANY), (BIG8, ANY)], tie)
+    assert got[0].startswith("s") and got[1] == "big1"
+    import packing.strategies.stowage_frag as sf
+    monkeypatch.setattr(sf.StowageFragPlacer, "scarcity_now", False)
+    got = place_all("stowage", many_small_one_big_left(), RARE_HISTORY, [(HUNGRY_CPU, ANY), (BIG8, ANY)], tie)
+    assert got == ["big1", None]

@@ -47,7 +47,13 @@ class is worth ``r * its cards * 1000`` GPU-milli, and a pod that takes it away 
 class's last whole set, or the CPU or memory it needs) pays that, ``capability_weight`` = 1,
 the unit of ``F``. It is FGD's "does the class still fit here" weighted by the class's GPU
 volume and scarcity instead of its pod count: a rare class that only a few nodes can host
-is protected, one that can go anywhere is not. Computed once per learned table (row-local).
+is protected, one that can go anywhere is not. That scarcity is over the empty cluster; a class
+that is rare against its capable set (r small) still loses its nodes one by one to pods that
+could go anywhere. So the scarcity is also measured on the cluster as it is: c, the pods of the
+class its nodes could host now, against lam, the pods of the class to expect until the idle GPU
+is used up at the demand mix seen (Poisson). The c-th place is needed when at least c of them
+come, so ``r`` is at least ``P(X >= c)``: ~0 while places are plentiful, rising to 1 as they run
+out. Computed once per learned table (row-local).
 
 Churn mode. In a cluster where pods come and go, an empty node is worth more than any
 fragmentation gain: the cluster autoscaler can remove it (and a node that stays empty keeps
@@ -68,6 +74,7 @@ NVLink/NUMA locality. Cost per request: one vectorised evaluation over the feasi
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import numpy as np
@@ -87,6 +94,20 @@ CAPABILITY_WEIGHT = 1.0  # capability pressure: cost per GPU-milli of scarce cap
 CHURN_COST = 1e5   # churn mode: placing a GPU pod on a node that runs no GPU pod (see the module doc)
 
 
+def poisson_at_least(lam: float, c: int) -> float:
+    """P(X >= c) for X ~ Poisson(lam)."""
+    if c <= 0:
+        return 1.0
+    if lam <= 0 or c > lam + 12.0 * math.sqrt(lam) + 30.0:
+        return 0.0   # below 1e-12
+    term = math.exp(-lam)
+    below = 0.0
+    for k in range(c):
+        below += term
+        term *= lam / (k + 1)
+    return max(0.0, 1.0 - below)
+
+
 class StowageFragPlacer(FragPlacerBase):
     """Fragmentation + host-resource stranding + churn mode (see the module doc)."""
 
@@ -95,6 +116,7 @@ class StowageFragPlacer(FragPlacerBase):
     strand_weight = STRAND_WEIGHT
     pressure_weight = PRESSURE_WEIGHT
     capability_weight = CAPABILITY_WEIGHT
+    scarcity_now = True     # capability pressure also from the nodes that can host a class now
 
     def __init__(self) -> None:
         self._version = 0
@@ -309,6 +331,9 @@ class StowageFragPlacer(FragPlacerBase):
         ``r = min(1, q * (K_all - K_S) / K_S)`` (cards), the demand it puts on S beyond what a
         class that may use every card would: 0 for a class every node can host. The value is
         ``r * cards * 1000``: the GPU-milli of the class's pod, weighted by its scarcity.
+        ``r`` is at least ``P(X >= c)`` (:attr:`scarcity_now`), c the class's places on the
+        nodes as they are and X ~ Poisson(q * idle GPU-milli / the pod's GPU-milli) its pods
+        to come until the idle GPU is used up.
         Computed once per learned table (a score stays a function of the node's row and
         :attr:`version`)."""
         if self._capability is not None:
@@ -333,6 +358,8 @@ class StowageFragPlacer(FragPlacerBase):
         # (0.1 % of the pods) and still want most of the few nodes that can host it. Its fit
         # is read from the table group of its GPU shape (cards, models, card size), which a
         # typical class of the same shape provides; the host CPU and memory are its own.
+        node_ok = a.node_ok if len(a.node_ok) == n else np.ones(n, bool)
+        idle = float(ix.idle[node_ok].sum())        # GPU-milli the cluster can still place
         for cls, count in classes:
             g = gidx.get((cls.gpus, cls.mem_mib, cls.core_milli, cls.models, cls.min_card_mem_mib))
             if g is None:
@@ -344,6 +371,19 @@ class StowageFragPlacer(FragPlacerBase):
                 continue   # no node can ever host it: nothing to protect
             q = count * cls.gpus * MILLI / max(total, 1.0)
             r = min(1.0, q * (k_all - k_s) / k_s)
+            if r > 0 and self.scarcity_now:
+                # Scarcity now: how many of the class's pods the nodes could host as they are
+                # (c), and how many of them to expect until the idle GPU is used up at the demand
+                # mix seen (Poisson, mean lam). The c-th place is needed when at least c come:
+                # a place is worth at least P(X >= c) of the class's pod.
+                # (floor of a division: host resources not modelled are +inf, and inf // x is NaN;
+                # the card count is always finite)
+                places = np.minimum(ix.cnt[g] // max(cls.gpus, 1),
+                                    np.floor(np.minimum(a.cpu_free / max(cls.cpu_milli, 1),
+                                                        a.hmem_free / max(cls.host_mem_mib, 1))))
+                c = int(np.clip(places[node_ok], 0, None).sum())
+                lam = q * idle / (cls.gpus * MILLI)
+                r = max(r, poisson_at_least(lam, c))
             if r * cls.gpus * MILLI >= 1.0:   # worth at least one GPU-milli (the unit of F)
                 out.append((g, cls.gpus, float(cls.cpu_milli), float(cls.host_mem_mib), r * cls.gpus * MILLI))
         if out:
@@ -373,7 +413,9 @@ class StowageFragPlacer(FragPlacerBase):
             if req.is_whole:
                 u = usable[idx] if usable is not None else (a.exists[idx] & a.healthy[idx] & (a.pods[idx] == 0))
                 take = u & (np.cumsum(u, axis=1) <= req.gpus)                        # first usable cards
-                cnt1 = cnt0 - np.einsum("cnk,nk->cn", ix.fits[np.ix_(grp, idx)], take)
+                # Cards taken that fit each class, as integers: over booleans einsum's sum is
+                # an "any" (an 8-GPU pod took one card from the count, not eight).
+                cnt1 = cnt0 - np.einsum("cnk,nk->cn", ix.fits[np.ix_(grp, idx)], take.astype(np.int64))
             else:
                 cnt1 = cnt0
             lost = fit0 & ~((cnt1 >= need[:, None]) & host1)
