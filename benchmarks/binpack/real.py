@@ -585,22 +585,32 @@ EXTENDER_PROCESS_LABEL = {DECIDER_NAME: "decision process", HTTP_WORKER_NAME: "H
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of one process (all its threads) from /proc; 0 when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICK   # utime, stime (fields 14 and 15 of stat)
+@dataclass(frozen=True)
+class ProcStat:
+    """What one read of ``/proc/<pid>/stat`` says of a process."""
+
+    name: str           # as ``ps -o comm`` shows it
+    pgid: int           # its process group
+    cpu_seconds: float  # user + system, all its threads
 
 
-def process_name(pid: int) -> str:
-    """The process's name as ``ps -o comm`` shows it ('' when it is gone)."""
+def proc_stat(pid: int) -> ProcStat | None:
+    """The process's :class:`ProcStat`; None when it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return ""
-    return stat[stat.find("(") + 1:stat.rfind(")")]
+        return None
+    # The name is in parentheses and may itself hold spaces or ')': the fields follow the last ')'
+    fields = stat.rpartition(")")[2].split()
+    # pgrp, utime, stime: fields 5, 14 and 15 of stat (the 3rd, 12th and 13th after the name)
+    return ProcStat(stat[stat.find("(") + 1:stat.rfind(")")], int(fields[2]),
+                    (int(fields[11]) + int(fields[12])) / _TICK)
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process (all its threads) from /proc; 0 when it is gone."""
+    st = proc_stat(pid)
+    return st.cpu_seconds if st is not None else 0.0
 
 
 def group_cpu_by_name(pgid: int) -> dict[str, float]:
@@ -610,19 +620,10 @@ def group_cpu_by_name(pgid: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
-            pid = int(d.name)
-            try:
-                if os.getpgid(pid) == pgid:
-                    name = process_name(pid)
-                    out[name] = out.get(name, 0.0) + process_cpu_seconds(pid)
-            except (ProcessLookupError, PermissionError):
-                continue
+            st = proc_stat(int(d.name))
+            if st is not None and st.pgid == pgid:
+                out[st.name] = out.get(st.name, 0.0) + st.cpu_seconds
     return out
-
-
-def group_cpu_seconds(pgid: int) -> float:
-    """CPU seconds of every live process in process group ``pgid``, all together."""
-    return sum(group_cpu_by_name(pgid).values())
 
 
 def peer_cpu_seconds(cl: "Cluster") -> tuple[dict[str, float], dict[str, float]]:
