@@ -24,14 +24,17 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any
+from urllib.parse import quote
 
 import kubernetes.client
+import orjson
 from kubernetes.client.exceptions import ApiException
 
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, RecordTrust
 
 from .errors import BindError, BindOutcomeUnknown
 from .kube import api_message, read_json
+from .kube_post import DirectPoster, direct_poster
 
 log = logging.getLogger("stowage.kube")
 
@@ -50,8 +53,11 @@ class KubeBinder:
     """Binds pods through the API server; the ``Binder`` of :mod:`extender.service` in Kubernetes mode."""
 
     def __init__(self, api_client: kubernetes.client.ApiClient, request_timeout_s: float = 10.0,
-                 readback_attempts: int = 3, readback_delay_s: float = 0.2, trust: RecordTrust | None = None) -> None:
+                 readback_attempts: int = 3, readback_delay_s: float = 0.2, trust: RecordTrust | None = None,
+                 direct: bool = True) -> None:
         self.core = kubernetes.client.CoreV1Api(api_client)
+        # The Binding's fast path (extender/kube_post.py); None: the client's own path.
+        self.poster: DirectPoster | None = direct_poster(api_client) if direct else None
         self.trust = trust or RecordTrust()   # signs the records it writes when the cluster has a key
         self.timeout = request_timeout_s
         self.readback_attempts = max(1, readback_attempts)
@@ -99,6 +105,18 @@ class KubeBinder:
     # ------------------------------------------------------------------ steps
     def _binding(self, namespace: str, name: str, uid: str, node: str, record_value: str | None) -> None:
         annotations = {ALLOCATION_ANNOTATION: record_value} if record_value is not None else None
+        if self.poster is not None:
+            # The document the client would send (it drops None fields) for the same V1Binding.
+            meta: dict[str, Any] = {"name": name, "namespace": namespace}
+            if uid:
+                meta["uid"] = uid
+            if annotations is not None:
+                meta["annotations"] = annotations
+            doc = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+                   "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+            path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding"
+            self.poster.post(path, orjson.dumps(doc), self.timeout)
+            return
         body = kubernetes.client.V1Binding(
             metadata=kubernetes.client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None,
                                                     annotations=annotations),

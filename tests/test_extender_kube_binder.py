@@ -15,10 +15,19 @@ from stowage.resources import GpuRequest
 GiB = 1024
 
 
-@pytest.fixture
-def kube():
+@pytest.fixture(params=[True, False], ids=["direct-post", "client"])
+def kube(request):
+    """The fake API server; every test runs with the Binding's fast path (extender/kube_post.py)
+    and with the ``kubernetes`` client's path it replaces: both must behave the same."""
     with FakeKube(bookmark_interval=3600) as k:
+        k.direct = request.param
         yield k
+
+
+def make_binder(kube: FakeKube, **kw) -> KubeBinder:
+    b = KubeBinder(kube.api_client(), direct=kube.direct, **kw)
+    assert (b.poster is not None) == kube.direct
+    return b
 
 
 def record(node: str, cards: list[int], mem: int = 80 * GiB, core: int = 1000, whole: bool = True) -> AllocationRecord:
@@ -34,7 +43,7 @@ def test_bind_is_one_binding_that_carries_the_record(kube):
     update that sets spec.nodeName, so the record and the binding exist together or not at all."""
     p = kube.create_pod(make_pod("p", gpus=2))
     rec = record("n1", [0, 3])
-    KubeBinder(kube.api_client()).bind("default", "p", p["metadata"]["uid"], "n1", rec)
+    make_binder(kube).bind("default", "p", p["metadata"]["uid"], "n1", rec)
     pod = kube.get_pod("default", "p")
     assert pod["spec"]["nodeName"] == "n1"
     assert decode_allocation(pod["metadata"]["annotations"][ALLOCATION_ANNOTATION]) == rec
@@ -47,7 +56,7 @@ def test_bind_is_one_binding_that_carries_the_record(kube):
 
 def test_bind_without_gpu_record_only_binds(kube):
     p = kube.create_pod(make_pod("cpu-only"))
-    KubeBinder(kube.api_client()).bind("default", "cpu-only", p["metadata"]["uid"], "n2", None)
+    make_binder(kube).bind("default", "cpu-only", p["metadata"]["uid"], "n2", None)
     assert kube.get_pod("default", "cpu-only")["spec"]["nodeName"] == "n2"
     assert annotation(kube, "cpu-only") is None
 
@@ -55,7 +64,7 @@ def test_bind_without_gpu_record_only_binds(kube):
 def test_binding_conflict_removes_the_record_and_raises(kube):
     p = kube.create_pod(make_pod("p", gpus=1, node="elsewhere"))
     with pytest.raises(BindError) as err:
-        KubeBinder(kube.api_client()).bind("default", "p", p["metadata"]["uid"], "n1", record("n1", [1]))
+        make_binder(kube).bind("default", "p", p["metadata"]["uid"], "n1", record("n1", [1]))
     assert 'already assigned to node "elsewhere"' in str(err.value)
     assert annotation(kube, "p") is None
     assert kube.get_pod("default", "p")["spec"]["nodeName"] == "elsewhere"
@@ -65,7 +74,7 @@ def test_binding_server_error_removes_the_record_with_the_api_message(kube):
     p = kube.create_pod(make_pod("p", gpu_memory=8))
     kube.fail_next(1, status=500, path="/binding$")
     with pytest.raises(BindError, match=r"injected failure \(500\)"):
-        KubeBinder(kube.api_client()).bind("default", "p", p["metadata"]["uid"], "n1",
+        make_binder(kube).bind("default", "p", p["metadata"]["uid"], "n1",
                                            record("n1", [0], mem=8 * GiB, core=0, whole=False))
     pod = kube.get_pod("default", "p")
     assert annotation(kube, "p") is None and not pod["spec"].get("nodeName")
@@ -76,7 +85,7 @@ def test_uid_precondition_protects_a_recreated_pod(kube):
     kube.delete_pod("default", "p")
     kube.create_pod(make_pod("p", gpus=1))  # same name, new uid
     with pytest.raises(BindError, match="re-created"):
-        KubeBinder(kube.api_client()).bind("default", "p", old["metadata"]["uid"], "n1", record("n1", [0]))
+        make_binder(kube).bind("default", "p", old["metadata"]["uid"], "n1", record("n1", [0]))
     pod = kube.get_pod("default", "p")
     assert annotation(kube, "p") is None and not pod["spec"].get("nodeName")
     assert [m for m, _, _ in kube.requests][:1] == ["POST"]  # the Binding's uid precondition refused it
@@ -84,13 +93,13 @@ def test_uid_precondition_protects_a_recreated_pod(kube):
 
 def test_missing_pod_is_a_bind_error(kube):
     with pytest.raises(BindError, match="not found"):
-        KubeBinder(kube.api_client()).bind("default", "ghost", "", "n1", record("n1", [0]))
+        make_binder(kube).bind("default", "ghost", "", "n1", record("n1", [0]))
 
 
 def test_a_retried_bind_of_an_already_bound_pod_succeeds(kube):
     """The first Binding went through but its answer was lost: the retry sees 409, reads back, succeeds."""
     p = kube.create_pod(make_pod("p", gpus=1))
-    b = KubeBinder(kube.api_client())
+    b = make_binder(kube)
     rec = record("n1", [2])
     b.bind("default", "p", p["metadata"]["uid"], "n1", rec)
     b.bind("default", "p", p["metadata"]["uid"], "n1", rec)
@@ -105,7 +114,7 @@ def test_a_failed_binding_writes_nothing(kube):
     kube.fail_next(1, status=500, path="/binding$")
     before = len(kube.requests)
     with pytest.raises(BindError, match=r"injected failure \(500\)"):
-        KubeBinder(kube.api_client()).bind("default", "p", p["metadata"]["uid"], "n1", record("n1", [0]))
+        make_binder(kube).bind("default", "p", p["metadata"]["uid"], "n1", record("n1", [0]))
     assert annotation(kube, "p") == other
     assert [m for m, _, _ in kube.requests[before:]] == ["POST", "GET"]  # the Binding, then the read-back
 
@@ -115,7 +124,7 @@ def test_bound_there_without_our_record_is_not_a_success(kube):
     of ours on it): the device plugin would find no cards for it, so this bind failed."""
     p = kube.create_pod(make_pod("p", gpus=1, node="n1"))
     with pytest.raises(BindError, match="without this allocation record"):
-        KubeBinder(kube.api_client()).bind("default", "p", p["metadata"]["uid"], "n1", record("n1", [0]))
+        make_binder(kube).bind("default", "p", p["metadata"]["uid"], "n1", record("n1", [0]))
     assert annotation(kube, "p") is None
 
 
@@ -123,7 +132,7 @@ def test_lost_answer_of_a_binding_that_went_through_is_a_success(kube):
     """The connection breaks after the API server applied the Binding: the read-back finds the pod
     bound to our node with our record."""
     p = kube.create_pod(make_pod("p", gpus=1))
-    binder = KubeBinder(kube.api_client())
+    binder = make_binder(kube)
     real_binding = binder._binding
 
     def binding_then_lost(*args, **kw):
@@ -176,7 +185,7 @@ def test_restart_rebuilds_exactly_the_same_model(kube):
     try:
         kube.wait_for(lambda: first.ready()[0])
         model = first.model
-        binder = KubeBinder(kube.api_client())
+        binder = make_binder(kube)
         asks = [("train", GpuRequest(gpus=2)), ("infer-1", GpuRequest(mem_mib=10 * GiB, core_milli=300)),
                 ("infer-2", GpuRequest(mem_mib=20 * GiB, core_milli=500)), ("one", GpuRequest(gpus=1)),
                 ("infer-3", GpuRequest(mem_mib=30 * GiB)), ("big", GpuRequest(gpus=2)),
@@ -235,7 +244,7 @@ def test_unknown_outcome_is_said_and_a_refusal_is_not(kube):
     """Lost answer and the pod unreadable: maybe bound (BindOutcomeUnknown: the service keeps the
     cards). A 4xx refusal with the pod unreadable: nothing was applied (a plain BindError)."""
     p = kube.create_pod(make_pod("p", gpus=1))
-    binder = KubeBinder(kube.api_client(), readback_attempts=1, readback_delay_s=0)
+    binder = make_binder(kube, readback_attempts=1, readback_delay_s=0)
 
     def unreadable(namespace, name):
         raise ConnectionRefusedError("API server unreachable")
@@ -254,3 +263,98 @@ def test_unknown_outcome_is_said_and_a_refusal_is_not(kube):
     with pytest.raises(BindError) as err:
         binder.bind("default", "p", p["metadata"]["uid"], "n1", record("n1", [0]))
     assert not isinstance(err.value, BindOutcomeUnknown)
+
+
+# ----------------------------------------------------------------- the Binding's fast path
+@pytest.fixture
+def fake():
+    with FakeKube(bookmark_interval=3600) as k:
+        k.direct = True
+        yield k
+
+
+def test_the_fast_path_sends_the_document_the_client_sends(fake):
+    """The same Binding through both paths: the same URL, the same JSON document (the client
+    leaves out what is None and sends no apiVersion/kind for a V1Binding: the API server fills
+    those in), so the API server cannot tell them apart."""
+    kube = fake
+    rec = record("n1", [1, 2])
+    sent = []
+    for direct in (True, False):
+        p = kube.create_pod(make_pod(f"p{int(direct)}", gpus=2))
+        KubeBinder(kube.api_client(), direct=direct).bind("default", f"p{int(direct)}", p["metadata"]["uid"], "n1", rec)
+        body = kube.bodies[-1]
+        body.pop("apiVersion", None)
+        body.pop("kind", None)
+        for key in ("name", "uid"):
+            body["metadata"].pop(key)
+        sent.append((kube.requests[-1][1].replace(f"p{int(direct)}", "P"), body))
+    assert sent[0] == sent[1]
+
+
+def test_a_kept_alive_connection_the_server_closed_is_replaced(fake):
+    """The API server closes idle connections: the next Binding is sent again on a new connection
+    and is applied once."""
+    import socket
+
+    kube = fake
+    b = make_binder(kube)
+    real_connect = b.poster._connect
+    connects = []
+    b.poster._connect = lambda timeout: connects.append(timeout) or real_connect(timeout)
+    first = kube.create_pod(make_pod("a", gpus=1))
+    b.bind("default", "a", first["metadata"]["uid"], "n1", record("n1", [0]))
+    conn = b.poster._local.conn
+    assert conn is not None and conn.sock is not None  # kept alive
+    ours, theirs = socket.socketpair()
+    theirs.close()                 # what a server that closed the connection looks like
+    conn.sock.close()
+    conn.sock = ours
+    p = kube.create_pod(make_pod("b", gpus=1))
+    before = len(kube.requests)
+    b.bind("default", "b", p["metadata"]["uid"], "n1", record("n1", [1]))
+    assert kube.get_pod("default", "b")["spec"]["nodeName"] == "n1"
+    assert [m for m, _, _ in kube.requests[before:]] == ["POST"]   # applied once, no read-back needed
+    assert len(connects) == 2                                        # the first, then the new one
+
+
+def test_the_fast_path_reads_the_credentials_each_request(fake):
+    """A refreshed token (the service account's projected token, an exec plugin's) is used from the
+    next Binding on, as the client would: the header comes from the configuration each time."""
+    kube = fake
+    api = kube.api_client()
+    tokens = iter(["Bearer one", "Bearer two"])
+    api.configuration.api_key = {"authorization": "x"}
+    api.configuration.refresh_api_key_hook = lambda cfg: cfg.api_key.update(authorization=next(tokens))
+    b = KubeBinder(api)
+    seen = []
+    real = b.poster._headers
+
+    def spy():
+        h = real()
+        seen.append(h.get("authorization"))
+        return h
+
+    b.poster._headers = spy
+    for name in ("a", "b"):
+        p = kube.create_pod(make_pod(name, gpus=1))
+        b.bind("default", name, p["metadata"]["uid"], "n1", record("n1", [0]))
+    assert seen == ["Bearer one", "Bearer two"]
+
+
+def test_settings_the_fast_path_does_not_implement_keep_the_clients_path():
+    """A proxy or a TLS server-name override: the binder keeps the client's own path."""
+    import kubernetes.client
+
+    from extender.kube_post import direct_poster
+
+    for setting in ({"proxy": "http://proxy:3128"}, {"tls_server_name": "kubernetes"},
+                    {"assert_hostname": False}):
+        cfg = kubernetes.client.Configuration()
+        cfg.host = "https://10.0.0.1:6443"
+        for k, v in setting.items():
+            setattr(cfg, k, v)
+        assert direct_poster(kubernetes.client.ApiClient(cfg)) is None, setting
+    cfg = kubernetes.client.Configuration()
+    cfg.host = "https://10.0.0.1:6443"
+    assert direct_poster(kubernetes.client.ApiClient(cfg)) is not None
