@@ -151,11 +151,13 @@ def replay_service(model: ClusterModel, placer: Placer, base: PodPolicy) -> Exte
 
 
 def replay(nodes: Nodes, pods: Pods, policy: str, seed: int, *, limit: int | None = None,
-           inflate: float = INFLATE, placements: list | None = None) -> SeedRun:
+           inflate: float = INFLATE, placements: list | None = None, model: ClusterModel | None = None) -> SeedRun:
     """Run one seed of one policy; ``limit`` caps the number of arriving pods (smoke runs).
-    ``placements`` (a list) gets each pod's (node, card slots), or None when it failed."""
+    ``placements`` (a list) gets each pod's (node, card slots), or None when it failed.
+    ``model``: the empty cluster to replay into (``build_cluster(nodes)`` when None), for a
+    caller that looks at the cluster afterwards (:mod:`.anatomy`)."""
     t0 = time.perf_counter()
-    model = build_cluster(nodes)
+    model = build_cluster(nodes) if model is None else model
     capacity = nodes.total_gpu_milli
     order = arrival_order(pods, capacity, seed, inflate)
     if limit is not None:
