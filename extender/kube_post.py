@@ -16,8 +16,9 @@ would use it. Settings this path does not implement (a proxy, a TLS server name 
 override) make :func:`direct_poster` answer None, and the binder keeps the client's path.
 
 Connections: one per thread (binds run on several threads), kept alive between requests. A
-connection the API server closed while idle fails on its next request before any answer; that
-request is sent once more on a new connection. Re-sending is safe for a Binding: if the first one
+connection idle for more than ``MAX_IDLE_S`` is replaced before use (the API server closes idle
+connections); one the API server closed anyway fails on its next request before any answer, and
+that request is sent once more on a new connection. Re-sending is safe for a Binding: if the first one
 was applied after all, the second is refused (409, the pod is already bound) and the binder's
 read-back finds the pod bound to our node with our record (:mod:`extender.kube_binder`).
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 import http.client
 import ssl
 import threading
+import time
 import urllib.parse
 from typing import Any
 
@@ -34,7 +36,10 @@ from kubernetes.client.exceptions import ApiException
 # Failures of a kept-alive connection that mean "closed by the server while idle": nothing was
 # answered, so the request is sent once more on a new connection.
 STALE_CONNECTION = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError,
-                    ConnectionAbortedError, http.client.CannotSendRequest)
+                    ConnectionAbortedError, http.client.CannotSendRequest, ssl.SSLEOFError, ssl.SSLZeroReturnError)
+# A connection idle this long is replaced before use rather than tried: kube-apiserver closes idle
+# connections (Go's http.Server IdleTimeout), and a request on one it closed costs a failed try.
+MAX_IDLE_S = 30.0
 
 
 class DirectPoster:
@@ -70,6 +75,11 @@ class DirectPoster:
         headers = self._headers()
         url = self.base_path + path
         conn = getattr(self._local, "conn", None)
+        now = time.monotonic()
+        if conn is not None and now - getattr(self._local, "used", now) > MAX_IDLE_S:
+            conn.close()
+            conn = self._local.conn = None
+        self._local.used = now
         for attempt in (0, 1):
             fresh = conn is None
             if fresh:

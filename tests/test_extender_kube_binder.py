@@ -358,3 +358,21 @@ def test_settings_the_fast_path_does_not_implement_keep_the_clients_path():
     cfg = kubernetes.client.Configuration()
     cfg.host = "https://10.0.0.1:6443"
     assert direct_poster(kubernetes.client.ApiClient(cfg)) is not None
+
+
+def test_a_connection_idle_too_long_is_replaced_before_use(fake, monkeypatch):
+    """kube-apiserver closes idle connections: one idle past MAX_IDLE_S is not even tried."""
+    from extender import kube_post
+
+    kube = fake
+    b = make_binder(kube)
+    real_connect = b.poster._connect
+    connects = []
+    b.poster._connect = lambda timeout: connects.append(timeout) or real_connect(timeout)
+    clock = [1000.0]
+    monkeypatch.setattr(kube_post.time, "monotonic", lambda: clock[0])
+    for name, dt in (("a", 0.0), ("b", 1.0), ("c", kube_post.MAX_IDLE_S + 1)):
+        clock[0] += dt
+        p = kube.create_pod(make_pod(name, gpus=1))
+        b.bind("default", name, p["metadata"]["uid"], "n1", record("n1", [0]))
+    assert len(connects) == 2   # a: new; b: kept alive; c: idle too long, replaced
