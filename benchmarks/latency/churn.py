@@ -21,14 +21,23 @@ from collections import deque
 from typing import Any
 
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, encode_allocation
+from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
 
 def _pod(j: int, node: str, card: int, uuid: str, mem_mib: int, core_milli: int) -> dict[str, Any]:
+    """A running pod with the slice it asks for booked on ``card`` of ``node``. Its request must be
+    what the record books (``mem_mib`` in whole units of DEFAULT_MEMORY_UNIT_MIB, ``core_milli`` in
+    tenths of a percent): the feeder refuses a record that does not match its pod's request, and
+    the event would then change no card."""
+    assert mem_mib % DEFAULT_MEMORY_UNIT_MIB == 0 and core_milli % 10 == 0
     rec = AllocationRecord(node=node, whole=False,
                            cards=(CardShare(index=card, uuid=uuid, memory_mib=mem_mib, core_milli=core_milli),))
+    limits = {"nvidia.com/gpu-memory": str(mem_mib // DEFAULT_MEMORY_UNIT_MIB),
+              "nvidia.com/gpu-core": str(core_milli // 10)}
     return {"metadata": {"name": f"churn-{j}", "namespace": "churn", "uid": f"churn-uid-{j}",
                          "annotations": {ALLOCATION_ANNOTATION: encode_allocation(rec)}},
-            "spec": {"nodeName": node}, "status": {"phase": "Running"}}
+            "spec": {"nodeName": node, "containers": [{"name": "main", "resources": {"limits": limits}}]},
+            "status": {"phase": "Running"}}
 
 
 class Churn:
