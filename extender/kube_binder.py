@@ -104,25 +104,21 @@ class KubeBinder:
 
     # ------------------------------------------------------------------ steps
     def _binding(self, namespace: str, name: str, uid: str, node: str, record_value: str | None) -> None:
-        annotations = {ALLOCATION_ANNOTATION: record_value} if record_value is not None else None
+        """Create the pod's Binding. One document for both paths: the fast path posts its bytes,
+        the client's path (kept where the fast path does not apply) sends it as a V1Binding."""
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        if uid:
+            meta["uid"] = uid
+        if record_value is not None:
+            meta["annotations"] = {ALLOCATION_ANNOTATION: record_value}
+        doc = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+               "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         if self.poster is not None:
-            # The document the client would send (it drops None fields) for the same V1Binding.
-            meta: dict[str, Any] = {"name": name, "namespace": namespace}
-            if uid:
-                meta["uid"] = uid
-            if annotations is not None:
-                meta["annotations"] = annotations
-            doc = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
-                   "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
             path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding"
             self.poster.post(path, orjson.dumps(doc), self.timeout)
             return
-        body = kubernetes.client.V1Binding(
-            metadata=kubernetes.client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None,
-                                                    annotations=annotations),
-            target=kubernetes.client.V1ObjectReference(api_version="v1", kind="Node", name=node))
-        _drain(self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False,
-                                                       _request_timeout=self.timeout))
+        _drain(self.core.create_namespaced_pod_binding(name, namespace, kubernetes.client.V1Binding.from_dict(doc),
+                                                       _preload_content=False, _request_timeout=self.timeout))
 
     def _read(self, namespace: str, name: str) -> dict | None:
         try:

@@ -128,12 +128,11 @@ def direct_poster(api_client: Any) -> DirectPoster | None:
     https = url.scheme == "https"
     context = None
     if https:
-        context = ssl.create_default_context()
-        if cfg.verify_ssl:
-            if cfg.ssl_ca_cert or getattr(cfg, "ca_cert_data", None):
-                context = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None,
-                                                     cadata=getattr(cfg, "ca_cert_data", None) or None)
+        if cfg.verify_ssl:   # the client's CA (file or data), else the system's
+            context = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None,
+                                                 cadata=getattr(cfg, "ca_cert_data", None) or None)
         else:
+            context = ssl.create_default_context()
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
         if cfg.cert_file:
