@@ -45,8 +45,9 @@ def test_failed_pods_are_counted_by_kind():
 
 
 def test_kinds():
-    assert [pod_kind(0, 0), pod_kind(1, 500), pod_kind(1, 1000), pod_kind(8, 1000)] == \
-        ["cpu-only", "share", "1-gpu", "8-gpu"]
+    rows = Pods(name="k", cpu_milli=np.full(4, 1000), memory_mib=np.ones(4, np.int64),
+                num_gpu=np.array([0, 1, 1, 8]), gpu_milli=np.array([0, 500, 1000, 1000]), gpu_spec=("",) * 4)
+    assert [pod_kind(rows.request(j)) for j in range(4)] == ["cpu-only", "share", "1-gpu", "8-gpu"]
 
 
 def test_cli_names_an_unknown_policy(capsys):

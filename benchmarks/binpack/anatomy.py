@@ -26,20 +26,23 @@ from pathlib import Path
 
 import numpy as np
 
+from stowage.resources import GpuRequest
+
 from .replay import INFLATE, arrival_order, build_cluster, replay
-from .trace import Nodes, Pods, TraceError, data_dir, load_nodes, trace_name
+from .trace import Nodes, Pods, TraceError, data_dir, load_nodes
 from .variants import load_trace
 
 MILLI = 1000
 
 
-def pod_kind(num_gpu: int, gpu_milli: int) -> str:
-    """``cpu-only``, ``share`` (part of one card) or ``N-gpu`` (N whole cards)."""
-    if num_gpu == 0 or gpu_milli == 0:
-        return "cpu-only"
-    if num_gpu == 1 and gpu_milli < MILLI:
+def pod_kind(req: GpuRequest) -> str:
+    """``cpu-only``, ``share`` (part of one card) or ``N-gpu`` (N whole cards), as the extender
+    reads the pod's request (:meth:`.trace.Pods.request`)."""
+    if req.is_shared:
         return "share"
-    return f"{num_gpu}-gpu"
+    if req.is_whole:
+        return f"{req.gpus}-gpu"
+    return "cpu-only"
 
 
 @dataclass
@@ -103,13 +106,14 @@ def anatomy(nodes: Nodes, pods: Pods, policy: str, seed: int, arrived_pct: float
     model = build_cluster(nodes)
     placements: list = []
     replay(nodes, pods, policy, seed, limit=limit, inflate=inflate, placements=placements, model=model)
+    came = order[:limit]   # the pods that arrived, in arrival order
     failed: Counter = Counter()
     failed_milli: Counter = Counter()
     arrived = 0
-    for j, placed in zip(order[:limit].tolist(), placements):
+    for j, placed in zip(came.tolist(), placements):
         arrived += int(pods.milli[j])
         if placed is None:
-            kind = pod_kind(int(pods.num_gpu[j]), int(pods.gpu_milli[j]))
+            kind = pod_kind(pods.request(j))
             failed[kind] += 1
             failed_milli[kind] += int(pods.milli[j])
     # What each card holds: the slices (memory units = milli-cards of a trace card) of share pods.
@@ -121,8 +125,7 @@ def anatomy(nodes: Nodes, pods: Pods, policy: str, seed: int, arrived_pct: float
     a = model.a
     rows: dict[int, GapRow] = {}
     free_fed = free_starved = 0
-    whole1 = (pods.num_gpu[order[:limit]] == 1) & (pods.gpu_milli[order[:limit]] >= MILLI)
-    seen = order[:limit][whole1]
+    seen = came[(pods.num_gpu[came] == 1) & (pods.gpu_milli[came] >= MILLI)]   # 1-GPU pods
     min_cpu = float(pods.cpu_milli[seen].min()) if len(seen) else 0.0
     min_mem = float(pods.memory_mib[seen].min()) if len(seen) else 0.0
     for i, name in enumerate(model.names):
