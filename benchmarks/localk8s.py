@@ -304,14 +304,17 @@ class ExtenderProc:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def argv(self) -> list[str]:
+        """The command line: ``stowage extender`` in kube mode on this cluster and port."""
+        exe = Path(sys.executable).with_name("stowage")
+        return [str(exe) if exe.exists() else sys.executable, *([] if exe.exists() else ["-m", "stowage.cli"]),
+                "extender", "--kubeconfig", str(self.k8s.kubeconfig), "--bind", f"127.0.0.1:{self.port}",
+                *self.args]
+
     def start(self, wait_ready: bool = True) -> "ExtenderProc":
         if not self.port:
             self.port = free_port()
-        exe = Path(sys.executable).with_name("stowage")
-        argv = [str(exe) if exe.exists() else sys.executable, *([] if exe.exists() else ["-m", "stowage.cli"]),
-                "extender", "--kubeconfig", str(self.k8s.kubeconfig), "--bind", f"127.0.0.1:{self.port}",
-                *self.args]
-        self.proc = Proc(self.name, argv, self.k8s.dir / f"{self.name}.log").start()
+        self.proc = Proc(self.name, self.argv(), self.k8s.dir / f"{self.name}.log").start()
         if wait_ready:
             self.wait_ready()
         return self
@@ -336,6 +339,17 @@ class ExtenderProc:
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.stop()
+
+
+@dataclass
+class FloorExtenderProc(ExtenderProc):
+    """The do-nothing extender (:mod:`benchmarks.latency.floor`) as an extender of this cluster:
+    filter keeps the first node it is sent, bind creates the Binding; ``args`` adds options
+    (e.g. ``--workers 2``)."""
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "benchmarks.latency.floor", "--keep-first",
+                "--kubeconfig", str(self.k8s.kubeconfig), "--bind", f"127.0.0.1:{self.port}", *self.args]
 
 
 def json_patch_status(k8s: LocalK8s, node: str, status: dict) -> None:

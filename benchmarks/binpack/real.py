@@ -32,7 +32,10 @@ bound later.
 
 ``--burst N`` also times N GPU pods of the trace created at once on a fresh cluster, with the
 extender and with plain kube-scheduler in the same run (pods/s from the first create to the
-last pod settled). See docs/binpack.md, "Real-scheduler mode".
+last pod settled). ``--burst-floor`` adds a third: kube-scheduler with the do-nothing extender
+(:mod:`benchmarks.latency.floor`: served like Stowage's, no model, filter keeps the first node,
+bind creates the Binding), the bound of the extender / plain ratio for any extender served this
+way. See docs/binpack.md, "Real-scheduler mode".
 """
 from __future__ import annotations
 
@@ -58,8 +61,8 @@ import numpy as np
 import yaml
 from tqdm import tqdm
 
-from benchmarks.localk8s import (ApiSession, ExtenderProc, LocalK8s, SCHEDULER_CONFIG, free_port,
-                                 missing_for_control_plane, scheduler_config_for_test, wait_until)
+from benchmarks.localk8s import (ApiSession, ExtenderProc, FloorExtenderProc, LocalK8s, SCHEDULER_CONFIG,
+                                 free_port, missing_for_control_plane, scheduler_config_for_test, wait_until)
 from extender.split import DECIDER_NAME, HTTP_WORKER_NAME
 from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
 from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
@@ -73,7 +76,11 @@ from .trace import DEFAULT_TRACE, Nodes, Pods, TraceError, data_dir, load_nodes,
 log = logging.getLogger("binpack.real")
 
 MODES = ("stowage", "plain")
-MODE_LABEL = {"stowage": "stowage-real", "plain": "kube-sched-plain", "simulated": "stowage-simulated"}
+# A burst-only mode (--burst-floor): kube-scheduler with the do-nothing extender of
+# benchmarks/latency/floor.py; its pods are the stowage mode's.
+FLOOR = "floor"
+MODE_LABEL = {"stowage": "stowage-real", "plain": "kube-sched-plain", "simulated": "stowage-simulated",
+              FLOOR: "floor-extender"}
 ROW_ORDER = ["stowage-simulated", "stowage-real", "kube-sched-plain"]
 MEMORY_UNIT_MIB = 1               # the fake device plugin's unit: one nvidia.com/gpu-memory = 1 MiB
 CORE_PCT_PER_CARD = 100
@@ -303,6 +310,10 @@ class Cluster:
                                          args=("--workers", str(self.opts.workers), "--log-level", "warning",
                                                "--memory-unit-mib", str(MEMORY_UNIT_MIB))).start()
             self.wait_extender_knows_nodes()
+            cfg = scheduler_config_for_test(self.extender.url)
+        elif self.mode == FLOOR:
+            self.extender = FloorExtenderProc(self.k8s, port=free_port(), name="floor-extender",
+                                              args=("--workers", str(self.opts.workers))).start()
             cfg = scheduler_config_for_test(self.extender.url)
         else:
             cfg = scheduler_config_for_test("http://127.0.0.1:1", extra=lambda c: c.pop("extenders"))
@@ -553,7 +564,9 @@ def burst(nodes: Nodes, pods: Pods, mode: str, n: int, seed: int, opts: RunOptio
     on a fresh cluster; timed from the first create until the last one is bound or refused."""
     order = [int(j) for j in arrival_order(pods, nodes.total_gpu_milli, seed) if pods.milli[int(j)] > 0][:n]
     gpu_sched, cpu_sched = scheduler_name(), cpu_scheduler_name()
-    bodies = [pod_body(pods, j, f"burst-{e:04d}", mode, gpu_sched, cpu_sched) for e, j in enumerate(order)]
+    # the floor's pods are Stowage's (the same requests, the same bytes): it only measures the hop
+    body_mode = "stowage" if mode == FLOOR else mode
+    bodies = [pod_body(pods, j, f"burst-{e:04d}", body_mode, gpu_sched, cpu_sched) for e, j in enumerate(order)]
     with Cluster(nodes, mode, opts) as cl:
         watch = PodWatch(cl.api, NAMESPACE)
         sched_log = cl.k8s.scheduler.log_path
@@ -660,10 +673,10 @@ def _metric_sums(text: str, names: tuple[str, ...]) -> dict[str, float]:
     return out
 
 
-def burst_ratios(bursts: list[BurstRun]) -> list[float]:
-    """Extender / plain pods/s in %, one per round: the i-th stowage burst against the i-th plain
-    one (the rounds run them back to back)."""
-    ext = [b for b in bursts if b.mode == "stowage"]
+def burst_ratios(bursts: list[BurstRun], mode: str = "stowage") -> list[float]:
+    """``mode`` / plain pods/s in %, one per round: the i-th burst of ``mode`` against the i-th
+    plain one (the rounds run them back to back)."""
+    ext = [b for b in bursts if b.mode == mode]
     plain = [b for b in bursts if b.mode == "plain"]
     return [100 * e.pods_per_s / p.pods_per_s for e, p in zip(ext, plain) if p.pods_per_s]
 
@@ -802,12 +815,13 @@ class Report:
                 if b.bind_retries:
                     lines.append(f"      {b.bind_retries} scheduling attempts failed and were retried (kube-scheduler's log: "
                                  f"e.g. a bind refused because the card was taken by a bind in flight)")
-            ratios = burst_ratios(bursts)
-            if len(ratios) == 1:
-                lines.append(f"  extender / plain: {ratios[0]:.0f} %")
-            elif ratios:
-                lines.append(f"  extender / plain, {len(ratios)} rounds: median {float(np.median(ratios)):.0f} % "
-                             f"(each round: {', '.join(f'{r:.0f}' for r in ratios)} %)")
+            for mode, what in (("stowage", "extender"), (FLOOR, "do-nothing extender")):
+                ratios = burst_ratios(bursts, mode)
+                if len(ratios) == 1:
+                    lines.append(f"  {what} / plain: {ratios[0]:.0f} %")
+                elif ratios:
+                    lines.append(f"  {what} / plain, {len(ratios)} rounds: median {float(np.median(ratios)):.0f} % "
+                                 f"(each round: {', '.join(f'{r:.0f}' for r in ratios)} %)")
         problems = [p for r in runs for p in r.problems]
         if problems:
             lines.append(f"\nCONSISTENCY PROBLEMS ({len(problems)}):\n  " + "\n  ".join(problems[:20]))
@@ -815,6 +829,7 @@ class Report:
                 "until_arrived_pct": args.until, "jobs": args.jobs, "complete": final,
                 "node_stride": args.node_stride, "nodes": len(self.nodes.names), "gpus": int(self.nodes.gpus.sum()),
                 "extender_workers": args.workers, "burst_rounds": args.burst_rounds if args.burst else 0,
+                "burst_floor": bool(args.burst and args.burst_floor),
                 "wall_seconds": round(time.monotonic() - self.t0, 1),
                 "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}",
                 "kubernetes": "v1.28.7 (../shared/k8s)", "scheduler_config": "scheduler-config/scheduler-config.yaml",
@@ -924,6 +939,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--burst-rounds", type=int, default=1, metavar="K",
                    help="time the burst K times in each mode, alternating which goes first, and report the "
                         "median ratio (one burst's ratio moves by 10 points from run to run on a shared machine)")
+    p.add_argument("--burst-floor", action="store_true",
+                   help="also time the burst with the do-nothing extender (benchmarks/latency/floor.py: no model, "
+                        "filter keeps the first node, bind creates the Binding): the ratio any extender served "
+                        "this way could reach")
     p.add_argument("--no-replay", action="store_true", help="only the burst")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: seed 42, every 6th node, the first 400 pods, a burst of 100")
@@ -1036,7 +1055,8 @@ def main(argv: list[str] | None = None) -> int:
             for rnd in range(args.burst_rounds):
                 # Rounds alternate which mode goes first, so that a machine slowly getting busier
                 # or quieter does not favour one of them.
-                for mode in (modes if rnd % 2 == 0 else modes[::-1]):
+                burst_modes = modes + [FLOOR] if args.burst_floor else modes
+                for mode in (burst_modes if rnd % 2 == 0 else burst_modes[::-1]):
                     b = burst(nodes, pods, mode, args.burst, args.seeds[0], opts)
                     bursts.append(b)
                     log.info("burst %s (round %d of %d): %d pods, %d bound, %d unschedulable, %d no answer in %.1fs "

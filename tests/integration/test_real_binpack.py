@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from benchmarks.binpack.cli import subset
-from benchmarks.binpack.real import RunOptions, arrivals, replay_real
+from benchmarks.binpack.real import FLOOR, RunOptions, arrivals, burst, replay_real
 from benchmarks.binpack.replay import binned, replay
 from benchmarks.binpack.trace import Pods, data_dir, load_nodes, load_pods
 from realk8s import _port_base, new_cluster_dir, require_control_plane
@@ -83,3 +83,13 @@ def test_real_replay_places_like_the_simulated_one_and_beats_plain_kube_schedule
     # a sharing pod takes a whole card without the extender: far less of the GPUs is used
     print(f"GPU allocation after {PODS} pods: real {real_pct:.2f} %, simulated {sim_pct:.2f} %, plain {plain_pct:.2f} %")
     assert plain_pct < real_pct - 5, (plain_pct, real_pct)
+
+
+@pytest.mark.timeout(180)
+def test_burst_floor_binds_every_pod_through_the_real_scheduler(trace: tuple) -> None:
+    """The burst's floor row (``--burst-floor``) is real: kube-scheduler calls the do-nothing
+    extender, which keeps one node and creates each Binding, and every pod ends bound."""
+    nodes, pods = trace
+    b = burst(nodes, pods, FLOOR, 30, SEED, options())
+    assert (b.bound, b.unschedulable, b.timeout, b.bind_retries) == (30, 0, 0, 0), b
+    assert b.cpu_seconds.get("extender", 0) > 0 and b.pods_per_s > 0
