@@ -403,13 +403,21 @@ class ExtenderService:
                 texts = path.reasons(self.model, feas, rows, req)
                 unres = feas.unres[rows]
             sel = np.flatnonzero(ok)
-            passing = entry.take(sel) if len(sel) < len(names) else names
-            path.remember_passing(self.model, entry, passing, idx[sel], sel)
             generation = self.model.generation
             ranks = None
+            # Nodes that nominated pods hold are taken out below, before the best are kept. With
+            # no pod nominated (the usual case) none are, so the best are kept here already and
+            # only their names are made, not a list of every node that fits.
+            nominated = self.marks.any_nominated()
             if self.filter_keeps == FILTER_KEEPS_BEST and len(sel) > 1:
                 # Step 2 here, on the same model as step 1: prioritize's 0..10 of each fitting node
                 ranks = self._ranks(feas, self.placers[policy.node], req, idx[sel])
+                if not nominated:
+                    best = ranks == ranks.max()
+                    if not best.all():
+                        sel, ranks = sel[best], ranks[best]
+            passing = entry.take(sel) if len(sel) < len(names) else names
+            path.remember_passing(self.model, entry, passing, idx[sel], sel)
         if not passing and self.on_refused is not None:
             self.on_refused(info.uid, info.namespace, info.name, generation)
         if unres.any():
@@ -420,7 +428,7 @@ class ExtenderService:
         for j in np.flatnonzero(~known):
             failed[names[j]] = UNKNOWN_NODE
         passing_nodes = None
-        held = self._held_for_nominees(info, pod_priority(args.pod), passing)
+        held = self._held_for_nominees(info, pod_priority(args.pod), passing) if nominated else {}
         if held:
             failed.update(held)
             keep = np.array([n not in held for n in passing], bool)
