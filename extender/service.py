@@ -410,12 +410,14 @@ class ExtenderService:
             # only their names are made, not a list of every node that fits.
             nominated = self.marks.any_nominated()
             if self.filter_keeps == FILTER_KEEPS_BEST and len(sel) > 1:
-                # Step 2 here, on the same model as step 1: prioritize's 0..10 of each fitting node
-                ranks = self._ranks(feas, self.placers[policy.node], req, idx[sel])
-                if not nominated:
-                    best = ranks == ranks.max()
+                # Step 2 here, on the same model as step 1.
+                placer = self.placers[policy.node]
+                if nominated:  # prioritize's 0..10 of each fitting node, to choose again below
+                    ranks = self._ranks(feas, placer, req, idx[sel])
+                else:
+                    best = self._best(feas, placer, req, idx[sel])
                     if not best.all():
-                        sel, ranks = sel[best], ranks[best]
+                        sel = sel[best]
             passing = entry.take(sel) if len(sel) < len(names) else names
             path.remember_passing(self.model, entry, passing, idx[sel], sel)
         if not passing and self.on_refused is not None:
@@ -451,6 +453,13 @@ class ExtenderService:
                 passing_nodes = [n for n in args.nodes if n["metadata"]["name"] in keep]
         return filter_answer(args, passing=passing, passing_nodes=passing_nodes,
                              failed=failed, unresolvable=unresolvable)
+
+    def _best(self, feas: Feasibility, placer: Placer, req: GpuRequest, rows: np.ndarray) -> np.ndarray:
+        """[len(rows)] bool: the feasible ``rows`` that :meth:`_ranks` gives 10
+        (:func:`packing.decide.best_mask`), without ranking the others."""
+        raw, inverse = self.path.scores(self.model, feas, placer, req, rows)
+        top = decide.best_mask(raw)
+        return top if inverse is None else top[inverse]
 
     def _ranks(self, feas: Feasibility, placer: Placer, req: GpuRequest, rows: np.ndarray) -> np.ndarray:
         """Prioritize's 0..10 for the feasible ``rows`` (under ``model.lock``, with their ``feas``)."""

@@ -94,6 +94,14 @@ def decide(a: CardArrays, models: Sequence[str], req: GpuRequest, policy: PodPol
     return i, choose_cards(placer, a, i, req, f, policy)
 
 
+def best_mask(raw: np.ndarray) -> np.ndarray:
+    """[n] bool: the raw scores that are the best to 1e-9 (compared as :func:`comparable`), i.e.
+    exactly those :func:`to_extender_scores` maps to 10 and among which :func:`best_node`
+    chooses; without ranking the others (the filter that answers only the best needs no more)."""
+    s = comparable(raw)
+    return s == s.max() if s.size else np.zeros(0, bool)
+
+
 def to_extender_scores(raw: np.ndarray) -> np.ndarray:
     """Map raw scores (higher better) to kube-scheduler's 0..MaxExtenderPriority integers.
 

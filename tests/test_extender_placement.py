@@ -260,3 +260,24 @@ def test_extender_scores_keep_the_placers_order_across_tiers():
     assert s[-1] == 10 and s[-11] == 0 and (s[:-11] == 0).all() and s[-10] == 1
     assert to_extender_scores(np.array([3.0, 3.0])).tolist() == [10, 10]
     assert to_extender_scores(np.array([])).tolist() == []
+
+
+def test_best_mask_is_exactly_the_nodes_ranked_10():
+    """The keep-best filter takes ``best_mask`` instead of ranking every fitting node: it must be
+    the very set prioritize scores 10, ties to 1e-9 (float noise), NaN (the worst) and -inf included."""
+    import numpy as np
+
+    from packing.decide import best_mask, to_extender_scores
+
+    rng = np.random.default_rng(7)
+    cases = [np.array([]), np.array([np.nan]), np.array([np.nan, np.nan]), np.array([-np.inf, np.nan]),
+             np.array([1.0, 1.0 + 1e-12, 1.0 - 1e-12, 0.5]), np.array([-1e5 - 0.5, 0.003, 0.001, -1e5, 0.003])]
+    for _ in range(300):
+        n = int(rng.integers(1, 60))
+        raw = rng.choice([0.0, 1.0, 2.5, -3.0, 1e5], n) + rng.choice([0.0, 1e-11, -1e-11, 0.1], n)
+        raw[rng.random(n) < 0.1] = np.nan
+        raw[rng.random(n) < 0.05] = -np.inf
+        cases.append(raw)
+    with np.errstate(over="ignore"):  # rounding -inf to 1e-9 says it overflowed; the value stays -inf
+        for raw in cases:
+            assert (best_mask(raw) == (to_extender_scores(raw) == 10)).all(), raw
