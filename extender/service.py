@@ -413,9 +413,9 @@ class ExtenderService:
                 # Step 2 here, on the same model as step 1.
                 placer = self.placers[policy.node]
                 if nominated:  # prioritize's 0..10 of each fitting node, to choose again below
-                    ranks = self._ranks(feas, placer, req, idx[sel])
+                    ranks = self._ranked(feas, placer, req, idx[sel])
                 else:
-                    best = self._best(feas, placer, req, idx[sel])
+                    best = self._ranked(feas, placer, req, idx[sel], decide.best_mask)
                     if not best.all():
                         sel = sel[best]
             passing = entry.take(sel) if len(sel) < len(names) else names
@@ -454,17 +454,15 @@ class ExtenderService:
         return filter_answer(args, passing=passing, passing_nodes=passing_nodes,
                              failed=failed, unresolvable=unresolvable)
 
-    def _best(self, feas: Feasibility, placer: Placer, req: GpuRequest, rows: np.ndarray) -> np.ndarray:
-        """[len(rows)] bool: the feasible ``rows`` that :meth:`_ranks` gives 10
-        (:func:`packing.decide.best_mask`), without ranking the others."""
+    def _ranked(self, feas: Feasibility, placer: Placer, req: GpuRequest, rows: np.ndarray,
+                rank: Callable[[np.ndarray], np.ndarray] = decide.to_extender_scores) -> np.ndarray:
+        """``rank`` of the placer's raw scores of the feasible ``rows`` (under ``model.lock``, with
+        their ``feas``), one per row: prioritize's 0..10 (:func:`packing.decide.to_extender_scores`)
+        or just which rows get the 10 (:func:`packing.decide.best_mask`). Ranks depend on the raw
+        values alone, so where the row cache gives one value per distinct row content, those few
+        are ranked and then spread to the rows."""
         raw, inverse = self.path.scores(self.model, feas, placer, req, rows)
-        top = decide.best_mask(raw)
-        return top if inverse is None else top[inverse]
-
-    def _ranks(self, feas: Feasibility, placer: Placer, req: GpuRequest, rows: np.ndarray) -> np.ndarray:
-        """Prioritize's 0..10 for the feasible ``rows`` (under ``model.lock``, with their ``feas``)."""
-        raw, inverse = self.path.scores(self.model, feas, placer, req, rows)
-        ranked = decide.to_extender_scores(raw)
+        ranked = rank(raw)
         return ranked if inverse is None else ranked[inverse]
 
     # ------------------------------------------------------------------------- prioritize
@@ -503,7 +501,7 @@ class ExtenderService:
                 feasible = known & feas.ok[np.where(known, idx, 0)]
                 fidx = idx[feasible]
                 if fidx.size:
-                    scores[feasible] = self._ranks(feas, self.placers[policy.node], req, fidx)
+                    scores[feasible] = self._ranked(feas, self.placers[policy.node], req, fidx)
         return names, scores, entry
 
     # ------------------------------------------------------------------------------- bind

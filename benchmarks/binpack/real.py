@@ -1052,10 +1052,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.burst:
             # first and alone: a burst timed beside replays would measure the replays too
+            burst_modes = modes + [FLOOR] if args.burst_floor else modes
             for rnd in range(args.burst_rounds):
                 # Rounds alternate which mode goes first, so that a machine slowly getting busier
                 # or quieter does not favour one of them.
-                burst_modes = modes + [FLOOR] if args.burst_floor else modes
                 for mode in (burst_modes if rnd % 2 == 0 else burst_modes[::-1]):
                     b = burst(nodes, pods, mode, args.burst, args.seeds[0], opts)
                     bursts.append(b)
