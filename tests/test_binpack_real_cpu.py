@@ -70,3 +70,15 @@ def test_burst_rounds_below_one_are_refused(capsys):
     from benchmarks.binpack.real import main
     assert main(["--no-replay", "--burst", "10", "--burst-rounds", "0"]) == 2
     assert "--burst-rounds must be at least 1" in capsys.readouterr().err
+
+
+def test_cores_busy_and_the_cpu_bound_rate_come_from_the_peers_cpu_and_the_burst_wall_time():
+    from benchmarks.binpack.real import BurstRun
+    # 300 pods in 4 s; the peers used 7.2 CPU seconds in all: 1.8 cores busy, 24 ms per pod
+    b = BurstRun("stowage", 300, 300, 0, 0, 1.0, 4.0,
+                 cpu_seconds={"kube-apiserver": 2.0, "kube-scheduler": 3.0, "extender": 2.2})
+    assert round(b.cores_busy, 6) == 1.8
+    assert round(b.cpu_bound_rate(2), 3) == round(2 / 0.024, 3)   # 83.3 pods/s on 2 cores
+    assert round(b.cpu_bound_rate(4), 3) == round(4 / 0.024, 3)
+    empty = BurstRun("plain", 300, 0, 0, 300, 1.0, 0.0)           # nothing measured: no figure, no error
+    assert empty.cores_busy == 0.0 and empty.cpu_bound_rate(2) == 0.0

@@ -558,6 +558,19 @@ class BurstRun:
     def pods_per_s(self) -> float:
         return self.bound / self.seconds if self.seconds else 0.0
 
+    @property
+    def cores_busy(self) -> float:
+        """How many cores the peers kept busy on average over the burst: their CPU seconds over
+        its wall seconds. Near the machine's core count, the burst is CPU-bound: its rate is
+        then about cores / (the peers' CPU per pod), whatever any one peer's latency."""
+        return sum(self.cpu_seconds.values()) / self.seconds if self.seconds else 0.0
+
+    def cpu_bound_rate(self, cores: int) -> float:
+        """Pods/s the burst would reach if the peers' CPU per pod were the only bound: ``cores``
+        divided by the CPU seconds all peers needed per pod (0 when nothing was measured)."""
+        per_pod = sum(self.cpu_seconds.values()) / max(self.pods, 1)
+        return cores / per_pod if per_pod else 0.0
+
 
 def burst(nodes: Nodes, pods: Pods, mode: str, n: int, seed: int, opts: RunOptions) -> BurstRun:
     """``n`` GPU pods of the trace (the first ones of this seed's arrival order) created at once
@@ -808,6 +821,9 @@ class Report:
                     lines.append("      CPU per pod: " + ", ".join(f"{k} {1000 * v / max(b.pods, 1):.1f} ms"
                                                             for k, v in b.cpu_seconds.items())
                                  + f"; all {1000 * sum(b.cpu_seconds.values()) / max(b.pods, 1):.1f} ms")
+                    cores = os.cpu_count() or 1
+                    lines.append(f"      cores busy: {b.cores_busy:.2f} of {cores}; {cores} cores / all CPU per pod = "
+                                 f"{b.cpu_bound_rate(cores):.0f} pods/s (the rate if CPU were the only bound)")
                 if len(b.extender_cpu_seconds) > 1:
                     lines.append("      the extender's per process: " + ", ".join(
                         f"{EXTENDER_PROCESS_LABEL.get(k, k)} {1000 * v / max(b.pods, 1):.1f} ms"
@@ -837,7 +853,8 @@ class Report:
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "code": self.code,
                 "reused": self.reused_meta}
         doc = {"meta": meta, "rows": rows,
-               "bursts": [{**asdict(b), "pods_per_s": round(b.pods_per_s, 1)} for b in bursts],
+               "bursts": [{**asdict(b), "pods_per_s": round(b.pods_per_s, 1), "cores_busy": round(b.cores_busy, 2)}
+                          for b in bursts],
                "median_curves": {r.policy: [None if np.isnan(x) else round(float(x), 3) for x in r.median]
                                  for r in results},
                "problems": problems[:200],
