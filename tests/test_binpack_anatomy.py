@@ -28,6 +28,7 @@ def test_gaps_free_cards_and_what_the_cards_hold():
         assert {(r.gap, r.cards, tuple(r.holds.items())) for r in got.gaps} == {(190, 1, (("810", 1),)),
                                                                                (60, 1, (("470+470", 1),))}
         assert (got.free_cards_fed, got.free_cards_starved) == (0, 1)
+        assert sorted(got.slices) == [470, 470, 810]   # the share pods' slices in place, not the whole GPU
         assert got.idle_milli == 190 + 60 + 1000
         assert not got.failed
         text = got.format()

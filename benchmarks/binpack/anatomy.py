@@ -71,6 +71,9 @@ class Anatomy:
     free_cards_starved: int            # ... whose node has not
     failed: Counter                    # kind -> pods
     failed_milli: Counter              # kind -> GPU-milli
+    # the share pods' slices in place at that point, in milli-cards of their card (input of the
+    # configuration-LP bound, :func:`.bound.configuration_lp_cards`)
+    slices: list[int] = field(default_factory=list)
 
     def pct(self, milli: float) -> float:
         return 100.0 * milli / self.capacity_milli
@@ -123,6 +126,7 @@ def anatomy(nodes: Nodes, pods: Pods, policy: str, seed: int, arrived_pct: float
             for k, mem in zip(alloc.cards, alloc.mem_mib):
                 holds.setdefault((alloc.node, int(k)), []).append(int(mem))
     a = model.a
+    slices = [s for v in holds.values() for s in v]
     rows: dict[int, GapRow] = {}
     free_fed = free_starved = 0
     seen = came[(pods.num_gpu[came] == 1) & (pods.gpu_milli[came] >= MILLI)]   # 1-GPU pods
@@ -148,7 +152,7 @@ def anatomy(nodes: Nodes, pods: Pods, policy: str, seed: int, arrived_pct: float
     idle = sum(r.milli for r in gaps) + (free_fed + free_starved) * MILLI
     return Anatomy(trace=pods.name, policy=policy, seed=seed, arrived_pct=100.0 * arrived / cap,
                    capacity_milli=cap, idle_milli=idle, gaps=gaps, free_cards_fed=free_fed,
-                   free_cards_starved=free_starved, failed=failed, failed_milli=failed_milli)
+                   free_cards_starved=free_starved, failed=failed, failed_milli=failed_milli, slices=slices)
 
 
 def main(argv: list[str] | None = None) -> int:
