@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=len(SEEDS), help="number of seeds from 42")
     p.add_argument("--data-dir", default=None, help="folder with the openb CSVs")
     p.add_argument("--lp", action="store_true", help="replay --policy to 100 %% arrived per seed and bound the "
-                   "idle GPU of the slices it placed with the configuration LP (needs scipy; ~10 s a seed)")
+                   "idle GPU of the slices it placed with the configuration LP (needs scipy; ~25 s a seed on a 2-core VM)")
     p.add_argument("--policy", default="stowage", help="the policy whose slices --lp bounds (default: stowage)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
