@@ -75,11 +75,16 @@ class Anatomy:
     # configuration-LP bound, :func:`.bound.configuration_lp_cards`)
     slices: list[int] = field(default_factory=list)
 
+    @property
+    def gap_milli(self) -> int:
+        """Idle milli beside the slices: the gaps on partly used cards."""
+        return sum(r.milli for r in self.gaps)
+
     def pct(self, milli: float) -> float:
         return 100.0 * milli / self.capacity_milli
 
     def format(self, top: int = 12) -> str:
-        gap_milli = sum(r.milli for r in self.gaps)
+        gap_milli = self.gap_milli
         free = self.free_cards_fed + self.free_cards_starved
         lines = [f"{self.trace}, {self.policy}, seed {self.seed}, arrived {self.arrived_pct:.1f} %: "
                  f"{self.pct(self.idle_milli):.3f} % of the GPUs idle ({self.idle_milli:,} milli)",

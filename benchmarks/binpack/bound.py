@@ -139,9 +139,8 @@ def lp_report(nodes: Nodes, pods: Pods, policy: str, seeds: Sequence[int], progr
     lines, rows = [], []
     for seed in tqdm(list(seeds), desc=f"{pods.name} {policy}", unit="seed", disable=not progress, leave=False):
         an = anatomy(nodes, pods, policy, seed)
-        on_cards = sum(r.milli for r in an.gaps)           # idle beside the slices (partly used cards)
         bound = lp_waste_pct(an.slices, an.capacity_milli)
-        rows.append((an.pct(an.idle_milli), an.pct(on_cards), bound))
+        rows.append((an.pct(an.idle_milli), an.pct(an.gap_milli), bound))
         lines.append(f"  seed {seed}: {policy} idle {rows[-1][0]:.3f} % (on its slice cards {rows[-1][1]:.3f} %), "
                      f"LP bound for the same {len(an.slices):,} slices {bound:.3f} %")
     med = np.median(np.array(rows), axis=0)

@@ -559,6 +559,11 @@ class BurstRun:
         return self.bound / self.seconds if self.seconds else 0.0
 
     @property
+    def cpu_seconds_per_pod(self) -> float:
+        """CPU seconds all peers together needed per pod (0 when nothing was measured)."""
+        return sum(self.cpu_seconds.values()) / max(self.pods, 1)
+
+    @property
     def cores_busy(self) -> float:
         """How many cores the peers kept busy on average over the burst: their CPU seconds over
         its wall seconds. Near the machine's core count, the burst is CPU-bound: its rate is
@@ -568,7 +573,7 @@ class BurstRun:
     def cpu_bound_rate(self, cores: int) -> float:
         """Pods/s the burst would reach if the peers' CPU per pod were the only bound: ``cores``
         divided by the CPU seconds all peers needed per pod (0 when nothing was measured)."""
-        per_pod = sum(self.cpu_seconds.values()) / max(self.pods, 1)
+        per_pod = self.cpu_seconds_per_pod
         return cores / per_pod if per_pod else 0.0
 
 
@@ -820,7 +825,7 @@ class Report:
                 if b.cpu_seconds:
                     lines.append("      CPU per pod: " + ", ".join(f"{k} {1000 * v / max(b.pods, 1):.1f} ms"
                                                             for k, v in b.cpu_seconds.items())
-                                 + f"; all {1000 * sum(b.cpu_seconds.values()) / max(b.pods, 1):.1f} ms")
+                                 + f"; all {1000 * b.cpu_seconds_per_pod:.1f} ms")
                     cores = os.cpu_count() or 1
                     lines.append(f"      cores busy: {b.cores_busy:.2f} of {cores}; {cores} cores / all CPU per pod = "
                                  f"{b.cpu_bound_rate(cores):.0f} pods/s (the rate if CPU were the only bound)")
