@@ -49,7 +49,7 @@ def _read_all(s: socket.socket, limit_s: float) -> bytes:
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "split"])
 def test_stalled_clients_time_out_and_others_are_served(tmp_path, workers):
-    proc, http = _start(tmp_path, workers, "--client-timeout", "20")
+    proc, http = _start(tmp_path, workers, "--client-timeout", "8")
     stalled: list[tuple[str, socket.socket]] = []
     try:
         port = _port(proc)

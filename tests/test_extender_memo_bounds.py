@@ -12,6 +12,7 @@ import orjson
 from extender.app import create_app
 from extender_harness import gpus, model_from
 from extender.service import ExtenderService
+from extender.wirememo import MAX_NAMES
 
 POD = {"metadata": {"name": "p", "namespace": "default", "uid": "uid-1"},
        "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
@@ -28,8 +29,8 @@ def test_crafted_node_lists_do_not_stay_in_memory():
     try:
         base = tracemalloc.get_traced_memory()[0]
         for k in range(6):
-            if k % 2:   # many short names: 200,000 list entries
-                names = [f"{k}-{i}" for i in range(200_000)]
+            if k % 2:   # many short names: more list entries than a memo keeps (MAX_NAMES)
+                names = [f"{k}-{i}" for i in range(MAX_NAMES + 10_000)]
             else:       # few huge names (4 MiB of JSON)
                 names = [f"{k}-{i}-" + "x" * (1 << 20) for i in range(4)]
             body = orjson.dumps({"Pod": POD, "NodeNames": names})
