@@ -22,8 +22,17 @@ protos: $(STAMP)
 demo: setup
 	$(BIN)/stowage demo
 
+# Two pytest runs, both always run, either failing fails: first the real-peer tests alone (one
+# control plane per session; they time the kubelet's and kube-scheduler's reactions, and most of
+# their wall time is waiting on those peers, so nothing else competes for the cores), then all the
+# other tests spread over worker processes (pytest-xdist, one per core, at most 4).
+TEST_WORKERS ?= auto
+
 test: setup
-	$(BIN)/python -m pytest -q
+	@rc=0; \
+	$(BIN)/python -m pytest -q tests/integration || rc=$$?; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --ignore=tests/integration || rc=$$?; \
+	exit $$rc
 
 bench-binpack: setup
 	$(BIN)/python -m benchmarks.binpack
