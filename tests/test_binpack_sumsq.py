@@ -55,6 +55,20 @@ def pair_scores(placer, model, req):
     return dict(zip(kk.tolist(), s.tolist())), f
 
 
+class SsFirst(StowagePlacer):
+    ss_weight = 1e9                                     # SS decides, Stowage only breaks its ties
+
+
+def ss_first(model, mix: dict[int, int]) -> SsFirst:
+    """A Stowage placer whose SS term outweighs everything else, having seen ``mix`` (size: count)."""
+    first = SsFirst()
+    first.bind_models(model.models)
+    for size, count in mix.items():
+        for _ in range(count):
+            first.observe(share(size))
+    return first
+
+
 def test_ss_delta_by_hand():
     n = np.zeros(1001, np.int64)
     n[30], n[500], n[530] = 3, 1, 1
@@ -94,13 +108,7 @@ def test_ss_term_is_the_hand_computed_delta_and_picks_the_balancing_card():
     for k, d in expected.items():
         assert np.isclose(with_ss[k] - without[k], -ss.ss_weight * d), k
 
-    class SsFirst(StowagePlacer):
-        ss_weight = 1e9                                 # SS decides, Stowage only breaks its ties
-    first = SsFirst()
-    first.bind_models(model.models)
-    for size, count in mix.items():
-        for _ in range(count):
-            first.observe(share(size))
+    first = ss_first(model, mix)
     assert first.choose_cards(model.a, 0, req, f.usable[0], PodPolicy()) == [0]
 
 
@@ -209,11 +217,5 @@ def test_dead_waste_breaks_the_tie_between_closing_cards():
     assert ss_delta(np.bincount([530, 500, 30, 30, 30], minlength=1001), ss.live_gaps(),
                     np.array([530, 500]), np.array([60, 30]), waste_weight=k).tolist() == [k * 60 - 1, k * 30 - 1]
 
-    class SsFirst(StowagePlacer):
-        ss_weight = 1e9
-    first = SsFirst()
-    first.bind_models(model.models)
-    for size, count in mix.items():
-        for _ in range(count):
-            first.observe(share(size))
+    first = ss_first(model, mix)
     assert first.choose_cards(model.a, 0, req, f.usable[0], PodPolicy()) == [1]
