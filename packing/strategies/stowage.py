@@ -23,13 +23,19 @@ Dead waste. Counting a dead gap exactly like a full card makes SS indifferent be
 card exactly and closing it with up to ~100 milli that nothing will fill (470 + 470 leaves 60,
 650 + 320 leaves 30, 460 + 460 leaves 80): the frag term, 1/ss_weight of SS's scale, is all
 that tells them apart. A card at a dead gap g > 0 therefore also costs ``waste_weight * g`` in SS
-units (``sum_g live(g) N(g)^2 + waste_weight * sum_{g dead} g N(g)``), a tie-break between moves
-SS scores (nearly) equal: 0.05 is 3 units for a 60 gap, the difference 2N makes for 1.5 cards.
-Measured (seeds 42-45): default -0.04 point at arrived 100 %, gpushare40 -0.01 (noise); 0.2
-no gain, 1 and 4 much worse (+0.6 / +1.9 points: SS then keeps cards open at live gaps instead
-of closing them, and empty cards run out sooner). An LP bound (fractional bin packing of the
-very shares Stowage placed, seed 42) puts the gap the share packing could still close at 0.21
-point on both traces (gpushare40 5.02 vs 5.23 %, default 3.68 vs 3.89 %).
+units (``sum_g live(g) N(g)^2 + waste_weight * sum_{g dead} g N(g)``): 0.05 is 3 units for a
+60 gap, the difference 2N makes for 1.5 cards. It breaks SS's ties between closings, and more: it
+outweighs SS's preference for closing a card (2 units) once the dead gap left is over 40 milli,
+so a slice waits for a better partner, or starts a card, rather than leave 50-190 milli that no
+slice seen fits (on a hand-made cluster where one size was ever seen, an 8 GiB slice goes to an
+empty 24 GiB card rather than leave 4 GiB on a started one). Measured over seeds 42-51, all nine
+traces and variants (docs/binpack.md, "Dead waste"): unallocated at arrived 100 % down 0.01-0.07
+point on seven of them (multigpu40 2.78 -> 2.72 %, issue 15's 0.85 x FGD now met there; spec33
+-0.15), up 0.01 on gpuspec10; at 90 % equal on the five traces without model lists, within
+0.03 point elsewhere but spec33 (-0.19), and at most +0.07 at 95 % (gpuspec10). With 0.0005 (never outweighing a whole SS unit, a strict tie-break) multigpu40 is
+unchanged (2.781 %): the gain comes from the trade, not from ties. 0.2 gave no gain on seeds
+42-45, 1 and 4 much worse (+0.6 / +1.9 points: SS then keeps cards open at live gaps instead of
+closing them, and empty cards run out sooner).
 
 N is the whole cluster's, so the SS term is not a function of the scored node's row: the
 placer declares its split (``split_pairs``, ``keyed_pairs``, see :mod:`packing.placer`) and a
