@@ -55,6 +55,20 @@ def pair_scores(placer, model, req):
     return dict(zip(kk.tolist(), s.tolist())), f
 
 
+class SsFirst(StowagePlacer):
+    ss_weight = 1e9                                     # SS decides, Stowage only breaks its ties
+
+
+def ss_first(model, mix: dict[int, int]) -> SsFirst:
+    """A Stowage placer whose SS term outweighs everything else, having seen ``mix`` (size: count)."""
+    first = SsFirst()
+    first.bind_models(model.models)
+    for size, count in mix.items():
+        for _ in range(count):
+            first.observe(share(size))
+    return first
+
+
 def test_ss_delta_by_hand():
     n = np.zeros(1001, np.int64)
     n[30], n[500], n[530] = 3, 1, 1
@@ -94,13 +108,7 @@ def test_ss_term_is_the_hand_computed_delta_and_picks_the_balancing_card():
     for k, d in expected.items():
         assert np.isclose(with_ss[k] - without[k], -ss.ss_weight * d), k
 
-    class SsFirst(StowagePlacer):
-        ss_weight = 1e9                                 # SS decides, Stowage only breaks its ties
-    first = SsFirst()
-    first.bind_models(model.models)
-    for size, count in mix.items():
-        for _ in range(count):
-            first.observe(share(size))
+    first = ss_first(model, mix)
     assert first.choose_cards(model.a, 0, req, f.usable[0], PodPolicy()) == [0]
 
 
@@ -186,3 +194,28 @@ def test_in_churn_mode_a_used_node_still_ranks_above_an_empty_one():
     placer.note_release()                          # a GPU pod left: churn mode
     busy = placer.score(a, req, two, f.usable)
     assert busy[0] > busy[1]
+
+
+def test_dead_waste_breaks_the_tie_between_closing_cards():
+    """Gaps under 470 are dead for a mix of 470s and 500s. A 470 closes card 0 (530 -> 60) or
+    card 1 (500 -> 30): both move a card out of a live gap of population 1 into a dead gap,
+    dSS = -1 for both. The dead-waste term (waste_weight * g) tells them apart: 0.05 * 60 - 1 = 2
+    against 0.05 * 30 - 1 = 0.5, so SS closes card 1, leaving 30 milli instead of 60; a fresh
+    card (1000 -> 530, N(530) = 1) is 2 * 1 + 1 = 3."""
+    model = hand_made_cluster()
+    mix = {470: 100, 500: 100}
+    ss = learned("stowage", mix, model)
+    plain = learned("stowage-frag", mix, model)
+    assert not ss.live_gaps()[1:470].any() and ss.live_gaps()[470:1000].all()
+    req = share(470)
+    with_ss, f = pair_scores(ss, model, req)
+    without, _ = pair_scores(plain, model, req)
+    w, k = ss.ss_weight, ss.waste_weight
+    expected = {0: k * 60 - 1, 1: k * 30 - 1, 5: 3.0}
+    for card, d in expected.items():
+        assert np.isclose(with_ss[card] - without[card], -w * d), card
+    assert ss_delta(np.bincount([530, 500, 30, 30, 30], minlength=1001), ss.live_gaps(),
+                    np.array([530, 500]), np.array([60, 30]), waste_weight=k).tolist() == [k * 60 - 1, k * 30 - 1]
+
+    first = ss_first(model, mix)
+    assert first.choose_cards(model.a, 0, req, f.usable[0], PodPolicy()) == [1]

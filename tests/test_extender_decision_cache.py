@@ -85,7 +85,8 @@ def reference_ss(placer, model: ClusterModel, req: GpuRequest, ii: np.ndarray, k
     card = a.mem_total[ii, kk]
     for size in np.unique(card):
         sel = card == size
-        out[sel] = -placer.ss_weight * ss_delta(hist, placer.live_gaps(float(size)), g0[sel], g1[sel])
+        out[sel] = -placer.ss_weight * ss_delta(hist, placer.live_gaps(float(size)), g0[sel], g1[sel],
+                                                  waste_weight=placer.waste_weight)
     if placer.churn:
         out = np.clip(out, -CHURN_COST / 4, CHURN_COST / 4)
     return out

@@ -16,8 +16,26 @@ fragmentation over the workload learned online, host-resource stranding, churn m
 810-milli pod is 190, which almost no pod fits: SS keeps "balancing" such gaps instead of
 accepting them). So, adapting SS to the discrete size distribution learned online from the share
 pods seen so far, a gap is *live* only if at least ``dead_below`` of those pods would fit in it;
-a dead gap counts like a full card (it is waste whatever we do). Whole-GPU and CPU-only pods are
+a dead gap counts like a full card as far as balancing goes. Whole-GPU and CPU-only pods are
 scored by Stowage's score alone.
+
+Dead waste. Counting a dead gap exactly like a full card makes SS indifferent between closing a
+card exactly and closing it with up to ~100 milli that nothing will fill (470 + 470 leaves 60,
+650 + 320 leaves 30, 460 + 460 leaves 80): the frag term, 1/ss_weight of SS's scale, is all
+that tells them apart. A card at a dead gap g > 0 therefore also costs ``waste_weight * g`` in SS
+units (``sum_g live(g) N(g)^2 + waste_weight * sum_{g dead} g N(g)``): 0.05 is 3 units for a
+60 gap, the difference 2N makes for 1.5 cards. It breaks SS's ties between closings, and more: it
+outweighs SS's preference for closing a card (2 units) once the dead gap left is over 40 milli,
+so a slice waits for a better partner, or starts a card, rather than leave 50-190 milli that no
+slice seen fits (on a hand-made cluster where one size was ever seen, an 8 GiB slice goes to an
+empty 24 GiB card rather than leave 4 GiB on a started one). Measured over seeds 42-51, all nine
+traces and variants (docs/binpack.md, "Dead waste"): unallocated at arrived 100 % down 0.01-0.07
+point on seven of them (multigpu40 2.78 -> 2.72 %, issue 15's 0.85 x FGD now met there; spec33
+-0.15), up 0.01 on gpuspec10; at 90 % equal on the five traces without model lists, within
+0.03 point elsewhere but spec33 (-0.19), and at most +0.07 at 95 % (gpuspec10). With 0.0005 (never outweighing a whole SS unit, a strict tie-break) multigpu40 is
+unchanged (2.781 %): the gain comes from the trade, not from ties. 0.2 gave no gain on seeds
+42-45, 1 and 4 much worse (+0.6 / +1.9 points: SS then keeps cards open at live gaps instead of
+closing them, and empty cards run out sooner).
 
 N is the whole cluster's, so the SS term is not a function of the scored node's row: the
 placer declares its split (``split_pairs``, ``keyed_pairs``, see :mod:`packing.placer`) and a
@@ -43,11 +61,14 @@ SS_WEIGHT = 100.0
 # below it and the next (<= 110 milli: 1.0 % / 1.2 %) above it; 0.5 % made gpushare40 unstable
 # (seeds 5.3-6.4 % unallocated at 100 % arrived), 1 % cost default 0.1 point.
 DEAD_BELOW = 0.007
+# SS units per milli of dead gap left on a card (see "Dead waste" in the module doc).
+WASTE_WEIGHT = 0.05
 
 
 def ss_delta(n: np.ndarray, live: np.ndarray, g0: np.ndarray, g1: np.ndarray,
-             which: np.ndarray | None = None) -> np.ndarray:
-    """Change of sum_g live(g) N(g)^2 when one card moves from gap g0 to gap g1 (per pair).
+             which: np.ndarray | None = None, waste_weight: float = 0.0) -> np.ndarray:
+    """Change of sum_g live(g) N(g)^2 + waste_weight * sum_{g dead} g N(g) when one card moves
+    from gap g0 to gap g1 (per pair).
 
     ``n``: [1001] cards per gap; ``live``: [1001] bool (False at 0 and 1000: full and empty
     cards are not bins), or [S, 1001] with ``which[q]`` the row pair q is judged by (cards of
@@ -56,11 +77,21 @@ def ss_delta(n: np.ndarray, live: np.ndarray, g0: np.ndarray, g1: np.ndarray,
     g1 = np.clip(g1, 0, MILLI)
     n = np.asarray(n, np.float64)
     # Per gap value first (1001 entries), then one lookup per pair.
-    gain = np.where(live, 2.0 * n + 1.0, 0.0)   # a card arriving at gap g
-    loss = np.where(live, 2.0 * n - 1.0, 0.0)   # a card leaving gap g
+    gain, loss = ss_gain_loss(n, live, waste_weight)
     if which is None:
         return gain[g1] - loss[g0]
     return gain[which, g1] - loss[which, g0]
+
+
+def ss_gain_loss(n: np.ndarray, live: np.ndarray, waste_weight: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """(gain, loss) per gap value (shape of ``live``): the change of the SS objective when a card
+    arrives at / leaves gap g. A live gap: 2N(g) +- 1; a dead one (0 < g < 1000): its waste,
+    ``waste_weight * g``; full (0) and empty (1000) cards: 0."""
+    g = np.arange(MILLI + 1, dtype=np.float64)
+    dead = np.where(~live & (g > 0) & (g < MILLI), waste_weight * g, 0.0)
+    gain = np.where(live, 2.0 * n + 1.0, dead)
+    loss = np.where(live, 2.0 * n - 1.0, dead)
+    return gain, loss
 
 
 class StowagePlacer(StowageFragPlacer):
@@ -71,6 +102,7 @@ class StowagePlacer(StowageFragPlacer):
     keyed_pairs = True   # global_pairs = global_of_keys(pair_keys)
     ss_weight = SS_WEIGHT
     dead_below = DEAD_BELOW
+    waste_weight = WASTE_WEIGHT
 
     def __init__(self) -> None:
         super().__init__()
@@ -182,9 +214,8 @@ class StowagePlacer(StowageFragPlacer):
                 and np.array_equal(got[0], gap_hist)):
             return got[2], got[3]
         hist = np.asarray(gap_hist, np.float64)
-        table = np.stack(lives)                                          # [S, 1001]
-        gain = np.where(table, 2.0 * hist + 1.0, 0.0).ravel()            # a card arriving at gap g
-        loss = np.where(table, 2.0 * hist - 1.0, 0.0).ravel()            # a card leaving gap g
+        gain, loss = ss_gain_loss(hist, np.stack(lives), self.waste_weight)   # [S, 1001] each
+        gain, loss = gain.ravel(), loss.ravel()
         self._tables = (np.array(gap_hist, copy=True), lives, gain, loss)
         return gain, loss
 
