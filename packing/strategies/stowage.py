@@ -32,8 +32,9 @@ empty 24 GiB card rather than leave 4 GiB on a started one). Measured over seeds
 traces and variants (docs/binpack.md, "Dead waste"): unallocated at arrived 100 % down 0.01-0.07
 point on seven of them (multigpu40 2.78 -> 2.72 %, issue 15's 0.85 x FGD now met there; spec33
 -0.15), up 0.01 on gpuspec10; at 90 % equal on the five traces without model lists, within
-0.03 point elsewhere but spec33 (-0.19), and at most +0.07 at 95 % (gpuspec10). With 0.0005 (never outweighing a whole SS unit, a strict tie-break) multigpu40 is
-unchanged (2.781 %): the gain comes from the trade, not from ties. 0.2 gave no gain on seeds
+0.03 point elsewhere but spec33 (-0.19), and at most +0.07 at 95 % (gpuspec10). With 0.0005
+(never outweighing a whole SS unit, a strict tie-break) multigpu40 is unchanged (2.781 %): the
+gain comes from the trade, not from ties. 0.2 gave no gain on seeds
 42-45, 1 and 4 much worse (+0.6 / +1.9 points: SS then keeps cards open at live gaps instead of
 closing them, and empty cards run out sooner).
 
