@@ -95,3 +95,33 @@ def test_cli_replays_a_variant_by_name(tmp_path, capsys):
     rc = cli.main(["--trace", "spec25", "--policies", "stowage", "--quick", "--out", str(tmp_path)])
     assert rc == 0
     assert "spec25" in capsys.readouterr().out
+
+
+@needs_trace
+@pytest.mark.parametrize("trace", ["spec33", "multigpu40", "gpushare40"])
+def test_the_real_scheduler_mode_loads_what_the_simulated_mode_replays(trace):
+    """`benchmarks.binpack.real --trace spec33` must replay the same pods as the simulated table's
+    spec33 row: the real mode is the check of that row, so a variant it cannot load is a row it
+    cannot check (it used to read files only: 'trace file not found ... spec33.csv')."""
+    from benchmarks.binpack import real
+
+    args = real.build_parser().parse_args(["--trace", trace, "--node-stride", "3", "--data-dir", str(DATA)])
+    nodes, pods = real.load_inputs(args)
+    sim_nodes, sim_pods = cli.load_replay(str(DATA), trace, 3)
+    assert nodes.names == sim_nodes.names and len(nodes.names) == len(load_nodes(DATA).names[::3])
+    assert pods.name == trace and len(pods) == len(sim_pods)
+    for col in ("cpu_milli", "memory_mib", "num_gpu", "gpu_milli"):
+        assert np.array_equal(getattr(pods, col), getattr(sim_pods, col))
+    assert list(pods.gpu_spec) == list(sim_pods.gpu_spec)
+
+
+def test_seeds_42_means_seed_42_not_42_seeds():
+    """`--seeds 42` asked for 42 seeds (42..83: half a day through the real scheduler) where
+    `benchmarks.elastic --seeds 42` and every doc mean the seed 42; a count stays a count."""
+    assert cli.parse_seeds("42") == (42,) and cli.parse_seeds("51") == (51,)
+    assert cli.parse_seeds("10") == tuple(range(42, 52)) and cli.parse_seeds("3") == (42, 43, 44)
+    assert cli.parse_seeds("42-44") == (42, 43, 44) and cli.parse_seeds("42,45") == (42, 45)
+    import argparse
+    for bad in ("0", "-3", "x", "44-42"):
+        with pytest.raises(argparse.ArgumentTypeError, match="bad --seeds"):
+            cli.parse_seeds(bad)

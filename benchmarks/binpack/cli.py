@@ -15,7 +15,7 @@ from tqdm import tqdm
 from .replay import SEEDS, binned, replay
 from . import runstore
 from .report import PolicyResult, calibration, format_table, load_published, write_outputs
-from .trace import (DEFAULT_TRACE, PUBLISHED_FILE, REPO_ROOT, Nodes, TraceError, available_traces,
+from .trace import (DEFAULT_TRACE, PUBLISHED_FILE, REPO_ROOT, Nodes, Pods, TraceError, available_traces,
                     data_dir, load_nodes, trace_name)
 from .variants import DEFAULT_VARIANTS, default_traces, load_trace
 
@@ -23,22 +23,28 @@ DEFAULT_POLICIES = ("stowage", "fgd", "bestfit", "random", "most-allocated", "le
                     "gpushare-binpack", "hami-binpack")
 QUICK_NODE_STRIDE = 6     # --quick: every 6th node (a ~200-node cluster of the same mix)
 QUICK_SEEDS = (42,)
+FIRST_SEED = 42            # a count of seeds starts here; a number from here up is one seed
 BINS = 131                # binned(): one bin per arrived % from 0 to 130
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
-    """"10" = the first ten seeds from 42; "42,43" or "42-45" = those seeds."""
+    """"10" = the first ten seeds from 42; "42" (any number from 42 up) = that one seed, as
+    ``benchmarks.elastic --seeds 42`` means it; "42,43" or "42-45" = those seeds."""
     text = text.strip()
     try:
-        if "-" in text:
-            lo, hi = (int(x) for x in text.split("-", 1))
-            return tuple(range(lo, hi + 1))
         if "," in text:
-            return tuple(int(x) for x in text.split(",") if x.strip())
-        n = int(text)
-        return tuple(range(42, 42 + n))
+            seeds = tuple(int(x) for x in text.split(",") if x.strip())
+        elif "-" in text[1:]:
+            lo, hi = (int(x) for x in text.split("-", 1))
+            seeds = tuple(range(lo, hi + 1))
+        else:
+            n = int(text)
+            seeds = (n,) if n >= FIRST_SEED else tuple(range(FIRST_SEED, FIRST_SEED + n))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"bad --seeds {text!r} (e.g. 10, 42,43 or 42-51)") from None
+        seeds = ()
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"bad --seeds {text!r} (e.g. 10, 42, 42,43 or 42-51)")
+    return seeds
 
 
 def subset(nodes: Nodes, stride: int) -> Nodes:
@@ -49,7 +55,11 @@ def subset(nodes: Nodes, stride: int) -> Nodes:
 
 
 @lru_cache(maxsize=16)
-def _load(directory: str, trace: str, stride: int):
+def load_replay(directory: str, trace: str, stride: int) -> tuple[Nodes, Pods]:
+    """The cluster and the pods one replay runs: the openb nodes (every ``stride``-th) and the trace
+    by name or path, generated variants included. The real-scheduler mode loads through this too,
+    so its rows check exactly the pods of the simulated rows. Cached: each worker process loads a
+    trace once for all its seeds and policies."""
     d = Path(directory)
     nodes = load_nodes(d)
     if stride > 1:
@@ -59,7 +69,7 @@ def _load(directory: str, trace: str, stride: int):
 
 def _task(args: tuple) -> tuple:
     directory, trace, policy, seed, stride = args
-    nodes, pods = _load(directory, trace, stride)
+    nodes, pods = load_replay(directory, trace, stride)
     run = replay(nodes, pods, policy, seed)
     return trace_name(trace), policy, seed, binned(run, nodes.total_gpu_milli), run.failed, run.seconds
 
@@ -72,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "benchmarks/binpack/variants.py) or CSV paths; default: every trace in the data dir, "
                         f"then {', '.join(DEFAULT_VARIANTS)}")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated placer names")
-    p.add_argument("--seeds", type=parse_seeds, default=SEEDS, help="10 (42..51), 42,43 or 42-51")
+    p.add_argument("--seeds", type=parse_seeds, default=SEEDS, help="10 (= 42..51), 42 (that seed), 42,43 or 42-51")
     p.add_argument("--out", default="results/binpack", help="output directory (CSV, JSON, PNG)")
     p.add_argument("--data-dir", default=None, help="folder with the openb CSVs (default ../shared/openb, or $STOWAGE_OPENB)")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
@@ -96,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         for pol in policies:
             get_placer(pol)
         for t in traces:
-            _load(str(directory), t, stride)  # fail fast, with a clear message, on a missing file
+            load_replay(str(directory), t, stride)  # fail fast, with a clear message, on a missing file
     except TraceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

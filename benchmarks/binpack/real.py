@@ -67,11 +67,11 @@ from extender.split import DECIDER_NAME, HTTP_WORKER_NAME
 from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
 from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
 
-from .cli import parse_seeds, subset
+from .cli import load_replay, parse_seeds
 from .runstore import code_version
 from .replay import CARD_MEMORY, INFLATE, SeedRun, arrival_order, binned, replay
 from .report import TABLE_POINTS, PolicyResult, format_table
-from .trace import DEFAULT_TRACE, Nodes, Pods, TraceError, data_dir, load_nodes, load_pods, trace_name
+from .trace import DEFAULT_TRACE, Nodes, Pods, TraceError, data_dir, trace_name
 
 log = logging.getLogger("binpack.real")
 
@@ -942,7 +942,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  python -m benchmarks.binpack.real --no-replay --burst 300 --burst-rounds 3   # the ratio, 3 rounds\n"
                "  python -m benchmarks.binpack.real --seeds 42 --limit 2000 --modes stowage")
     p.add_argument("--trace", default=DEFAULT_TRACE, help="trace name (default, gpushare40, ...) or CSV path")
-    p.add_argument("--seeds", type=parse_seeds, default=(42, 43, 44), help="42,43,44 (default), 42-44 or a count")
+    p.add_argument("--seeds", type=parse_seeds, default=(42, 43, 44), help="42,43,44 (default), 42-44, 42 (that seed) or a count (3 = 42..44)")
     p.add_argument("--modes", default=",".join(MODES),
                    help="comma list of stowage (kube-scheduler + extender) and plain (kube-scheduler alone)")
     p.add_argument("--limit", type=int, default=None, help="only the first N arriving pods of each seed (smoke runs)")
@@ -1016,6 +1016,13 @@ def format_per_seed(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def load_inputs(args: argparse.Namespace) -> tuple[Nodes, Pods]:
+    """The cluster and pods of the run: what the simulated benchmark replays for the same
+    ``--trace`` and ``--node-stride`` (generated variants such as ``spec33`` included), loaded by
+    the same function, so the real rows check exactly the simulated ones."""
+    return load_replay(str(data_dir(args.data_dir)), args.trace, args.node_stride)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _exit_on_sigterm()
@@ -1034,19 +1041,15 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"error: unknown mode(s) {bad}; choose from {', '.join(MODES)}", file=sys.stderr)
         return 2
+    try:                                  # a wrong trace name is said before any peer is needed
+        nodes, pods = load_inputs(args)
+    except TraceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     missing = missing_for_control_plane()
     if missing:
         print("error: the real control plane cannot run here: " + "; ".join(missing)
               + " (see ../shared/k8s/README.md and docs/testing.md)", file=sys.stderr)
-        return 2
-    directory = data_dir(args.data_dir)
-    try:
-        nodes = load_nodes(directory)
-        if args.node_stride > 1:
-            nodes = subset(nodes, args.node_stride)
-        pods = load_pods(args.trace, directory)
-    except TraceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
         return 2
     own_dir = args.work_dir is None
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="stowage-binpack-real-"))
