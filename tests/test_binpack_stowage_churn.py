@@ -175,7 +175,7 @@ def test_static_replay_is_unchanged_because_no_pod_leaves(monkeypatch):
     places every pod where a placer without churn mode does; forcing it on does move pods
     (the check can fail)."""
     from benchmarks.binpack import replay as replay_mod
-    from benchmarks.binpack.cli import _load
+    from benchmarks.binpack.cli import load_replay
 
     Default = type(get_placer("stowage"))  # the pack default (Stowage + SS share packing)
 
@@ -188,7 +188,7 @@ def test_static_replay_is_unchanged_because_no_pod_leaves(monkeypatch):
             super().__init__()
             self.note_release()
 
-    nodes, pods = _load(str(SHARED / "openb"), "default", 1)
+    nodes, pods = load_replay(str(SHARED / "openb"), "default", 1)
     made: list[StowageFragPlacer] = []
     real_get = replay_mod.get_placer
 
