@@ -20,7 +20,8 @@ SMALL_SETTLE = 128  # up to this many rows per branch, distinct keys found with 
 
 
 def reasons(a: CardArrays, rows: np.ndarray, req: GpuRequest, allowed: np.ndarray) -> list[str]:
-    """``[reason(a, i, req, allowed) for i in rows]``, computed for all rows at once.
+    """``[reason(a, i, req, allowed, detail=False) for i in rows]`` (what filter answers: no
+    per-node numbers, so kube-scheduler adds equal causes up), computed for all rows at once.
 
     Why: a filter on a large cluster can fail thousands of nodes (a 4-GPU pod on a half-used
     cluster), and one :func:`reason` per node in Python cost more than the whole rest of the
@@ -73,8 +74,8 @@ def reasons(a: CardArrays, rows: np.ndarray, req: GpuRequest, allowed: np.ndarra
     settle(~node_ok, [], lambda: NOT_SCHEDULABLE)
     if req.is_gpu:
         settle(~row_any(present), [], lambda: NO_GPUS)
-    settle(cpu < req.cpu_milli, [cpu], lambda c: msg_cpu(c, req))
-    settle(hmem < req.host_mem_mib, [hmem], lambda h: msg_host_memory(h, req))
+    settle(cpu < req.cpu_milli, [], lambda: msg_cpu(0, req, detail=False))
+    settle(hmem < req.host_mem_mib, [], lambda: msg_host_memory(0, req, detail=False))
     settle(a.pod_room[rows] < 1, [], lambda: POD_LIMIT)
     if not req.is_gpu:
         settle(left, [], lambda: FITS)
@@ -93,16 +94,9 @@ def reasons(a: CardArrays, rows: np.ndarray, req: GpuRequest, allowed: np.ndarra
     settle(~row_any(healthy), [excluded, unhealthy], lambda e, u: msg_no_usable_card(req, msg_tail(e, u)))
     if not left.any():
         return out.tolist()
-    r = np.arange(len(rows))
-    mem_free = a.mem_free[rows]
-    k_mem = np.argmax(np.where(healthy, mem_free, -1), axis=1)
-    best_mem = mem_free[r, k_mem]
-    settle(best_mem < req.mem_mib, [k_mem, np.maximum(best_mem, 0), excluded, unhealthy],
-           lambda k, m, e, u: msg_memory(req, m, k, msg_tail(e, u)))
-    core_free = a.core_free[rows]
-    k_core = np.argmax(np.where(healthy & (mem_free >= req.mem_mib), core_free, -1), axis=1)
-    best_core = np.maximum(core_free[r, k_core], 0)
-    settle(left, [k_core, best_core, excluded, unhealthy], lambda k, c, e, u: msg_compute(req, c, k, msg_tail(e, u)))
+    best_mem = np.max(np.where(healthy, a.mem_free[rows], -1), axis=1)
+    settle(best_mem < req.mem_mib, [excluded, unhealthy], lambda e, u: msg_memory(req, msg_tail(e, u)))
+    settle(left, [excluded, unhealthy], lambda e, u: msg_compute(req, msg_tail(e, u)))
     return out.tolist()
 
 

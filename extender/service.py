@@ -169,8 +169,9 @@ class ReferencePath:
         return Feasibility(ok=f.ok, unres=f.unresolvable, mask=mask, usable=f.usable)
 
     def reasons(self, model: ClusterModel, feas: Feasibility, rows: np.ndarray, req: GpuRequest) -> list[str]:
-        """Why each of ``rows`` cannot take the pod."""
-        return [node_reason(model, model.a, i, req, feas.mask, model.names[i]) for i in rows.tolist()]
+        """Why each of ``rows`` cannot take the pod, without per-node numbers (filter's answer:
+        kube-scheduler counts the nodes per reason, :func:`packing.fit.reason`)."""
+        return [node_reason(model, model.a, i, req, feas.mask, model.names[i], detail=False) for i in rows.tolist()]
 
     def scores(self, model: ClusterModel, feas: Feasibility, placer: Placer, req: GpuRequest,
                rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -184,11 +185,11 @@ class ReferencePath:
 
 
 def node_reason(model: ClusterModel, a: CardArrays, i: int, req: GpuRequest, mask: np.ndarray,
-                name: str | None) -> str:
+                name: str | None, detail: bool = True) -> str:
     """:func:`packing.fit.reason` of row i of ``a`` (the model's arrays, or one node's row of
     them), knowing whether node ``name`` is whole-only (its card memory is unknown)."""
     meta = model.meta.get(name) if name else None
-    return reason(a, i, req, mask, whole_only=meta is not None and meta.whole_only)
+    return reason(a, i, req, mask, whole_only=meta is not None and meta.whole_only, detail=detail)
 
 
 @dataclass

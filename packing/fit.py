@@ -115,13 +115,23 @@ WHOLE_ONLY = ("card memory unknown on this node (no stowage.io/gpu-inventory ann
               "Discovery memory label): only whole-GPU pods can be placed here")
 
 
-# Host messages start with a word and hold no ", " (see msg_free_cards): kube-scheduler prefixes
-# each reason with its node count ("12 too little CPU free: ...").
-def msg_cpu(free: float, req: GpuRequest) -> str:
+# Every message starts with a word and holds no ", ": kube-scheduler prefixes each reason with the
+# count of nodes that gave it and joins them with ", " ("0/1213 nodes are available: 412 no card
+# with 20 GiB GPU memory free, 801 Insufficient cpu"). What filter answers (``detail=False``) holds
+# no per-node number beyond small counts (free cards, excluded, unhealthy), so equal causes add up
+# to one entry: with each node's best card in the text, a failing pod on the openb cluster got
+# up to 78 entries of "1 no card with ... best is 130 MiB on card 1" (5 KB in its PodScheduled
+# condition, 47 KB before kube-scheduler's own CPU filter), unreadable in `kubectl describe`. The
+# detail (``detail=True``) is for one node at a time: a bind refused, `stowage plan`.
+def msg_cpu(free: float, req: GpuRequest, detail: bool = True) -> str:
+    if not detail:
+        return f"too little CPU free for the {req.cpu_milli}m the pod needs"
     return f"too little CPU free: {max(free, 0):g}m of the {req.cpu_milli}m the pod needs"
 
 
-def msg_host_memory(free: float, req: GpuRequest) -> str:
+def msg_host_memory(free: float, req: GpuRequest, detail: bool = True) -> str:
+    if not detail:
+        return f"too little host memory free for the {fmt_mib(req.host_mem_mib)} the pod needs"
     return f"too little host memory free: {fmt_mib(max(free, 0))} of the {fmt_mib(req.host_mem_mib)} the pod needs"
 
 
@@ -150,19 +160,24 @@ def msg_no_usable_card(req: GpuRequest, tail: str) -> str:
     return f"no usable card for {req.describe()}{tail}"
 
 
-def msg_memory(req: GpuRequest, best_mib: int, card: int, tail: str) -> str:
-    return (f"no card with {fmt_mib(req.mem_mib)} GPU memory free: best is "
-            f"{fmt_mib(best_mib)} on card {card}{tail}")
+def msg_memory(req: GpuRequest, tail: str, best: tuple[int, int] | None = None) -> str:
+    """``best``: (MiB free, card) of the node's best card, said only with ``detail``."""
+    head = f"no card with {fmt_mib(req.mem_mib)} GPU memory free"
+    return f"{head}: best is {fmt_mib(best[0])} on card {best[1]}{tail}" if best else head + tail
 
 
-def msg_compute(req: GpuRequest, best_milli: int, card: int, tail: str) -> str:
-    return (f"no card with {req.core_milli / 10:g}% compute free and {fmt_mib(req.mem_mib)} memory: best is "
-            f"{best_milli / 10:g}% on card {card}{tail}")
+def msg_compute(req: GpuRequest, tail: str, best: tuple[int, int] | None = None) -> str:
+    """``best``: (milli free, card) of the node's best card with the memory, said only with ``detail``."""
+    head = f"no card with {req.core_milli / 10:g}% compute free and {fmt_mib(req.mem_mib)} memory"
+    return f"{head}: best is {best[0] / 10:g}% on card {best[1]}{tail}" if best else head + tail
 
 
-def reason(a: CardArrays, i: int, req: GpuRequest, allowed: np.ndarray, whole_only: bool = False) -> str:
+def reason(a: CardArrays, i: int, req: GpuRequest, allowed: np.ndarray, whole_only: bool = False,
+           detail: bool = True) -> str:
     """Why node i cannot take the pod, in words a person understands. ``whole_only``: the
-    node's card memory is unknown (:attr:`packing.model.NodeMeta.whole_only`)."""
+    node's card memory is unknown (:attr:`packing.model.NodeMeta.whole_only`). ``detail``: say
+    this node's own free CPU, memory and best card; filter answers without (``False``), so that
+    kube-scheduler's count of nodes per reason adds equal causes up."""
     if whole_only and req.is_shared and a.exists[i].any():
         return WHOLE_ONLY
     if not a.node_ok[i]:
@@ -170,9 +185,9 @@ def reason(a: CardArrays, i: int, req: GpuRequest, allowed: np.ndarray, whole_on
     if req.is_gpu and not a.exists[i].any():
         return NO_GPUS
     if a.cpu_free[i] < req.cpu_milli:
-        return msg_cpu(a.cpu_free[i], req)
+        return msg_cpu(a.cpu_free[i], req, detail)
     if a.hmem_free[i] < req.host_mem_mib:
-        return msg_host_memory(a.hmem_free[i], req)
+        return msg_host_memory(a.hmem_free[i], req, detail)
     if a.pod_room[i] < 1:
         return POD_LIMIT
     if not req.is_gpu:
@@ -188,7 +203,7 @@ def reason(a: CardArrays, i: int, req: GpuRequest, allowed: np.ndarray, whole_on
     mem = np.where(healthy, a.mem_free[i], -1)
     k = int(np.argmax(mem))
     if a.mem_free[i, k] < req.mem_mib:
-        return msg_memory(req, max(int(a.mem_free[i, k]), 0), k, tail)
+        return msg_memory(req, tail, (max(int(a.mem_free[i, k]), 0), k) if detail else None)
     core = np.where(healthy & (a.mem_free[i] >= req.mem_mib), a.core_free[i], -1)
     k = int(np.argmax(core))
-    return msg_compute(req, max(int(a.core_free[i, k]), 0), k, tail)
+    return msg_compute(req, tail, (max(int(a.core_free[i, k]), 0), k) if detail else None)

@@ -214,7 +214,7 @@ def capacity(model: ClusterModel, shape: Shape, placer: str | Placer | None = No
     why: Counter[str] = Counter()
     if not limited:
         for text in refusals.values():
-            why[_generic(text)] += 1
+            why[text] += 1   # filter's reasons hold no per-node numbers: equal causes add up
     return CapacityResult(shape=shape, count=len(placements),
                           per_node=dict(sorted(per_node.items(), key=lambda kv: (-kv[1], kv[0]))),
                           placements=placements, limited=limited, why_not=dict(why.most_common()))
@@ -225,11 +225,6 @@ def _whole_only(model: ClusterModel, name: str) -> bool:
     argument, which once got the node's name here and so called every node whole-only)."""
     meta = model.meta.get(name)
     return bool(meta is not None and meta.whole_only)
-
-
-def _generic(text: str) -> str:
-    """Reasons without per-node numbers, so equal causes group together."""
-    return re.sub(r"best is .*?( \(|$)", r"best is smaller\1", re.sub(r"card \d+", "card", text))
 
 
 # --------------------------------------------------------------------------- drain plan
@@ -540,13 +535,13 @@ def preemption_plan(model: ClusterModel, shape: Shape, priority: int,
                 options.append(PreemptOption(name, ()))
                 continue
             if f.unresolvable[0]:  # wrong model, cards too small or too few: no eviction helps
-                why[_generic(reason(model.a, i, shape.req, mask, _whole_only(model, name)))] += 1
+                why[reason(model.a, i, shape.req, mask, _whole_only(model, name), detail=False)] += 1
                 continue
             pods = {al.uid: al for al in _pods_on(model, name)}
             lower = sorted((u for u in pods if prio.get(u, 0) < priority), key=lambda u: (prio.get(u, 0), u))
             if not lower:
                 why["no pod of lower priority holds cards here" if pods else
-                    _generic(reason(model.a, i, shape.req, mask, _whole_only(model, name)))] += 1
+                    reason(model.a, i, shape.req, mask, _whole_only(model, name), detail=False)] += 1
                 continue
             verdict = judge_node(model, name, shape.req, shape.policy, lower, prio)
             if verdict.victims is None:

@@ -188,7 +188,7 @@ def test_pod_without_gpu_is_placed_on_host_room():
         p = pod(limits={"cpu": "2", "memory": "1Gi"})
         ans = srv.post("/filter", args(p, NODES + ["cpu-only-node"])).json()
         assert ans["NodeNames"] == ["node-a"]
-        assert ans["FailedNodes"] == {"node-b": "too little CPU free: 1500m of the 2000m the pod needs",
+        assert ans["FailedNodes"] == {"node-b": "too little CPU free for the 2000m the pod needs",
                                       "cpu-only-node": UNKNOWN_NODE}
         scores = {h["Host"]: h["Score"] for h in srv.post("/prioritize", args(p)).json()}
         assert scores["node-a"] == 10 and scores["node-b"] == 0

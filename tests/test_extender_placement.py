@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from packing.pod_policy import PodPolicy
+from stowage.inventory import Inventory
 from extender.service import ExtenderService
 from extender.wire import BindingArgs, parse_extender_args
 from extender_harness import gpus, model_from, simple_placers, take_shared, take_whole
@@ -54,20 +55,48 @@ def test_reason_too_many_gpus_for_node_is_unresolvable():
 
 
 def test_reason_best_card_memory():
+    """Filter says the cause; a bind refused on the one node says that node's best card too."""
     svc = service([{"name": "n", "gpus": gpus("NVIDIA A10", 4, "24Gi")}])
     for k, used in enumerate([20, 16, 24, 12]):
         take_shared(svc.model, "n", k, used * GIB, f"s{k}")
-    res = run_filter(svc, pod("p", {"nvidia.com/gpu-memory": "20"}))
+    p = pod("p", {"nvidia.com/gpu-memory": "20"})
+    res = run_filter(svc, p)
     # Resolvable: the cards are big enough, only occupied (preemption could help).
-    assert res.failed == {"n": "no card with 20 GiB GPU memory free: best is 12 GiB on card 3"}
+    assert res.failed == {"n": "no card with 20 GiB GPU memory free"}
+    assert bind(svc, p, "n") == ("cannot bind default/p to n now: no card with 20 GiB GPU memory free: "
+                                 "best is 12 GiB on card 3")
 
 
 def test_reason_compute():
     svc = service([{"name": "n", "gpus": gpus("NVIDIA L4", 2, "24Gi")}])
     take_shared(svc.model, "n", 0, 4 * GIB, "a", core_milli=700)
     take_shared(svc.model, "n", 1, 4 * GIB, "b", core_milli=900)
-    res = run_filter(svc, pod("p", {"nvidia.com/gpu-memory": "4", "nvidia.com/gpu-core": "50"}))
-    assert res.failed == {"n": "no card with 50% compute free and 4 GiB memory: best is 30% on card 0"}
+    p = pod("p", {"nvidia.com/gpu-memory": "4", "nvidia.com/gpu-core": "50"})
+    res = run_filter(svc, p)
+    assert res.failed == {"n": "no card with 50% compute free and 4 GiB memory"}
+    assert bind(svc, p, "n").endswith("now: no card with 50% compute free and 4 GiB memory: best is 30% on card 0")
+
+
+def test_filter_reasons_add_up_across_nodes_as_kube_scheduler_counts_them():
+    """kube-scheduler's 'N reason' message counts nodes per distinct text. Each node's own numbers
+    (free CPU, best card) in the text made every node its own entry: on the openb cluster a
+    failing slice got 78 entries of '1 no card with ... best is 130 MiB on card 1' (5 KB in its
+    PodScheduled condition). Nodes failing for the same cause must give the same text."""
+    nodes = [{"name": f"n{i}", "gpus": gpus("NVIDIA A10", 4, "24Gi")} for i in range(6)]
+    svc = service(nodes)
+    for i, cpu in ((4, 1500.0), (5, 700.0)):  # two nodes short of CPU, by different amounts
+        svc.model.upsert_node(f"n{i}", Inventory(cards=tuple(svc.model.cards_of(f"n{i}")), source="annotation"),
+                              cpu_milli=cpu)
+    for i in range(5):                  # every card of n0..n4 partly used, each node differently
+        for k in range(4):
+            take_shared(svc.model, f"n{i}", k, (10 + i + k) * GIB, f"s{i}{k}", core_milli=100 * (i + k + 1))
+    four = [f"n{i}" for i in range(4)]
+    res = run_filter(svc, pod("p", {"nvidia.com/gpu-memory": "20"}), four)
+    assert res.failed == dict.fromkeys(four, "no card with 20 GiB GPU memory free")
+    res = run_filter(svc, pod("q", {"nvidia.com/gpu-memory": "4", "nvidia.com/gpu-core": "95"}), four)
+    assert res.failed == dict.fromkeys(four, "no card with 95% compute free and 4 GiB memory")
+    res = run_filter(svc, pod("r", {"nvidia.com/gpu": "1", "cpu": "2"}), ["n4", "n5"])
+    assert res.failed == dict.fromkeys(["n4", "n5"], "too little CPU free for the 2000m the pod needs")
 
 
 def test_reason_node_without_gpus():

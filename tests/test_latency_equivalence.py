@@ -106,7 +106,7 @@ def test_fit_and_reasons_match_the_reference(seed):
         rows = np.flatnonzero(~got.ok)
         rng.shuffle(rows)                                   # any order, repeats allowed
         rows = np.r_[rows, rows[:5]]
-        assert reasons(a, rows, req, mask) == [reason(a, int(i), req, mask) for i in rows]
+        assert reasons(a, rows, req, mask) == [reason(a, int(i), req, mask, detail=False) for i in rows]
     assert reasons(a, np.array([], np.int64), GpuRequest(gpus=1), a.exists) == []
 
 
