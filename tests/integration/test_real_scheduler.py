@@ -219,7 +219,9 @@ def test_nodes_refused_for_one_cause_count_as_one_reason(sched: SchedBed, pool: 
     # 40 GiB: kube-scheduler's own count passes both nodes (60 and 40 units free), no card has it
     pool.create(PodSpec("slice", mem_gib=40))
     msg = wait_until(lambda: pool.failed_scheduling("slice"), 30, "slice's FailedScheduling")[-1]
-    assert node_reasons(msg) == {"no card with 40 GiB GPU memory free": 2}, msg
+    # (nodes of other tests, e.g. a not-ready one, are counted too, with kube-scheduler's reasons)
+    ours = {r: n for r, n in node_reasons(msg).items() if r.startswith("no card")}
+    assert ours == {"no card with 40 GiB GPU memory free": 2}, msg
 
 
 def test_a_pod_waiting_for_cards_gets_them_when_a_pod_leaves(sched: SchedBed, pool: Pool) -> None:
@@ -247,7 +249,8 @@ def test_a_pod_waiting_for_cards_gets_them_when_a_pod_leaves(sched: SchedBed, po
     # (160 - 100 = 60 units) lets kube-scheduler's own filter pass: the extender refuses it
     pool.create(PodSpec("slice", mem_gib=40))
     wait_until(lambda: pool.failed_scheduling("slice"), 30, "slice's FailedScheduling")
-    assert node_reasons(pool.failed_scheduling("slice")[-1]) == {"no card with 40 GiB GPU memory free": 1}
+    ours = {r: n for r, n in node_reasons(pool.failed_scheduling("slice")[-1]).items() if r.startswith("no card")}
+    assert ours == {"no card with 40 GiB GPU memory free": 1}
     wait_then_leave("slice", a[0])
     pool.wait_bound(["slice"], timeout=WAKE_S)
     assert record_of(pool.pod("slice")).cards[0].index == a[1].cards[0].index
