@@ -74,8 +74,8 @@ def reasons(a: CardArrays, rows: np.ndarray, req: GpuRequest, allowed: np.ndarra
     settle(~node_ok, [], lambda: NOT_SCHEDULABLE)
     if req.is_gpu:
         settle(~row_any(present), [], lambda: NO_GPUS)
-    settle(cpu < req.cpu_milli, [], lambda: msg_cpu(0, req, detail=False))
-    settle(hmem < req.host_mem_mib, [], lambda: msg_host_memory(0, req, detail=False))
+    settle(cpu < req.cpu_milli, [], lambda: msg_cpu(req))
+    settle(hmem < req.host_mem_mib, [], lambda: msg_host_memory(req))
     settle(a.pod_room[rows] < 1, [], lambda: POD_LIMIT)
     if not req.is_gpu:
         settle(left, [], lambda: FITS)

@@ -122,15 +122,17 @@ WHOLE_ONLY = ("card memory unknown on this node (no stowage.io/gpu-inventory ann
 # to one entry: with each node's best card in the text, a failing pod on the openb cluster got
 # up to 78 entries of "1 no card with ... best is 130 MiB on card 1" (5 KB in its PodScheduled
 # condition, 47 KB before kube-scheduler's own CPU filter), unreadable in `kubectl describe`. The
-# detail (``detail=True``) is for one node at a time: a bind refused, `stowage plan`.
-def msg_cpu(free: float, req: GpuRequest, detail: bool = True) -> str:
-    if not detail:
+# detail (``detail=True``: the node's own numbers) is for one node at a time, a bind refused.
+def msg_cpu(req: GpuRequest, free: float | None = None) -> str:
+    """``free``: the node's free CPU (millicores), said only with ``detail``."""
+    if free is None:
         return f"too little CPU free for the {req.cpu_milli}m the pod needs"
     return f"too little CPU free: {max(free, 0):g}m of the {req.cpu_milli}m the pod needs"
 
 
-def msg_host_memory(free: float, req: GpuRequest, detail: bool = True) -> str:
-    if not detail:
+def msg_host_memory(req: GpuRequest, free: float | None = None) -> str:
+    """``free``: the node's free host memory (MiB), said only with ``detail``."""
+    if free is None:
         return f"too little host memory free for the {fmt_mib(req.host_mem_mib)} the pod needs"
     return f"too little host memory free: {fmt_mib(max(free, 0))} of the {fmt_mib(req.host_mem_mib)} the pod needs"
 
@@ -185,9 +187,9 @@ def reason(a: CardArrays, i: int, req: GpuRequest, allowed: np.ndarray, whole_on
     if req.is_gpu and not a.exists[i].any():
         return NO_GPUS
     if a.cpu_free[i] < req.cpu_milli:
-        return msg_cpu(a.cpu_free[i], req, detail)
+        return msg_cpu(req, a.cpu_free[i] if detail else None)
     if a.hmem_free[i] < req.host_mem_mib:
-        return msg_host_memory(a.hmem_free[i], req, detail)
+        return msg_host_memory(req, a.hmem_free[i] if detail else None)
     if a.pod_room[i] < 1:
         return POD_LIMIT
     if not req.is_gpu:

@@ -97,6 +97,9 @@ def test_filter_reasons_add_up_across_nodes_as_kube_scheduler_counts_them():
     assert res.failed == dict.fromkeys(four, "no card with 95% compute free and 4 GiB memory")
     res = run_filter(svc, pod("r", {"nvidia.com/gpu": "1", "cpu": "2"}), ["n4", "n5"])
     assert res.failed == dict.fromkeys(["n4", "n5"], "too little CPU free for the 2000m the pod needs")
+    # one node at a time (a bind refused), its own numbers are said
+    assert bind(svc, pod("r2", {"nvidia.com/gpu": "1", "cpu": "2"}), "n5").endswith(
+        "now: too little CPU free: 700m of the 2000m the pod needs")
 
 
 def test_reason_node_without_gpus():
