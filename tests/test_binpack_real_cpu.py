@@ -2,6 +2,8 @@
 and the extender's is every process of its group (master, decision process, HTTP workers)."""
 from __future__ import annotations
 
+import pytest
+
 import os
 import subprocess
 import sys
@@ -68,8 +70,10 @@ def test_burst_rounds_pair_each_extender_burst_with_the_plain_one_of_its_round()
 
 def test_burst_rounds_below_one_are_refused(capsys):
     from benchmarks.binpack.real import main
-    assert main(["--no-replay", "--burst", "10", "--burst-rounds", "0"]) == 2
-    assert "--burst-rounds must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:           # refused while parsing, before any peer starts
+        main(["--no-replay", "--burst", "10", "--burst-rounds", "0"])
+    assert exc.value.code == 2
+    assert "--burst-rounds: must be a whole number of at least 1, not '0'" in capsys.readouterr().err
 
 
 def test_cores_busy_and_the_cpu_bound_rate_come_from_the_peers_cpu_and_the_burst_wall_time():

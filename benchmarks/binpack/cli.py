@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing as mp
 import os
 import sys
@@ -47,6 +48,32 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     return seeds
 
 
+def whole_number(minimum: int):
+    """An argparse type: a whole number of at least ``minimum``, refused by name otherwise (a
+    ``--jobs 0`` or ``--node-stride 0`` would otherwise start a run that cannot work)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be a whole number of at least {minimum}, not {text!r}")
+        return value
+    parse.__name__ = f"whole number >= {minimum}"
+    return parse
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number above 0 (seconds, percentages)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number above 0, not {text!r}")
+    return value
+
+
 def subset(nodes: Nodes, stride: int) -> Nodes:
     keep = np.arange(0, len(nodes.names), stride)
     return Nodes(names=tuple(nodes.names[i] for i in keep), cpu_milli=nodes.cpu_milli[keep],
@@ -85,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=parse_seeds, default=SEEDS, help="10 (= 42..51), 42 (that seed), 42,43 or 42-51")
     p.add_argument("--out", default="results/binpack", help="output directory (CSV, JSON, PNG)")
     p.add_argument("--data-dir", default=None, help="folder with the openb CSVs (default ../shared/openb, or $STOWAGE_OPENB)")
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    p.add_argument("--jobs", type=whole_number(1), default=min(2, os.cpu_count() or 1), help="worker processes")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 seed on a 1/6 node subset")
     p.add_argument("--runs", default=None, metavar="DIR",
                    help="keep every replayed seed in DIR and reuse the ones already there (resume a long "

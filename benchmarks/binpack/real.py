@@ -67,7 +67,7 @@ from extender.split import DECIDER_NAME, HTTP_WORKER_NAME
 from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
 from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
 
-from .cli import load_replay, parse_seeds
+from .cli import load_replay, parse_seeds, positive_number, whole_number
 from .runstore import code_version
 from .replay import CARD_MEMORY, INFLATE, SeedRun, arrival_order, binned, replay
 from .report import TABLE_POINTS, PolicyResult, format_table
@@ -942,23 +942,23 @@ def build_parser() -> argparse.ArgumentParser:
                "  python -m benchmarks.binpack.real --no-replay --burst 300 --burst-rounds 3   # the ratio, 3 rounds\n"
                "  python -m benchmarks.binpack.real --seeds 42 --limit 2000 --modes stowage")
     p.add_argument("--trace", default=DEFAULT_TRACE, help="trace name (default, gpushare40, ...) or CSV path")
-    p.add_argument("--seeds", type=parse_seeds, default=(42, 43, 44), help="42,43,44 (default), 42-44, 42 (that seed) or a count (3 = 42..44)")
+    p.add_argument("--seeds", type=parse_seeds, default=None, help="42,43,44 (default), 42-44, 42 (that seed) or a count (3 = 42..44)")
     p.add_argument("--modes", default=",".join(MODES),
                    help="comma list of stowage (kube-scheduler + extender) and plain (kube-scheduler alone)")
-    p.add_argument("--limit", type=int, default=None, help="only the first N arriving pods of each seed (smoke runs)")
-    p.add_argument("--until", type=float, default=None, metavar="PCT",
+    p.add_argument("--limit", type=whole_number(1), default=None, help="only the first N arriving pods of each seed (smoke runs)")
+    p.add_argument("--until", type=positive_number, default=None, metavar="PCT",
                    help="stop each seed once the arrived GPU workload would pass PCT %% of capacity "
                         "(e.g. 101 for the figures up to 100 %%; default: the whole 130 %% protocol)")
-    p.add_argument("--jobs", type=int, default=1,
+    p.add_argument("--jobs", type=whole_number(1), default=1,
                    help="replays run side by side, each on its own control plane (ports +10 per job)")
-    p.add_argument("--node-stride", type=int, default=1, help="every K-th node of the trace (a smaller cluster of the same mix)")
-    p.add_argument("--burst", type=int, default=0, metavar="N",
+    p.add_argument("--node-stride", type=whole_number(1), default=None, help="every K-th node of the trace (a smaller cluster of the same mix)")
+    p.add_argument("--burst", type=whole_number(0), default=None, metavar="N",
                    help="also time N GPU pods created at once, with the extender and plain (0: no burst)")
     p.add_argument("--reuse", action="append", default=[], metavar="JSON",
                    help="show the runs (mode, seed) not run now from an earlier binpack_real.json of the same "
                         "trace and cluster in the tables, e.g. plain rows or other seeds measured before; "
                         "repeatable, the first file that has a run gives it")
-    p.add_argument("--burst-rounds", type=int, default=1, metavar="K",
+    p.add_argument("--burst-rounds", type=whole_number(1), default=1, metavar="K",
                    help="time the burst K times in each mode, alternating which goes first, and report the "
                         "median ratio (one burst's ratio moves by 10 points from run to run on a shared machine)")
     p.add_argument("--burst-floor", action="store_true",
@@ -967,9 +967,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "this way could reach")
     p.add_argument("--no-replay", action="store_true", help="only the burst")
     p.add_argument("--quick", action="store_true",
-                   help="smoke run: seed 42, every 6th node, the first 400 pods, a burst of 100")
-    p.add_argument("--workers", type=int, default=2, help="the extender's --workers (scheduler.yaml runs 2)")
-    p.add_argument("--pod-timeout", type=float, default=120.0, help="seconds to wait for one pod's outcome")
+                   help="smoke run: seed 42, every 6th node, the first 400 pods, a burst of 100 "
+                        "(a flag given beside it stands: --quick --burst 0 times no burst)")
+    p.add_argument("--workers", type=whole_number(1), default=2, help="the extender's --workers (scheduler.yaml runs 2)")
+    p.add_argument("--pod-timeout", type=positive_number, default=120.0, help="seconds to wait for one pod's outcome")
     p.add_argument("--port-base", type=int, default=int(os.environ.get("STOWAGE_BENCH_PORT_BASE", "23950")),
                    help="first of 4 loopback ports for etcd/kube-apiserver/kube-scheduler (default $STOWAGE_BENCH_PORT_BASE or 23950)")
     p.add_argument("--work-dir", default=None, help="control plane files and logs (default: a temporary folder, kept on failure)")
@@ -1016,11 +1017,27 @@ def format_per_seed(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def settle_quick(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill in what the user left unsaid: ``--quick``'s smoke run (seed 42, every 6th node, the
+    first 400 pods, a burst of 100) or the full protocol (seeds 42-44, every node, no burst).
+    A value given on the command line always stands, so ``--quick --burst 0`` times no burst."""
+    smoke = args.quick
+    if args.seeds is None:
+        args.seeds = (42,) if smoke else (42, 43, 44)
+    if args.node_stride is None:
+        args.node_stride = 6 if smoke else 1
+    if args.limit is None and smoke:
+        args.limit = 400
+    if args.burst is None:
+        args.burst = 100 if smoke else 0
+    return args
+
+
 def load_inputs(args: argparse.Namespace) -> tuple[Nodes, Pods]:
     """The cluster and pods of the run: what the simulated benchmark replays for the same
     ``--trace`` and ``--node-stride`` (generated variants such as ``spec33`` included), loaded by
     the same function, so the real rows check exactly the simulated ones."""
-    return load_replay(str(data_dir(args.data_dir)), args.trace, args.node_stride)
+    return load_replay(str(data_dir(args.data_dir)), args.trace, args.node_stride or 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1030,11 +1047,10 @@ def main(argv: list[str] | None = None) -> int:
     # The simulated replay binds ~10,000 pods through the extender's service in this process: its
     # one line per bind would bury this tool's own progress (the real extender runs at warning too).
     logging.getLogger("stowage.extender").setLevel(logging.WARNING)
-    if args.quick:
-        args.seeds, args.node_stride, args.limit = (42,), 6, args.limit or 400
-        args.burst = args.burst or 100
-    if args.burst_rounds < 1:
-        print(f"error: --burst-rounds must be at least 1, not {args.burst_rounds}", file=sys.stderr)
+    settle_quick(args)
+    if args.no_replay and not args.burst:
+        print("error: --no-replay leaves only the burst, and there is none: give --burst N (e.g. --burst 300)",
+              file=sys.stderr)
         return 2
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
