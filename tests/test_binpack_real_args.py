@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.binpack.real import build_parser, settle_quick
+from cli_checks import assert_refused_by_name
 
 
 @pytest.mark.parametrize("flag, value", [
@@ -16,11 +17,7 @@ from benchmarks.binpack.real import build_parser, settle_quick
     ("--pod-timeout", "0"), ("--pod-timeout", "-3"), ("--jobs", "two"),
 ])
 def test_a_value_that_cannot_make_a_run_is_refused_by_name(flag, value, capsys):
-    with pytest.raises(SystemExit) as exc:
-        build_parser().parse_args([flag, value])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert f"argument {flag}: " in err and repr(value) in err
+    assert_refused_by_name(build_parser(), flag, value, capsys)
 
 
 def test_sane_values_are_taken():

@@ -78,3 +78,30 @@ def test_in_process_benchmark_places_every_pod_the_same_way_in_each_mode(tmp_pat
     assert (tmp_path / "p.prof").stat().st_size > 0
     assert len(results[0]["placed"]) >= 10
     assert results[0]["placed"] == results[1]["placed"] == results[2]["placed"]
+
+
+# ------------------------------------------------------------------ the command line
+import argparse  # noqa: E402
+
+import pytest  # noqa: E402
+
+from benchmarks.latency.cli import build_parser, settle_quick  # noqa: E402
+from cli_checks import assert_refused_by_name  # noqa: E402
+
+
+@pytest.mark.parametrize("flag, value", [("--sizes", "abc"), ("--sizes", "0,1000"), ("--sizes", ""),
+                                         ("--pods", "0"), ("--clients", "0"), ("--threads", "0"),
+                                         ("--full-pods", "-1"), ("--memory-nodes", "x")])
+def test_a_value_that_cannot_make_a_run_is_refused_by_name(flag, value, capsys):
+    assert_refused_by_name(build_parser(), flag, value, capsys)
+
+
+def test_quick_fills_in_only_what_the_user_did_not_say():
+    quick = settle_quick(build_parser().parse_args(["--quick"]))
+    assert (quick.sizes, quick.pods, quick.clients, quick.memory_nodes) == ([200], 40, 2, 1000)
+    mine = settle_quick(build_parser().parse_args(["--quick", "--sizes", "500,700", "--pods", "10",
+                                                   "--memory-nodes", "0"]))
+    assert (mine.sizes, mine.pods, mine.clients, mine.memory_nodes) == ([500, 700], 10, 2, 0)
+    full = settle_quick(build_parser().parse_args([]))
+    assert (full.sizes, full.pods, full.clients, full.full_max) == ([1000, 5000, 10000], 600, 4, 5000)
+    assert isinstance(full, argparse.Namespace)

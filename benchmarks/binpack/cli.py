@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import multiprocessing as mp
 import os
 import sys
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
+
+from ..cliargs import whole_number
 
 from .replay import SEEDS, binned, replay
 from . import runstore
@@ -46,32 +47,6 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     if not seeds or min(seeds) < 0:
         raise argparse.ArgumentTypeError(f"bad --seeds {text!r} (e.g. 10, 42, 42,43 or 42-51)")
     return seeds
-
-
-def whole_number(minimum: int):
-    """An argparse type: a whole number of at least ``minimum``, refused by name otherwise (a
-    ``--jobs 0`` or ``--node-stride 0`` would otherwise start a run that cannot work)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be a whole number of at least {minimum}, not {text!r}")
-        return value
-    parse.__name__ = f"whole number >= {minimum}"
-    return parse
-
-
-def positive_number(text: str) -> float:
-    """An argparse type: a finite number above 0 (seconds, percentages)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a number above 0, not {text!r}")
-    return value
 
 
 def subset(nodes: Nodes, stride: int) -> Nodes:

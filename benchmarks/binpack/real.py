@@ -67,7 +67,8 @@ from extender.split import DECIDER_NAME, HTTP_WORKER_NAME
 from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
 from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
 
-from .cli import load_replay, parse_seeds, positive_number, whole_number
+from ..cliargs import positive_number, whole_number
+from .cli import load_replay, parse_seeds
 from .runstore import code_version
 from .replay import CARD_MEMORY, INFLATE, SeedRun, arrival_order, binned, replay
 from .report import TABLE_POINTS, PolicyResult, format_table

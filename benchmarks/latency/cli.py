@@ -27,12 +27,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..cliargs import number_list, whole_number
 from . import cluster, procs
 from .client import Workload, prefill, schedule
 from .memory import measure_in_subprocess
 from .report import add_ratios, format_table, summarise, write_outputs
 
-QUICK = {"sizes": "200", "pods": 40, "full_pods": 6, "full_max": 200, "memory_nodes": 1000, "clients": 2}
+DEFAULTS = {"sizes": [1000, 5000, 10000], "pods": 600, "full_pods": 30, "full_max": 5000, "memory_nodes": 10000,
+            "clients": 4}
+QUICK = {"sizes": [200], "pods": 40, "full_pods": 6, "full_max": 200, "memory_nodes": 1000, "clients": 2}
 
 
 def cpu_model() -> str:
@@ -48,20 +51,21 @@ def cpu_model() -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.latency", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default="1000,5000,10000", help="comma-separated cluster sizes (GPU nodes, 8 cards each)")
-    p.add_argument("--pods", type=int, default=600, help="pods scheduled per size and variant")
-    p.add_argument("--clients", type=int, default=4, help="concurrent client processes (one keep-alive connection each)")
-    p.add_argument("--threads", type=int, default=8, help="request threads per gunicorn worker (as deployed)")
+    p.add_argument("--sizes", type=number_list(1), default=None, help="comma-separated cluster sizes (GPU nodes, 8 cards each; default 1000,5000,10000)")
+    p.add_argument("--pods", type=whole_number(1), default=None, help="pods scheduled per size and variant (default 600)")
+    p.add_argument("--clients", type=whole_number(1), default=None, help="concurrent client processes (one keep-alive connection each; default 4)")
+    p.add_argument("--threads", type=whole_number(1), default=8, help="request threads per gunicorn worker (as deployed)")
     p.add_argument("--workers", default="1,2",
                    help="comma-separated gunicorn worker counts to run: 1 = the one-process layout, N > 1 = the "
                         "split layout (N HTTP workers + one decision process); the floor runs with the same count")
-    p.add_argument("--full-pods", type=int, default=30, help="pods scheduled with full Node objects (nodeCacheCapable: false)")
-    p.add_argument("--full-max", type=int, default=5000, help="largest size also run with full Node objects")
+    p.add_argument("--full-pods", type=whole_number(0), default=None, help="pods scheduled with full Node objects (nodeCacheCapable: false; default 30)")
+    p.add_argument("--full-max", type=whole_number(0), default=None, help="largest size also run with full Node objects (default 5000)")
     p.add_argument("--churn-rate", type=float, default=300.0, help="pod watch events per second in the churn variant (0: skip)")
-    p.add_argument("--memory-nodes", type=int, default=10000, help="cluster size of the model memory measurement (0: skip it)")
+    p.add_argument("--memory-nodes", type=whole_number(0), default=None, help="cluster size of the model memory measurement (0: skip it; default 10000)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", default="results/latency", help="output folder (CSV, JSON)")
-    p.add_argument("--quick", action="store_true", help="smoke run: 200 nodes, a few dozen pods (seconds)")
+    p.add_argument("--quick", action="store_true", help="smoke run: 200 nodes, a few dozen pods (seconds); a flag given "
+                   "beside it stands")
     return p
 
 
@@ -167,13 +171,20 @@ def run_layout(n: int, w: int, a: argparse.Namespace, tmp: Path, data: SizeInput
     return rows
 
 
+def settle_quick(a: argparse.Namespace) -> argparse.Namespace:
+    """What the user did not give: ``--quick``'s smoke values or the full run's. A value given on
+    the command line always stands (``--quick --sizes 500`` measures 500 nodes)."""
+    for key, value in (QUICK if a.quick else DEFAULTS).items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
+    return a
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
-    if a.quick:
-        for k, v in QUICK.items():
-            setattr(a, k, v)
-    sizes = [int(s) for s in str(a.sizes).split(",") if s.strip()]
+    settle_quick(a)
+    sizes = a.sizes
     try:
         a.worker_counts = [int(s) for s in str(a.workers).split(",") if s.strip()]
     except ValueError:
