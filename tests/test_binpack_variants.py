@@ -125,3 +125,29 @@ def test_seeds_42_means_seed_42_not_42_seeds():
     for bad in ("0", "-3", "x", "44-42"):
         with pytest.raises(argparse.ArgumentTypeError, match="bad --seeds"):
             cli.parse_seeds(bad)
+
+
+# ------------------------------------------------------------------ the elastic scenario's timeline
+@needs_trace
+def test_a_variant_has_the_creation_and_deletion_times_of_the_default_pods_it_is_made_of():
+    from benchmarks.elastic.workload import load_times
+    c0, d0 = load_times("default", DATA)
+    c, d = load_times("spec33", DATA)              # the same pods, some with a model list
+    assert len(c) == len(load_trace("spec33", DATA)) and (c == c0).all() and (d == d0).all()
+    multi = load_trace("multigpu40", DATA)
+    c, d = load_times("multigpu40", DATA)
+    assert len(c) == len(d) == len(multi) > len(c0)
+    assert (c[:len(c0)] == c0).all() and (d[:len(d0)] == d0).all()
+    base = load_pods("default", DATA)
+    for k in range(len(c0), len(multi)):          # each resampled pod lives when the pod it repeats did
+        same = np.flatnonzero((c0 == c[k]) & (d0 == d[k]))
+        assert any(base.num_gpu[j] == multi.num_gpu[k] and base.cpu_milli[j] == multi.cpu_milli[k] for j in same)
+
+
+@needs_trace
+def test_the_elastic_scenario_runs_a_variant(tmp_path, capsys):
+    from benchmarks.elastic.cli import main
+    rc = main(["--quick", "--trace", "multigpu40", "--policies", "most-allocated", "--jobs", "1",
+               "--out", str(tmp_path / "e")])
+    assert rc == 0, capsys.readouterr().err
+    assert "multigpu40 trace" in capsys.readouterr().out

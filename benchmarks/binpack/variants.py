@@ -83,6 +83,15 @@ def with_specs(base: Pods, pct: int, mix: dict[tuple[int, bool], list[str]],
 def with_multigpu(base: Pods, pct: int, name: str) -> Pods:
     """``base`` plus multi-GPU pods resampled from its own until they request ``pct`` % of the
     GPU-milli (unchanged when they already do)."""
+    rows = multigpu_rows(base, pct)
+    return Pods(name=name, cpu_milli=base.cpu_milli[rows], memory_mib=base.memory_mib[rows],
+                num_gpu=base.num_gpu[rows], gpu_milli=base.gpu_milli[rows],
+                gpu_spec=tuple(base.gpu_spec[j] for j in rows.tolist()))
+
+
+def multigpu_rows(base: Pods, pct: int) -> np.ndarray:
+    """The rows of ``base`` that variant ``multigpu<pct>`` is made of: every row once, then the
+    resampled multi-GPU rows, each a copy of the row it repeats."""
     rng = np.random.default_rng([VARIANT_SEED, _KIND["multigpu"], pct])
     multi = np.flatnonzero(base.num_gpu > 1)
     if not len(multi):
@@ -95,10 +104,23 @@ def with_multigpu(base: Pods, pct: int, name: str) -> Pods:
         extra.append(j)
         multi_milli += int(milli[j])
         total += int(milli[j])
-    rows = np.concatenate([np.arange(len(base)), np.array(extra, np.int64)])
-    return Pods(name=name, cpu_milli=base.cpu_milli[rows], memory_mib=base.memory_mib[rows],
-                num_gpu=base.num_gpu[rows], gpu_milli=base.gpu_milli[rows],
-                gpu_spec=tuple(base.gpu_spec[j] for j in rows.tolist()))
+    return np.concatenate([np.arange(len(base)), np.array(extra, np.int64)])
+
+
+def source_rows(trace: str, directory: Path) -> np.ndarray | None:
+    """For a generated variant (no file of its name in ``directory``), the row of ``default``
+    each of its pods comes from, in the variant's order: what a consumer that needs more than the
+    pods' shapes (the elastic scenario's creation and deletion times) reads from the default file.
+    None for a trace read from its own file."""
+    name = trace_name(trace)
+    if not is_variant(name) or trace_path(trace, directory).is_file():
+        return None
+    m = _NAME.match(name)
+    assert m is not None
+    base = load_pods(DEFAULT_TRACE, directory)
+    if m.group(1) == "spec":
+        return np.arange(len(base))
+    return multigpu_rows(base, int(m.group(2)))
 
 
 def make_variant(name: str, directory: Path) -> Pods:

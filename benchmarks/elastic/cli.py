@@ -18,7 +18,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from benchmarks.binpack.cli import subset
-from benchmarks.binpack.trace import DEFAULT_TRACE, REPO_ROOT, TraceError, data_dir, load_nodes, load_pods, trace_name
+from benchmarks.binpack.trace import DEFAULT_TRACE, REPO_ROOT, TraceError, data_dir, load_nodes, trace_name
+from benchmarks.binpack.variants import load_trace
 from packing.registry import PLACERS, POLICY_PLACER
 
 from .report import format_table, write_outputs
@@ -42,7 +43,9 @@ def _shape(req) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.elastic", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", default=DEFAULT_TRACE, help="trace name (default, gpushare40, gpuspec10, cpu100) or CSV path")
+    p.add_argument("--trace", default=DEFAULT_TRACE,
+                   help="trace name (default, gpushare40, gpuspec10, cpu100), a generated variant (spec33, "
+                        "multigpu40: the default pods' times, benchmarks/binpack/variants.py) or CSV path")
     p.add_argument("--data-dir", default=None, help="folder with the openb CSVs (default ../shared/openb, or $STOWAGE_OPENB)")
     p.add_argument("--policies", default=None, help="comma-separated placer names (default: all registered)")
     p.add_argument("--seeds", default="42", help="comma-separated seeds (tie-break order, fractional copies)")
@@ -67,7 +70,7 @@ def _scenario(directory: str, trace: str, stride: int, days: float, step: int, d
     nodes = load_nodes(d)
     if stride > 1:
         nodes = subset(nodes, stride)
-    pods = load_pods(trace, d)
+    pods = load_trace(trace, d)
     created, deleted = load_times(trace, d)
     return nodes, build(nodes, pods, created, deleted, days=days, step_s=step, deployments=deployments,
                         peak=peak, seed=seed)

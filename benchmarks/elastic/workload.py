@@ -24,14 +24,22 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.binpack.trace import Nodes, Pods, TraceError, trace_path
+from benchmarks.binpack.trace import DEFAULT_TRACE, Nodes, Pods, TraceError, trace_path
+from benchmarks.binpack.variants import source_rows
 from stowage.resources import GpuRequest
 
 DAY = 86400
 
 
 def load_times(trace: str, directory: Path) -> tuple[np.ndarray, np.ndarray]:
-    """[P] creation and deletion times (seconds) of the trace's pods, in file order."""
+    """[P] creation and deletion times (seconds) of the trace's pods, in file order. A generated
+    variant (``spec33``, ``multigpu40``: benchmarks/binpack/variants.py) has the times of the
+    ``default`` pods it is made of; a resampled multi-GPU pod arrives and leaves with the pod it
+    repeats."""
+    rows = source_rows(trace, directory)
+    if rows is not None:
+        created, deleted = load_times(DEFAULT_TRACE, directory)
+        return created[rows], deleted[rows]
     path = trace_path(trace, directory)
     try:
         with path.open(newline="") as fh:
