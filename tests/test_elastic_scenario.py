@@ -206,3 +206,48 @@ def test_stowage_switches_to_churn_mode_when_a_gpu_pod_leaves(monkeypatch):
                        capacity_milli=8000, dropped_short=0)
     run(leaving, nodes(2), "stowage", 42)
     assert made[-1].churn
+
+
+def test_pods_are_learned_when_created_before_any_of_them_is_placed(monkeypatch):
+    """The live extender learns a pending pod when its watch shows it (``on_pod_seen`` =
+    ``learn_pod``), long before kube-scheduler, working through a burst at tens of pods per
+    second, reaches it. So in the simulation every pod created in a step (the first step's
+    replicas of every deployment, the jobs that arrive, a scale-out) is learned before the
+    first pod of that step is placed. (It once learned a pod at its first scheduling attempt:
+    on the first step a deployment that may use any GPU was placed before the placer had seen
+    the T4-only deployments created with it, and took the T4 cards they needed.)"""
+    from benchmarks.elastic import sim
+    from benchmarks.elastic.workload import Job
+
+    log: list[tuple[str, int]] = []
+    real_get, real_schedule = sim.get_placer, sim.schedule
+
+    def counting(name):
+        placer = real_get(name)
+        inner = placer.observe
+
+        def observe(req, models=()):
+            log.append(("learn", 0))
+            inner(req, models)
+        placer.observe = observe
+        return placer
+
+    def scheduling(service, pod, names, tie=None, refusals=None):
+        log.append(("place", 0))
+        return real_schedule(service, pod, names, tie, refusals)
+
+    monkeypatch.setattr(sim, "get_placer", counting)
+    monkeypatch.setattr(sim, "schedule", scheduling)
+    a = Deployment(name="any", req=GpuRequest(gpus=1), models=(), demand=np.array([3, 3, 3], float), trace_pods=1)
+    b = Deployment(name="only-t4", req=GpuRequest(gpus=1), models=("T4",), demand=np.array([2, 2, 2], float),
+                   trace_pods=1)
+    jobs = (Job(req=GpuRequest(gpus=0, core_milli=500, mem_mib=500), models=(), start=0, end=3),
+            Job(req=GpuRequest(gpus=2), models=(), start=2, end=3))
+    sc = Scenario(deployments=(a, b), jobs=jobs, t0=0, step_s=60, steps=3, scale=1.0, capacity_milli=16000,
+                  dropped_short=0)
+    run(sc, nodes(4), "stowage", 42, HpaSettings(scale_down_window_s=0))
+    kinds = [k for k, _ in log]
+    first_place = kinds.index("place")
+    assert kinds[:first_place] == ["learn"] * 6          # 3 + 2 replicas and the first job
+    assert kinds.count("learn") == 7                      # the later job once, when it arrived
+    assert kinds.index("learn", first_place) < len(kinds) - 1 and kinds[-1] == "place"

@@ -12,9 +12,12 @@ Every ``step_s`` seconds (an HPA sync) the simulation:
    sent through the extender's own service calls (:func:`extender.placing.schedule`, shared
    with the binpack replay and ``stowage plan``: filter, prioritize, the best-scored node —
    ties: the seed's fixed node order, as in the binpack benchmark — and bind, which books it)
-   or stays Pending and is retried next step. The placer learns each pod once, at its first
-   scheduling attempt, because the service does (``ExtenderService.pod_info`` observes a pod
-   the first time it sees it): retries of a Pending pod are not new pods;
+   or stays Pending and is retried next step. The placer learns each pod once, when it is
+   created, because the live extender does: its watch shows every pending pod of its
+   schedulers as it appears (``KubeFeeder.on_pod_seen`` = ``ExtenderService.learn_pod``),
+   while kube-scheduler works through its queue at tens of pods per second, so of a burst of
+   new pods (a scale-out, the first step's replicas) the extender knows all before it places
+   the first. Retries of a Pending pod are not new pods;
 4. counts empty nodes: a node with no pod at all for ``unneeded_s`` (cluster-autoscaler's
    scale-down-unneeded-time, 10 min) is one the autoscaler could have released. Counted in
    node-hours and in GPU-hours (its GPUs x hours): node-hours alone would rate emptying a
@@ -71,7 +74,6 @@ class Item:
     node: int = -1
     placed: int = -1                # step placed, -1 while pending
     dead: bool = False
-    seen: bool = False              # has met the extender (its placers learned it)
     pod: dict | None = None         # the Pod object (made at its first scheduling attempt)
 
     @property
@@ -178,12 +180,6 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
                                  namespace=NAMESPACE, uid=it.uid, memory_unit_mib=MEMORY_UNIT_MIB)
         return it.pod
 
-    def meet_extender(it: Item) -> None:
-        """A pod kube-scheduler tries this round without calling filter for it (its queue's
-        head did not fit): the service learns it as filter would (once per uid)."""
-        it.seen = True
-        service.learn_pod(pod_of(it))
-
     seq = 0
     queues: dict[tuple, deque[Item]] = {}
     placed_milli = 0
@@ -202,6 +198,7 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
         seq += 1
         it = Item(seq=seq, req=req, key=(req, models), created=step, dep=dep, event=event)
         queues.setdefault(it.key, deque()).append(it)
+        service.learn_pod(pod_of(it))   # the watch shows the new pending pod: the service learns it
         return it
 
     events: list[list[int]] = []         # scale-out event -> [created step, replicas, placed at once]
@@ -309,20 +306,8 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
             q = queues[key]
             it = q[0]
             req = it.req
-            it.seen = True   # filter learns it
             node = schedule(service, pod_of(it), node_names, rank)
             if node is None:
-                # kube-scheduler tries every queued pod this round, so the new pods behind this
-                # head (same shape, so they do not fit either) meet the extender now too. Seen
-                # pods form a prefix of the queue: the unseen ones are its tail.
-                new = []
-                for other in reversed(q):
-                    if other.seen:
-                        break
-                    new.append(other)
-                for other in reversed(new):
-                    if not other.dead:
-                        meet_extender(other)
                 continue
             i = model.index[node]   # bind booked it
             placed_milli += _milli(req)
