@@ -158,3 +158,52 @@ def test_the_first_model_limited_pod_invalidates_cached_scores():
     v = placer.version
     placer.observe(GpuRequest(gpus=1), ("A100",))  # a rebuild may bump it; the 7th pod does not rebuild
     assert placer.version == v
+
+
+def saturating_history(n: int = 8):
+    """Half the whole-GPU pods seen may only use T4: on a cluster with 2 T4 cards of 10 they want
+    every T4 card (rho = 1/2 * 10 / 2, capped at 1)."""
+    return [(WHOLE, T4 if k % 2 else ANY) for k in range(n)]
+
+
+@pytest.mark.parametrize("tie", [np.array([0, 1]), np.array([1, 0])], ids=["t4-first", "g2-first"])
+def test_in_churn_mode_a_saturated_models_card_costs_more_than_opening_a_node(tie):
+    """Churn mode (pods have left the cluster) prefers nodes that already run a GPU pod: opening
+    an empty node costs CHURN_COST, far above the model pressure (at most a GPU-milli per
+    GPU-milli). So a pod that may run anywhere took the last T4 card of a T4 node in use rather
+    than open the empty G2 node, and the T4-only pod after it found no card (the elastic
+    scenario on spec33: the T4-only shares were never placed). Where the pods limited to a model
+    want all of its cards, a card of it is the last thing a pod with a choice takes."""
+    n = Nodes(names=("t4", "g2"), cpu_milli=np.array([64000, 64000]), memory_mib=np.array([512000, 512000]),
+              gpus=np.array([2, 8]), model=("T4", "G2"))
+    model = build_cluster(n)
+    placer = attach_placer(get_placer("stowage"), model, seed=0)
+    placer.note_release()
+    assert placer.churn
+    for req, models in saturating_history():
+        placer.observe(req, models)
+    got = []
+    for e, (req, models) in enumerate([(WHOLE, T4), (WHOLE, ANY), (WHOLE, T4)]):
+        placer.observe(req, models)
+        d = decide(model.a, model.models, req, PodPolicy(models_include=models), placer, tie=tie)
+        got.append(None if d is None else model.names[d[0]])
+        if d is not None:
+            model.assign(f"p{e}", f"p{e}", model.names[d[0]], d[1], req)
+    assert got == ["t4", "g2", "t4"]
+
+
+@pytest.mark.parametrize("tie", [np.array([0, 1]), np.array([1, 0])], ids=["t4-first", "g2-first"])
+def test_a_saturated_models_card_costs_more_than_breaking_a_big_nodes_capability(tie):
+    """The elastic scenario's first step on spec33: 1-GPU pods that may run anywhere, 8-GPU pods
+    (their capability pressure protects the 8-card nodes), and T4-only pods that want every T4
+    card. Breaking the empty 8-card node cost more (the 8-GPU class's capability) than a T4
+    card (its pressure, up to 1,000 GPU-milli, less the fragmentation gain of filling a card
+    the 8-GPU pods cannot use), so the flexible pods took the T4 cards and the T4-only pods found
+    none. A saturated model's card is now the last choice: the flexible pods break the 8-card
+    node and the T4-only pods fit."""
+    n = Nodes(names=("t4", "g2"), cpu_milli=np.array([64000, 96000]), memory_mib=np.array([512000, 393216]),
+              gpus=np.array([2, 8]), model=("T4", "G2"))
+    eight = GpuRequest(gpus=8, cpu_milli=32000, host_mem_mib=128000)
+    history = [(eight, ANY)] + [(WHOLE, T4), (WHOLE, ANY)] * 4
+    arrivals = [(WHOLE, ANY), (WHOLE, ANY), (WHOLE, T4), (WHOLE, T4)]
+    assert place_all("stowage", build_cluster(n), history, arrivals, tie) == ["g2", "g2", "t4", "t4"]

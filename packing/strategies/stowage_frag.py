@@ -35,6 +35,21 @@ P100-only pods needed: 2.1x FGD's unallocated GPUs on a variant with a quarter o
 limited (docs/binpack.md). No pod limited to models: every ``rho`` is 0, nothing changes.
 ``rho`` is computed once per rebuild of the learned table, so scores stay row-local.
 
+Saturated models. Where the limited pods want every card of a model (the sum behind ``rho(m)``
+reaches 1: their share of the demand is at least the model's share of the cards), each of its
+cards a pod takes is one a limited pod will not get, whatever else happens; a pod with a choice
+must then take such a card last, not trade it against the other terms. So on a saturated model
+the cost per GPU-milli is :data:`SATURATED_COST` instead of ``rho`` (1: a tier above every other
+term: 10 GPU-milli of it outweigh the churn cost of opening a node, and a share's SS term).
+Pods limited to the model pay it on every card they may use, so it changes nothing for them.
+Without it two things went wrong on the constrained variants: the pressure (at most 1,000 per
+card) lost to the capability pressure of an empty 8-card node (r * 8,000) and the fragmentation
+gain of filling a card the multi-GPU classes cannot use, so 1-GPU pods that could run anywhere
+filled the T4 cards first (a burst at the elastic scenario's start); and in churn mode, where an
+empty node costs CHURN_COST, they took the T4 cards of nodes in use rather than open a node. On
+the arrival replay (3 seeds) spec33 gains 0.8 point at 90-100 % arrived and spec40 1.6; the
+elastic scenario on spec33 places ~2,000 more jobs (docs/elastic.md).
+
 Capability pressure. Some whole-GPU classes fit on only a few nodes at all: on the openb
 cluster an 8-GPU pod asking for 120 cores and 720 GiB fits only the 39 G3 nodes (128 cores,
 768 GiB), which are also the 8-card nodes with the most host memory per GPU, so the stranding
@@ -90,6 +105,7 @@ from ..pod_policy import SPREAD, PodPolicy
 
 STRAND_WEIGHT = 2.0
 PRESSURE_WEIGHT = 1.0  # model pressure: cost per GPU-milli taken on a card whose model is wanted
+SATURATED_COST = 1e4   # cost per GPU-milli on a card of a model the limited pods want all of
 CAPABILITY_WEIGHT = 1.0  # capability pressure: cost per GPU-milli of scarce capability lost
 CHURN_COST = 1e5   # churn mode: placing a GPU pod on a node that runs no GPU pod (see the module doc)
 
@@ -115,6 +131,7 @@ class StowageFragPlacer(FragPlacerBase):
     host_memory = True
     strand_weight = STRAND_WEIGHT
     pressure_weight = PRESSURE_WEIGHT
+    saturated_cost = SATURATED_COST
     capability_weight = CAPABILITY_WEIGHT
     scarcity_now = True     # capability pressure also from the nodes that can host a class now
 
@@ -316,6 +333,13 @@ class StowageFragPlacer(FragPlacerBase):
         self._pressure = np.minimum(rho, 1.0)
         return self._pressure
 
+    def model_cost(self, a: CardArrays) -> np.ndarray:
+        """[model ids] the cost per GPU-milli a pod pays on a card of each model: its pressure
+        ``rho``, or :attr:`saturated_cost` where the limited pods want every card of it
+        (``rho`` reached 1; see "Saturated models" in the module doc)."""
+        rho = self.model_pressure(a)
+        return np.where(rho >= 1.0 - 1e-9, self.saturated_cost, rho)
+
     def _demand_milli(self, acc: list[float], card: float) -> float:
         """GPU-milli of a demand accumulator ([whole milli, share compute, share memory]) on
         cards of ``card`` MiB."""
@@ -427,11 +451,12 @@ class StowageFragPlacer(FragPlacerBase):
 
     def pressure_cost(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray | None,
                       rows: np.ndarray | None, kk: np.ndarray | None) -> np.ndarray | float:
-        """GPU-milli the pod takes times the pressure on the cards' model: per node for a
-        whole-GPU pod (its usable cards' mean pressure), per (node, card) pair for a share."""
+        """GPU-milli the pod takes times the cost per GPU-milli of the cards' model
+        (:meth:`model_cost`): per node for a whole-GPU pod (its usable cards' mean cost), per
+        (node, card) pair for a share."""
         if not req.is_gpu or not self.model_demand:
             return 0.0
-        rho = self.model_pressure(a)
+        rho = self.model_cost(a)
         if not rho.any():
             return 0.0
         if rows is None:
