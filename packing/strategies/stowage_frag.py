@@ -47,8 +47,9 @@ card) lost to the capability pressure of an empty 8-card node (r * 8,000) and th
 gain of filling a card the multi-GPU classes cannot use, so 1-GPU pods that could run anywhere
 filled the T4 cards first (a burst at the elastic scenario's start); and in churn mode, where an
 empty node costs CHURN_COST, they took the T4 cards of nodes in use rather than open a node. On
-the arrival replay (3 seeds) spec33 gains 0.8 point at 90-100 % arrived and spec40 1.6; the
-elastic scenario on spec33 places ~2,000 more jobs (docs/elastic.md).
+the arrival replay (median of 10 seeds) spec33 gains 0.7-0.8 point at 90-100 % arrived and
+spec40 1.8-1.9 (past saturation spec40 loses 0.3: flexible pods wait while T4 cards are kept);
+the elastic scenario: docs/elastic.md. docs/binpack.md, "Saturated models".
 
 Capability pressure. Some whole-GPU classes fit on only a few nodes at all: on the openb
 cluster an 8-GPU pod asking for 120 cores and 720 GiB fits only the 39 G3 nodes (128 cores,
