@@ -195,7 +195,7 @@ def test_a_restarted_extender_answers_the_same_where_the_capability_pressure_is_
                     placer._capability, placer.scarcity_now = None, now
                     placer._index(model.a)
                     got = placer.capability_pressure(model.a)
-                    values.append(None if got is None else got[-1].tolist())
+                    values.append(None if got is None else got.value.tolist())
                 placer._capability, placer.scarcity_now = None, True
             active += values[0] != values[1]
     assert active > 0, "the workloads never made the scarcity measured now matter: the test would prove nothing"

@@ -61,7 +61,8 @@ def test_capability_pressure_values_the_scarce_class_only():
         placer.observe(req, models)
     placer._rebuild()   # the table (and what the pressure is computed from) as of all 15 pods
     placer._index(model.a)
-    grp, need, cpu, mem, value = placer.capability_pressure(model.a)
+    cap = placer.capability_pressure(model.a)
+    need, cpu, mem, value = cap.need, cap.cpu, cap.mem, cap.value
     assert need.tolist() == [8] and cpu.tolist() == [120_000.0] and mem.tolist() == [737_280.0]
     assert value.tolist() == pytest.approx([0.8 * 8000])
 
@@ -106,7 +107,8 @@ def test_a_whole_gpu_pod_takes_all_its_cards_from_the_capability():
         placer.observe(req, ANY)
     placer._rebuild()
     placer._index(model.a)
-    grp, need, cpu, mem, value = placer.capability_pressure(model.a)
+    cap = placer.capability_pressure(model.a)
+    need, cpu, mem, value = cap.need, cap.cpu, cap.mem, cap.value
     assert sorted(need.tolist()) == [4, 8]
     usable = model.a.exists & model.a.healthy
     cost = placer.capability_cost(model.a, MID8, np.array([0, 1]), usable, None, None)
@@ -138,7 +140,8 @@ def test_capability_value_rises_when_the_capable_nodes_run_out():
         placer.observe(req, models)
     placer._rebuild()
     placer._index(model.a)
-    grp, need, cpu, mem, value = placer.capability_pressure(model.a)
+    cap = placer.capability_pressure(model.a)
+    need, cpu, mem, value = cap.need, cap.cpu, cap.mem, cap.value
     assert need.tolist() == [8]
     assert value.tolist() == pytest.approx([8000 * (1 - np.exp(-0.4))])
 
@@ -155,3 +158,66 @@ def test_the_last_node_a_rare_class_fits_is_kept(tie, monkeypatch):
     monkeypatch.setattr(sf.StowageFragPlacer, "scarcity_now", False)
     got = place_all("stowage", many_small_one_big_left(), RARE_HISTORY, [(HUNGRY_CPU, ANY), (BIG8, ANY)], tie)
     assert got == ["big1", None]
+
+
+# --------------------------------------------------------------------------- shares limited to models
+# The elastic scenario on spec33 lost P100-only shares (12 cores, 46 GiB of host memory each) to
+# pods that could run anywhere: those took the host room of the few P100 nodes, and nothing
+# valued a P100 node's ability to host such a share (the capability pressure protected
+# whole-GPU classes only). A share limited to models is protected the same way now.
+P100, G2 = ("P100",), ("G2",)
+FLEX = GpuRequest(gpus=1, cpu_milli=11_300, host_mem_mib=49_152)            # may run anywhere
+G2_ONE = GpuRequest(gpus=1, cpu_milli=4_000, host_mem_mib=24_576)           # G2 cards only
+P100_SHARE = GpuRequest(mem_mib=650, core_milli=650, cpu_milli=12_000, host_mem_mib=47_104)  # P100 only
+
+
+def p100_and_g2() -> ClusterModel:
+    """A 2-card P100 node with 16 cores and 120 GiB (room for one P100 share, or one flexible
+    pod, not both) and an 8-card G2 node."""
+    return build_cluster(Nodes(names=("p100", "g2"), cpu_milli=np.array([16_000, 96_000]),
+                               memory_mib=np.array([122_880, 393_216]), gpus=np.array([2, 8]),
+                               model=("P100", "G2")))
+
+
+def share_history(g2_pods: int):
+    """15 pods seen (the learned table is rebuilt at the 16th, the first arrival): mostly
+    G2-only 1-GPU pods (so the P100 cards look like idle GPU no typical pod can use, which the
+    fragmentation score wants filled), two flexible pods, two P100-only shares."""
+    return [(G2_ONE, G2)] * g2_pods + [(FLEX, ANY)] * (13 - g2_pods) + [(P100_SHARE, P100)] * 2
+
+
+def test_a_shares_place_on_its_models_node_is_valued():
+    """The P100 share class is protected: K_all = 10 cards, K_S = 2 (only the P100 node has the
+    host room), q = 1,300 / 14,300 of the GPU demand seen (11 G2 pods, 2 flexible, 2 shares of
+    650 milli) -> r = q * 8 / 2 = 0.36 over the empty cluster; but its one place now (one share's
+    host room on the P100 node) and lam = q * 10,000 / 650 = 1.40 shares to come make it
+    P(X >= 1) = 1 - e^-1.40: the place is worth that times 650 GPU-milli. A flexible pod on the
+    P100 node takes it; on the G2 node it does not."""
+    model = p100_and_g2()
+    placer = attach_placer(get_placer("stowage"), model, seed=0)
+    for req, models in share_history(11):
+        placer.observe(req, models)
+    placer._rebuild()
+    placer._index(model.a)
+    cap = placer.capability_pressure(model.a)
+    share = cap.shares
+    assert share.sum() == 1 and cap.share_mem[share].tolist() == [650] and cap.cpu[share].tolist() == [12_000.0]
+    q = 1300 / 14300
+    assert cap.value[share].tolist() == pytest.approx([650 * (1 - np.exp(-q * 10_000 / 650))])
+    usable = model.a.exists & model.a.healthy & (model.a.pods == 0)
+    cost = placer.capability_cost(model.a, FLEX, np.array([0, 1]), usable, None, None)
+    lost_on_p100 = cost[0] - cost[1]
+    assert lost_on_p100 == pytest.approx(cap.value[share][0])
+
+
+@pytest.mark.parametrize("tie", TIES, ids=["p100-first", "g2-first"])
+@pytest.mark.parametrize("g2_pods", [11, 12])
+def test_a_pod_that_fits_anywhere_leaves_a_model_limited_share_its_host_room(tie, g2_pods, monkeypatch):
+    """A flexible 1-GPU pod, then a P100-only share: both fit only if the flexible pod goes to
+    the G2 node. Without the shares' protection (whole-GPU classes only, as before) the
+    fragmentation score's pull to the P100 cards wins and the share finds no room."""
+    arrivals = [(FLEX, ANY), (P100_SHARE, P100)]
+    assert place_all("stowage", p100_and_g2(), share_history(g2_pods), arrivals, tie) == ["g2", "p100"]
+    import packing.strategies.stowage_frag as sf
+    monkeypatch.setattr(sf, "protectable", lambda cls: bool(cls.gpus))
+    assert place_all("stowage", p100_and_g2(), share_history(g2_pods), arrivals, tie) == ["p100", None]

@@ -71,6 +71,16 @@ is used up at the demand mix seen (Poisson). The c-th place is needed when at le
 come, so ``r`` is at least ``P(X >= c)``: ~0 while places are plentiful, rising to 1 as they run
 out. Computed once per learned table (row-local).
 
+The same protects shares limited to GPU models (:func:`protectable`): a share's capable set is
+the nodes with a card of its models and the host CPU and memory it asks for, its value ``r *``
+its GPU-milli, and a node loses it when no card could still hold the share or its host room
+is gone. On the openb cluster a P100-only share asking 12 cores and 46 GiB fits a 16-core
+P100 node once; a pod that could run anywhere (11 cores, 48 GiB) placed there first takes that
+place, and nothing else valued it: the model pressure counts cards, and P100 cards were not
+scarce, the P100 nodes' host room was (the elastic scenario on spec33 lost most of its P100
+shares that way; docs/elastic.md). Shares that may use any card are left out: nearly every
+node can host them (r ~ 0), and the stranding term keeps host room for GPUs in general.
+
 Churn mode. In a cluster where pods come and go, an empty node is worth more than any
 fragmentation gain: the cluster autoscaler can remove it (and a node that stays empty keeps
 room for the biggest pods). So once the placer learns that GPU pods have LEFT the cluster
@@ -91,6 +101,7 @@ NVLink/NUMA locality. Cost per request: one vectorised evaluation over the feasi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -123,6 +134,40 @@ def poisson_at_least(lam: float, c: int) -> float:
         below += term
         term *= lam / (k + 1)
     return max(0.0, 1.0 - below)
+
+
+def protectable(cls: PodClass) -> bool:
+    """Whether the capability pressure protects a class's places: whole-GPU classes (their
+    capable set can be a few big nodes), and shares limited to GPU models (their capable set is
+    the nodes of those models with the host room for them). A share that may use any card fits
+    almost anywhere; the stranding term keeps host room for it."""
+    return bool(cls.gpus) or (cls.is_gpu and bool(cls.models))
+
+
+@dataclass(frozen=True)
+class ProtectedClasses:
+    """The classes the capability pressure protects, as arrays over them: table group, cards
+    needed (1 for a share), host CPU and memory, the GPU-milli a node's ability to host one is
+    worth, and for a share its card memory and compute (-1 for a whole-GPU class)."""
+
+    group: np.ndarray
+    need: np.ndarray
+    cpu: np.ndarray
+    mem: np.ndarray
+    value: np.ndarray
+    share_mem: np.ndarray
+    share_core: np.ndarray
+
+    @classmethod
+    def of(cls, rows: Sequence[tuple[int, int, float, float, float, int, int]]) -> "ProtectedClasses":
+        cols = list(zip(*rows)) if rows else [()] * 7
+        types = (np.int64, np.int64, np.float64, np.float64, np.float64, np.int64, np.int64)
+        return cls(*[np.array(c, t) for c, t in zip(cols, types)])
+
+    @property
+    def shares(self) -> np.ndarray:
+        """[C] whether each protected class is a share."""
+        return self.share_mem >= 0
 
 
 class StowageFragPlacer(FragPlacerBase):
@@ -158,10 +203,9 @@ class StowageFragPlacer(FragPlacerBase):
         self.gpu_demand = [0.0, 0.0, 0.0]
         self.model_demand: dict[tuple[str, ...], list[float]] = {}
         self._pressure: np.ndarray | None = None
-        # Capability pressure (see capability_pressure): per protected whole-GPU class, its
-        # table group, cards, host CPU and memory, and the GPU-milli a node's ability to host
-        # it is worth; None until computed for the current table.
-        self._capability: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        # Capability pressure (see capability_pressure): the protected classes and what a
+        # node's ability to host each is worth; None until computed for the current table.
+        self._capability: ProtectedClasses | None = None
         self._cap_basis: tuple[list, list[float]] = ([], [0.0, 0.0, 0.0])
 
     # ------------------------------------------------------------------ churn mode
@@ -301,7 +345,7 @@ class StowageFragPlacer(FragPlacerBase):
         # What the capability pressure is computed from, as of this table: it is computed at
         # the first score after the rebuild, and a host that skips scoring (the row cache)
         # must get the same values as one that scores every pod.
-        self._cap_basis = ([(c, n) for c, n in self.workload.counts.items() if c.gpus], list(self.gpu_demand))
+        self._cap_basis = ([(c, n) for c, n in self.workload.counts.items() if protectable(c)], list(self.gpu_demand))
 
     def bind_models(self, models: Sequence[str]) -> None:
         super().bind_models(models)
@@ -346,31 +390,31 @@ class StowageFragPlacer(FragPlacerBase):
         cards of ``card`` MiB."""
         return acc[0] + max(acc[1], acc[2] * MILLI / max(card, 1.0))
 
-    def capability_pressure(self, a: CardArrays):
-        """The whole-GPU classes of the learned table that only part of the cluster can host,
-        and what a node's ability to host each is worth (see the module doc, "Capability
-        pressure"): ``(group, cards, cpu, host memory, value)`` arrays over those classes, or
-        None when there is none. A class's capable set S is the nodes that could host it if
-        they were empty (enough cards of an allowed model and size, enough allocatable CPU and
-        host memory); with q its share of the GPU demand seen (GPU-milli), its scarcity is
+    def capability_pressure(self, a: CardArrays) -> "ProtectedClasses | None":
+        """The classes of the learned table that only part of the cluster can host (whole-GPU
+        classes, and shares limited to GPU models: :func:`protectable`), and what a node's
+        ability to host each is worth (see the module doc, "Capability pressure"), or None when
+        there is none. A class's capable set S is the nodes that could host it if they were
+        empty (enough cards of an allowed model and size, enough allocatable CPU and host
+        memory); with q its share of the GPU demand seen (GPU-milli), its scarcity is
         ``r = min(1, q * (K_all - K_S) / K_S)`` (cards), the demand it puts on S beyond what a
         class that may use every card would: 0 for a class every node can host. The value is
-        ``r * cards * 1000``: the GPU-milli of the class's pod, weighted by its scarcity.
+        ``r * m``, m the GPU-milli of the class's pod (cards * 1000, or a share's milli on the
+        cluster's typical card), weighted by its scarcity.
         ``r`` is at least ``P(X >= c)`` (:attr:`scarcity_now`), c the class's places on the
-        nodes as they are and X ~ Poisson(q * idle GPU-milli / the pod's GPU-milli) its pods
-        to come until the idle GPU is used up.
+        nodes as they are and X ~ Poisson(q * idle GPU-milli / m) its pods to come until the
+        idle GPU is used up.
         Computed once per learned table (a score stays a function of the node's row and
         :attr:`version`)."""
         if self._capability is not None:
-            return self._capability if len(self._capability[0]) else None
-        empty = np.zeros(0, np.int64)
-        self._capability = (empty, empty, np.zeros(0), np.zeros(0), np.zeros(0))
+            return self._capability if len(self._capability.group) else None
+        self._capability = ProtectedClasses.of([])
         t, ix = self.table, self.index
         n = a.shape[0]
         valid = a.exists & a.healthy & a.node_ok[:, None]
         k_all = float(valid.sum())
         classes, demand = self._cap_basis
-        if t is None or ix is None or k_all <= 0 or demand[0] <= 0:
+        if t is None or ix is None or k_all <= 0 or demand[0] + demand[1] + demand[2] <= 0:
             return None
         card = float(np.median(a.mem_total[valid]))
         total = self._demand_milli(demand, card)
@@ -378,46 +422,49 @@ class StowageFragPlacer(FragPlacerBase):
         mem_cap = a.hmem_total if len(a.hmem_total) == n else np.full(n, np.inf)
         allowed = ix.allowed(a)                                                   # [G, M]
         gidx = {key: g for g, key in enumerate(t.keys)}
-        out: list[tuple[int, int, float, float, float]] = []
-        # Every whole-GPU class seen, not only the typical ones: a class can be rare by count
+        out: list[tuple[int, int, float, float, float, int, int]] = []
+        # Every protectable class seen, not only the typical ones: a class can be rare by count
         # (0.1 % of the pods) and still want most of the few nodes that can host it. Its fit
-        # is read from the table group of its GPU shape (cards, models, card size), which a
-        # typical class of the same shape provides; the host CPU and memory are its own.
+        # is read from the table group of its GPU shape (cards or share, models, card size),
+        # which a typical class of the same shape provides; the host CPU and memory are its own.
         node_ok = a.node_ok if len(a.node_ok) == n else np.ones(n, bool)
         idle = float(ix.idle[node_ok].sum())        # GPU-milli the cluster can still place
         for cls, count in classes:
             g = gidx.get((cls.gpus, cls.mem_mib, cls.core_milli, cls.models, cls.min_card_mem_mib))
             if g is None:
                 continue
-            ok = valid & allowed[g][a.model] & (a.mem_total >= cls.min_card_mem_mib)  # [N, K]
-            capable = (row_count(ok) >= cls.gpus) & (cpu_cap >= cls.cpu_milli) & (mem_cap >= cls.host_mem_mib)
+            need = max(cls.gpus, 1)
+            milli = cls.gpus * MILLI if cls.gpus else cls.share_milli(card)   # GPU-milli of one pod
+            if milli <= 0:
+                continue
+            ok = (valid & allowed[g][a.model] & (a.mem_total >= cls.min_card_mem_mib)
+                  & (a.mem_total >= cls.mem_mib))                                                  # [N, K]
+            capable = (row_count(ok) >= need) & (cpu_cap >= cls.cpu_milli) & (mem_cap >= cls.host_mem_mib)
             k_s = float(ok[capable].sum())
             if k_s <= 0:
                 continue   # no node can ever host it: nothing to protect
-            q = count * cls.gpus * MILLI / max(total, 1.0)
+            q = count * milli / max(total, 1.0)
             r = min(1.0, q * (k_all - k_s) / k_s)
             if r > 0 and self.scarcity_now:
                 # Scarcity now: how many of the class's pods the nodes could host as they are
                 # (c), and how many of them to expect until the idle GPU is used up at the demand
                 # mix seen (Poisson, mean lam). The c-th place is needed when at least c come:
-                # a place is worth at least P(X >= c) of the class's pod.
+                # a place is worth at least P(X >= c) of the class's pod. (A share's places are
+                # counted one per card that can hold it.)
                 # (floor of a division: host resources not modelled are +inf, and inf // x is NaN;
                 # the card count is always finite)
-                places = np.minimum(ix.cnt[g] // max(cls.gpus, 1),
+                places = np.minimum(ix.cnt[g] // need,
                                     np.floor(np.minimum(a.cpu_free / max(cls.cpu_milli, 1),
                                                         a.hmem_free / max(cls.host_mem_mib, 1))))
                 c = int(np.clip(places[node_ok], 0, None).sum())
-                lam = q * idle / (cls.gpus * MILLI)
+                lam = q * idle / milli
                 r = max(r, poisson_at_least(lam, c))
-            if r * cls.gpus * MILLI >= 1.0:   # worth at least one GPU-milli (the unit of F)
-                out.append((g, cls.gpus, float(cls.cpu_milli), float(cls.host_mem_mib), r * cls.gpus * MILLI))
-        if out:
-            cols = list(zip(*out))
-            self._capability = (np.array(cols[0], np.int64), np.array(cols[1], np.int64),
-                                np.array(cols[2], np.float64), np.array(cols[3], np.float64),
-                                np.array(cols[4], np.float64))
-            return self._capability
-        return None
+            if r * milli >= 1.0:   # worth at least one GPU-milli (the unit of F)
+                share = not cls.gpus
+                out.append((g, need, float(cls.cpu_milli), float(cls.host_mem_mib), r * milli,
+                            cls.mem_mib if share else -1, cls.core_milli if share else -1))
+        self._capability = ProtectedClasses.of(out)
+        return self._capability if out else None
 
     def capability_cost(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray | None,
                         rows: np.ndarray | None, kk: np.ndarray | None) -> np.ndarray | float:
@@ -427,7 +474,7 @@ class StowageFragPlacer(FragPlacerBase):
         cap = self.capability_pressure(a)
         if cap is None:
             return 0.0
-        grp, need, cpu_c, mem_c, value = cap
+        grp, need, cpu_c, mem_c, value = cap.group, cap.need, cap.cpu, cap.mem, cap.value
         ix = self.index
         cnt0 = ix.cnt[np.ix_(grp, idx)]                                                  # [C, n]
         cpu0, mem0 = a.cpu_free[idx], a.hmem_free[idx]
@@ -446,7 +493,14 @@ class StowageFragPlacer(FragPlacerBase):
             lost = fit0 & ~((cnt1 >= need[:, None]) & host1)
             return value @ lost
         ii = idx[rows]
-        cnt1 = cnt0[:, rows] - ix.fits[grp[:, None], ii[None], kk[None]]     # a card that held a whole class is whole no more
+        gone = ix.fits[grp[:, None], ii[None], kk[None]]                                  # [C, P]
+        if cap.shares.any():
+            # A card that held a protected share may still hold one once this share is on it.
+            s = cap.shares
+            still = ((a.mem_free[ii, kk] - req.mem_mib)[None] >= cap.share_mem[s][:, None]) & \
+                    ((a.core_free[ii, kk] - req.core_milli)[None] >= cap.share_core[s][:, None])
+            gone[s] &= ~still
+        cnt1 = cnt0[:, rows] - gone                       # a card that held a whole class is whole no more
         lost = fit0[:, rows] & ~((cnt1 >= need[:, None]) & host1[:, rows])
         return value @ lost
 
