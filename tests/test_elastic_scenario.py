@@ -251,3 +251,53 @@ def test_pods_are_learned_when_created_before_any_of_them_is_placed(monkeypatch)
     assert kinds[:first_place] == ["learn"] * 6          # 3 + 2 replicas and the first job
     assert kinds.count("learn") == 7                      # the later job once, when it arrived
     assert kinds.index("learn", first_place) < len(kinds) - 1 and kinds[-1] == "place"
+
+
+def test_history_is_the_pods_that_came_and_went_before_the_window():
+    """``Scenario.history``: the trace pods created and deleted before the window starts, in
+    creation order, each ``scale`` times (2 here: the window's peak, 1,250 milli at 700 s, is
+    scaled to 0.625 of the 4 GPUs); none of the window's pods."""
+    p = pods([(1, 1000, "T4"), (2, 1000, ""), (1, 500, "P100"), (1, 1000, ""), (1, 250, "")])
+    created = np.array([50, 10, 30, 700, 650])
+    deleted = np.array([100, 90, 610, 900, 1000])     # the P100 share is still running at t0 = 600
+    sc = build(nodes(1, gpus=4), p, created, deleted, days=600 / 86400, end_day=1200 / 86400, step_s=60,
+               deployments=1, peak=0.625, seed=1)
+    assert sc.t0 == 600 and sc.scale == pytest.approx(2.0)
+    assert [(r.gpus, models) for r, models in sc.history] == [(2, ()), (2, ()), (1, ("T4",)), (1, ("T4",))]
+    assert all(j.req.gpus != 2 for j in sc.jobs)          # the 2-GPU pod is history, not a job
+
+
+def test_learn_before_teaches_the_placer_the_history_before_the_first_step(monkeypatch):
+    """With ``learn_before`` the service learns every history pod (through ``learn_pod``, as
+    the watch of an extender that ran before the window would have), before any pod of the
+    window is placed; without it, none."""
+    from benchmarks.elastic import sim
+
+    log: list[str] = []
+    real_get, real_schedule = sim.get_placer, sim.schedule
+
+    def counting(name):
+        placer = real_get(name)
+        inner = placer.observe
+
+        def observe(req, models=()):
+            log.append(f"learn {req.gpus} {'|'.join(models)}")
+            inner(req, models)
+        placer.observe = observe
+        return placer
+
+    def scheduling(service, pod, names, tie=None, refusals=None):
+        log.append("place")
+        return real_schedule(service, pod, names, tie, refusals)
+
+    monkeypatch.setattr(sim, "get_placer", counting)
+    monkeypatch.setattr(sim, "schedule", scheduling)
+    history = ((GpuRequest(gpus=4), ("T4",)), (GpuRequest(gpus=2), ()))
+    base = scenario([1, 1, 1])
+    sc = Scenario(deployments=base.deployments, jobs=(), t0=0, step_s=60, steps=3, scale=1.0, capacity_milli=4000,
+                  dropped_short=0, history=history)
+    run(sc, nodes(1), "stowage", 42, learn_before=True)
+    assert log[:3] == ["learn 4 T4", "learn 2 ", "learn 1 "] and log[3] == "place"
+    log.clear()
+    run(sc, nodes(1), "stowage", 42)
+    assert log[0] == "learn 1 " and not any(e.startswith(("learn 4", "learn 2")) for e in log)

@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", type=float, default=60.0, help="HPA target: average GPU utilisation per replica, %%")
     p.add_argument("--tolerance", type=float, default=0.1, help="HPA tolerance")
     p.add_argument("--window", type=float, default=300.0, help="HPA scale-down stabilisation window, s")
+    p.add_argument("--learn-before", action="store_true",
+                   help="the extender ran before the window: it learned every trace pod that came and went "
+                        "before it (the past only), as a long-running extender's watch would have; default: "
+                        "it starts with the window, knowing only the pods that exist then")
     p.add_argument("--unneeded", type=float, default=600.0, help="how long a node must stand empty before it counts as releasable, s")
     p.add_argument("--out", default="results/elastic", help="output folder (CSV, JSON, PNG)")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
@@ -77,9 +81,9 @@ def _scenario(directory: str, trace: str, stride: int, days: float, step: int, d
 
 
 def _task(args: tuple):
-    (directory, trace, stride, days, step, deployments, peak, seed, policy, hpa, unneeded) = args
+    (directory, trace, stride, days, step, deployments, peak, seed, policy, hpa, unneeded, learn_before) = args
     nodes, sc = _scenario(directory, trace, stride, days, step, deployments, peak, seed)
-    return run(sc, nodes, policy, seed, hpa, unneeded_s=unneeded)
+    return run(sc, nodes, policy, seed, hpa, unneeded_s=unneeded, learn_before=learn_before)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,8 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {d.name:<22} {_shape(d.req):<18} {d.trace_pods:>5} trace pods, "
               f"replicas needed {d.demand.min():.0f}..{d.peak:.0f}")
     print(f"  + {len(sc.jobs)} trace jobs (other shapes, multi-GPU, CPU-only); {sc.dropped_short} pods shorter than a sync skipped")
+    if args.learn_before:
+        print(f"  the extender learned {len(sc.history)} pods that came and went before the window (--learn-before)")
     tasks = [(directory, args.trace, args.node_stride, args.days, args.step, args.deployments, args.peak, seed,
-              policy, hpa, args.unneeded) for seed in seeds for policy in policies]
+              policy, hpa, args.unneeded, args.learn_before) for seed in seeds for policy in policies]
     t0 = time.perf_counter()
     results = []
     bar = tqdm(total=len(tasks), desc="elastic", unit="run")
@@ -143,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             "jobs": len(sc.jobs), "hpa": {"target_pct": hpa.target, "tolerance": hpa.tolerance,
                                            "scale_down_window_s": hpa.scale_down_window_s,
                                            "min_replicas": hpa.min_replicas, "max_factor": hpa.max_factor},
-            "unneeded_s": args.unneeded, "seeds": seeds, "wall_s": round(time.perf_counter() - t0, 1)}
+            "unneeded_s": args.unneeded, "learn_before": args.learn_before, "history_pods": len(sc.history),
+            "seeds": seeds, "wall_s": round(time.perf_counter() - t0, 1)}
     out = Path(args.out)
     if not out.is_absolute():
         out = Path.cwd() / out

@@ -155,9 +155,15 @@ def _milli(req: GpuRequest) -> int:
 
 
 def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = HpaSettings(), *,
-        unneeded_s: float = 600.0, timeline_every: int = 10,
+        unneeded_s: float = 600.0, timeline_every: int = 10, learn_before: bool = False,
         progress: Callable[[int], None] | None = None) -> ElasticResult:
-    """Simulate the scenario under one placement policy."""
+    """Simulate the scenario under one placement policy.
+
+    ``learn_before``: the extender ran before the window. Its watch showed it every pod of the
+    trace that came and went before (``sc.history``), and what the placers learned from them
+    stays, as in a process that saw them (``ExtenderService.forget_learned``): they are sent to
+    ``service.learn_pod`` as Pod objects, in creation order, before the first step. Without it
+    the extender starts with the window, knowing only the pods that exist then."""
     t_start = time.perf_counter()
     res = ElasticResult(policy=policy, seed=seed)
     model = build_cluster(nodes)
@@ -172,6 +178,11 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
     service = serve(model, placer, default_policy=CARD_POLICY.get(policy, PodPolicy()),
                     memory_unit_mib=MEMORY_UNIT_MIB)
     node_names = [n for n in names if n is not None]   # slot order, as ``rank`` is
+    if learn_before:
+        for h, (req, models) in enumerate(sc.history):
+            service.learn_pod(request_pod(f"h{h}", req, PodPolicy(models_include=models) if models else None,
+                                          namespace=NAMESPACE, uid=f"h{h}", memory_unit_mib=MEMORY_UNIT_MIB))
+            service.forget_learned(f"h{h}")   # it left before the window (what was learned stays)
 
     def pod_of(it: Item) -> dict:
         if it.pod is None:

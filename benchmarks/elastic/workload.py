@@ -93,6 +93,10 @@ class Scenario:
     scale: float
     capacity_milli: int
     dropped_short: int      # trace pods shorter than a step between two syncs (never seen)
+    # The trace's pods that came and went before the window (created and deleted before t0),
+    # in creation order, each ``scale`` times as the window's pods are: what an extender that
+    # ran before the window had seen (``--learn-before``). Past only, never the window's.
+    history: tuple[tuple[GpuRequest, tuple[str, ...]], ...] = ()
 
 
 def _group_key(pods: Pods, j: int) -> tuple[int, str]:
@@ -168,5 +172,15 @@ def build(nodes: Nodes, pods: Pods, created: np.ndarray, deleted: np.ndarray, *,
             job = Job(req=pods.request(j), models=pods.models(j), start=int(start[j]), end=int(stop[j]))
             jobs.extend([job] * copies)
     jobs.sort(key=lambda jb: jb.start)
+    # History: every pod that finished before the window, in creation order (its own draw of the
+    # fractional copies, so the window's jobs are the same with or without it).
+    hist_rng = np.random.default_rng([seed, 12])
+    history: list[tuple[GpuRequest, tuple[str, ...]]] = []
+    before = np.flatnonzero((created < t0) & (deleted <= t0))
+    for j in before[np.argsort(created[before], kind="stable")]:
+        j = int(j)
+        copies = whole + int(hist_rng.random() < frac)
+        if copies:
+            history.extend([(pods.request(j), pods.models(j))] * copies)
     return Scenario(deployments=tuple(deps), jobs=tuple(jobs), t0=t0, step_s=step_s, steps=steps, scale=scale,
-                    capacity_milli=capacity, dropped_short=dropped_short)
+                    capacity_milli=capacity, dropped_short=dropped_short, history=tuple(history))
