@@ -43,6 +43,12 @@ from .placer import PlacerBase
 MILLI = CORE_MILLI_PER_CARD
 
 
+def _features(cls: "PodClass") -> tuple[int, int, int, int, int]:
+    """A class's requests, for :meth:`Workload.nearest` (non-negative, compared in log scale)."""
+    return (max(cls.mem_mib, 0), max(cls.core_milli, 0), max(cls.cpu_milli, 0), max(cls.host_mem_mib, 0),
+            max(cls.min_card_mem_mib, 0))
+
+
 def model_list(models: Sequence[str]) -> tuple[str, ...]:
     """A pod's allowed GPU models as a class key: sorted, without repeats or blanks, so the
     same list written twice or in another order (``V100M16|V100M32|V100M32``) is one class."""
@@ -107,17 +113,49 @@ class PodClass:
         return (self.cpu_milli, self.milli_per_gpu, self.gpu_number, "|".join(self.models), self.host_mem_mib)
 
 
+MAX_CLASSES = 1024   # distinct pod classes a learned workload keeps (see Workload)
+
+
 @dataclass
 class Workload:
     """Counts of pod classes; :meth:`typical` is FGD's typical-pod list (most frequent first,
-    until ``coverage`` of all pods is covered, renormalised)."""
+    until ``coverage`` of all pods is covered, renormalised).
+
+    Bounded: a pod's class comes from what its author wrote (CPU and memory requests, share
+    sizes, model names), so a stream of pods each with a new request would grow the table
+    without end, and every rebuild (sorting the classes, the capability pressure's pass over
+    them) with it. Past ``max_classes`` distinct classes a new class is counted in the nearest
+    one already kept: the same card count, kind (GPU or not) and model list where there is one,
+    then the closest requests (log scale). The openb traces and variants have 145-473 classes,
+    so nothing is folded there."""
 
     counts: dict[PodClass, float] = field(default_factory=dict)
     total: float = 0.0
+    max_classes: int = MAX_CLASSES
+    _kept: tuple | None = field(default=None, repr=False, compare=False)   # the full table's features
 
     def add(self, cls: PodClass, weight: float = 1.0) -> None:
+        if cls not in self.counts and len(self.counts) >= self.max_classes:
+            cls = self.nearest(cls)
         self.counts[cls] = self.counts.get(cls, 0.0) + weight
         self.total += weight
+
+    def nearest(self, cls: PodClass) -> PodClass:
+        """The kept class a new one is counted in once the table is full (see the class doc)."""
+        if self._kept is None or len(self._kept[0]) != len(self.counts):
+            keys = list(self.counts)
+            model_ids: dict[tuple[str, ...], int] = {}
+            self._kept = (keys,
+                          np.array([c.gpus for c in keys], np.int64),
+                          np.array([c.is_gpu for c in keys], bool),
+                          np.array([model_ids.setdefault(c.models, len(model_ids)) for c in keys], np.int64),
+                          np.log1p(np.array([_features(c) for c in keys], np.float64)),
+                          model_ids)
+        keys, gpus, is_gpu, models, feats, model_ids = self._kept
+        cost = (np.abs(np.log1p(np.array(_features(cls), np.float64))[None] - feats).sum(axis=1)
+                + 1e4 * (models != model_ids.get(cls.models, -1))
+                + 1e5 * (is_gpu != cls.is_gpu) + 1e6 * (gpus != cls.gpus))
+        return keys[int(np.argmin(cost))]
 
     def typical(self, coverage: float = 0.95) -> list[tuple[PodClass, float]]:
         if self.total <= 0:

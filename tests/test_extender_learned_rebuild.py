@@ -85,7 +85,7 @@ def learned(svc: ExtenderService) -> dict:
     """The pack placer's learned workload (Stowage's: counts, host resources per GPU, share sizes)."""
     p = svc.placers["pack"]
     return {"seen": p.seen, "whole": p.whole_milli, "cpu": p.gpu_cpu, "mem": p.gpu_mem,
-            "shares": list(zip(p._share_core, p._share_mem)), "version": p.version}
+            "shares": list(zip(p._share_core, p._share_mem, p._share_w)), "version": p.version}
 
 
 def counting(seen: list):

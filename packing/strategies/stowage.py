@@ -107,7 +107,7 @@ class StowagePlacer(StowageFragPlacer):
 
     def __init__(self) -> None:
         super().__init__()
-        # Per card size: (share pods counted, their sizes' histogram in milli-cards, live mask).
+        # Per card size: (share entries counted, their sizes' histogram in milli-cards, live mask).
         self._live: dict[float, tuple[int, np.ndarray, np.ndarray]] = {}
         # Card sizes (MiB) seen by pair_keys, each with a fixed slot (see _size_slots).
         self._sizes: list[float] = []
@@ -119,23 +119,34 @@ class StowagePlacer(StowageFragPlacer):
         ``dead_below`` of the share pods seen would fit; never 0 or 1000. Share sizes are
         converted to the card's size as :meth:`gpu_milli_on` does; the sizes' histogram is kept
         per card size and brought up to date with only the share pods seen since the last call."""
-        n = len(self._share_core)
+        entries, n = len(self._share_core), self.shares_seen
         got = self._live.get(card_mem_mib)
-        if got is not None and got[0] == n:
+        if got is not None and got[0] == entries:
             return got[2]
-        counted, counts = (got[0], got[1]) if got is not None else (0, np.zeros(MILLI + 1, np.int64))
-        if counted < n:
+        counted, counts = (got[0], got[1]) if got is not None else (0, np.zeros(MILLI + 1, np.float64))
+        if counted < entries:
             core = np.asarray(self._share_core[counted:], np.float64)
             mem = np.asarray(self._share_mem[counted:], np.float64) * MILLI / max(card_mem_mib, 1.0)
             size = np.minimum(MILLI, np.ceil(np.maximum(core, mem))).astype(np.int64)
-            counts = counts + np.bincount(size, minlength=MILLI + 1)
+            # weights: 1.0 per pod until the shares are compacted (whole counts, exact in floats)
+            counts = counts + np.bincount(size, weights=np.asarray(self._share_w[counted:], np.float64),
+                                          minlength=MILLI + 1)
         if n:
             live = np.cumsum(counts) / n >= self.dead_below   # cumsum/n at g: share of pods <= g
         else:
             live = np.ones(MILLI + 1, bool)
         live[0] = live[MILLI] = False
-        self._live[card_mem_mib] = (n, counts, live)
+        self._live[card_mem_mib] = (entries, counts, live)
         return live
+
+    def _sync_share_caches(self) -> None:
+        super()._sync_share_caches()
+        for card in list(self._live):
+            self.live_gaps(card)
+
+    def _rebase_share_caches(self, entries: int) -> None:
+        super()._rebase_share_caches(entries)
+        self._live = {card: (entries, counts, live) for card, (_, counts, live) in self._live.items()}
 
     # ------------------------------------------------------------------ scores
     def local_pairs(self, a: CardArrays, req: GpuRequest, idx: np.ndarray, usable: np.ndarray):

@@ -101,6 +101,7 @@ NVLink/NUMA locality. Cost per request: one vectorised evaluation over the feasi
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -119,6 +120,8 @@ STRAND_WEIGHT = 2.0
 PRESSURE_WEIGHT = 1.0  # model pressure: cost per GPU-milli taken on a card whose model is wanted
 SATURATED_COST = 1e4   # cost per GPU-milli on a card of a model the limited pods want all of
 CAPABILITY_WEIGHT = 1.0  # capability pressure: cost per GPU-milli of scarce capability lost
+MAX_SHARES_KEPT = 1 << 18   # share pods kept one by one before they are compacted (see _compact_shares)
+MAX_MODEL_LISTS = 256  # distinct model lists whose demand the model pressure keeps (see _model_acc)
 CHURN_COST = 1e5   # churn mode: placing a GPU pod on a node that runs no GPU pod (see the module doc)
 
 
@@ -192,11 +195,14 @@ class StowageFragPlacer(FragPlacerBase):
         self.whole_milli = 0.0  # GPU-milli of the whole-GPU pods seen; CPU and host memory of all GPU pods
         self.gpu_cpu = 0.0
         self.gpu_mem = 0.0
-        # Share pods seen, as (compute milli, card memory): how many milli-cards a share is
-        # depends on the card it lands on (10 GiB is 1/8 of an 80 GiB card, 5/12 of a 24 GiB
+        # Share pods seen, as (compute milli, card memory, weight): how many milli-cards a share
+        # is depends on the card it lands on (10 GiB is 1/8 of an 80 GiB card, 5/12 of a 24 GiB
         # one), so it is converted per card size when needed, incrementally (see gpu_milli_on).
-        self._share_core: list[int] = []
-        self._share_mem: list[int] = []
+        # One entry per pod (weight 1) until MAX_SHARES_KEPT, then compacted (_compact_shares).
+        self._share_core = array("q")
+        self._share_mem = array("q")
+        self._share_w = array("d")
+        self.shares_seen = 0
         self._milli_on: dict[float, tuple[int, float]] = {}
         # GPU demand seen, [whole-GPU milli, share compute milli, share card memory]: of all GPU
         # pods, and per list of allowed models (see model_pressure).
@@ -268,7 +274,7 @@ class StowageFragPlacer(FragPlacerBase):
             # is 0 while no list was seen): every score may move, so cached scores must go.
             self.version += 1
         if req.is_gpu:
-            for acc in (self.gpu_demand, self.model_demand.setdefault(allowed, [0.0, 0.0, 0.0]) if allowed else None):
+            for acc in (self.gpu_demand, self._model_acc(allowed) if allowed else None):
                 if acc is None:
                     continue
                 if req.is_whole:
@@ -282,6 +288,10 @@ class StowageFragPlacer(FragPlacerBase):
             else:
                 self._share_core.append(req.core_milli)
                 self._share_mem.append(req.mem_mib)
+                self._share_w.append(1.0)
+                self.shares_seen += 1
+                if len(self._share_core) > MAX_SHARES_KEPT:
+                    self._compact_shares()
             self.gpu_cpu += req.cpu_milli
             self.gpu_mem += req.host_mem_mib
             if self._strand_key() != key:  # the stranded term's ratios moved: scores change
@@ -291,13 +301,25 @@ class StowageFragPlacer(FragPlacerBase):
             self._rebuild()
             self._next = self.seen * 2 if self.seen < 256 else self.seen + 128
 
+    def _model_acc(self, allowed: tuple[str, ...]) -> list[float] | None:
+        """The demand accumulator of a model list. Bounded like the learned classes (a model
+        name is whatever a pod's author wrote): past ``MAX_MODEL_LISTS`` lists, a new one is
+        counted in the kept list with the most names in common, or not at all if none shares a
+        name (its pods still count in the total demand)."""
+        acc = self.model_demand.get(allowed)
+        if acc is not None or len(self.model_demand) < MAX_MODEL_LISTS:
+            return acc if acc is not None else self.model_demand.setdefault(allowed, [0.0, 0.0, 0.0])
+        names = set(allowed)
+        best = max(self.model_demand, key=lambda kept: len(names.intersection(kept)))
+        return self.model_demand[best] if names.intersection(best) else None
+
     def _strand_key(self) -> tuple | None:
         """The learned values :meth:`stranded` depends on. Pods with no host CPU/memory (as in
         the extender, where kube-scheduler checks those) make the term 0 whatever the GPU
         figures, so they leave the key constant and do not invalidate cached scores."""
         if self.gpu_cpu <= 0 and self.gpu_mem <= 0:
             return None
-        return (self.gpu_cpu, self.gpu_mem, self.whole_milli, len(self._share_core))
+        return (self.gpu_cpu, self.gpu_mem, self.whole_milli, self.shares_seen)
 
     def gpu_milli_on(self, card_mem_mib: float) -> float:
         """Milli-cards the GPU pods seen so far would take on cards of ``card_mem_mib``.
@@ -309,9 +331,42 @@ class StowageFragPlacer(FragPlacerBase):
         if n < len(self._share_core):
             core = np.asarray(self._share_core[n:], np.float64)
             mem = np.asarray(self._share_mem[n:], np.float64)
-            total += float(np.minimum(MILLI, np.maximum(core, mem * MILLI / max(card_mem_mib, 1.0))).sum())
+            w = np.asarray(self._share_w[n:], np.float64)   # 1.0 per pod until compacted: exact
+            total += float((np.minimum(MILLI, np.maximum(core, mem * MILLI / max(card_mem_mib, 1.0))) * w).sum())
             self._milli_on[card_mem_mib] = (len(self._share_core), total)
         return self.whole_milli + total
+
+    def _compact_shares(self) -> None:
+        """Keep the shares seen in bounded memory: one entry per distinct (compute, memory)
+        with its count as weight, every card size's total brought up to date first. Where the
+        distinct shapes alone exceed half of MAX_SHARES_KEPT (only pods written to be unlike
+        each other do that) the memory is rounded to ever coarser steps until they do not: a
+        small error in the stranding term's ratios, for pods that asked for it."""
+        self._sync_share_caches()
+        core = np.asarray(self._share_core, np.int64)
+        mem = np.asarray(self._share_mem, np.int64)
+        w = np.asarray(self._share_w, np.float64)
+        step = 1
+        while True:
+            q = ((mem + step // 2) // step) * step     # nearest step: no bias
+            keys, inv = np.unique(np.stack([core, q], axis=1), axis=0, return_inverse=True)
+            if len(keys) <= MAX_SHARES_KEPT // 2:
+                break
+            step *= 2
+        weights = np.bincount(inv.ravel(), weights=w, minlength=len(keys))
+        self._share_core = array("q", keys[:, 0].tolist())
+        self._share_mem = array("q", keys[:, 1].tolist())
+        self._share_w = array("d", weights.tolist())
+        self._rebase_share_caches(len(self._share_core))
+
+    def _sync_share_caches(self) -> None:
+        """Bring every per-card-size total over the shares seen up to date (before compaction)."""
+        for card in list(self._milli_on):
+            self.gpu_milli_on(card)
+
+    def _rebase_share_caches(self, entries: int) -> None:
+        """After compaction: every cached total covers all ``entries`` kept."""
+        self._milli_on = {card: (entries, total) for card, (_, total) in self._milli_on.items()}
 
     def stranded(self, idle: np.ndarray, cpu: np.ndarray, hmem: np.ndarray,
                  card_mem_mib: np.ndarray | float = MILLI) -> np.ndarray:
