@@ -62,10 +62,22 @@ def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:
     return v
 
 
+MAX_MODELS_PER_LIST = 64   # GPU models one annotation may name
+MAX_MODEL_NAME = 128       # characters in one model name
+
+
 def _models(key: str, value: str) -> tuple[str, ...]:
+    """A list of GPU models. Bounded: the list is learned with the pod and matched against every
+    model of the cluster whenever the learned workload is rebuilt, so a list written to be huge
+    would cost every later pod, not only this one (real lists name a few models)."""
     items = tuple(m.strip() for m in value.split(",") if m.strip())
     if not items:
         raise PolicyError(f"annotation {key}: empty model list")
+    if len(items) > MAX_MODELS_PER_LIST:
+        raise PolicyError(f"annotation {key}: {len(items)} models, at most {MAX_MODELS_PER_LIST}")
+    longest = max(items, key=len)
+    if len(longest) > MAX_MODEL_NAME:
+        raise PolicyError(f"annotation {key}: a model name of {len(longest)} characters, at most {MAX_MODEL_NAME}")
     return items
 
 

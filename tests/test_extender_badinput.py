@@ -129,6 +129,12 @@ def test_unknown_paths_and_methods_answer_json(srv):
     ({"nvidia.com/gpu": "1"}, {"stowage.io/card-policy": ""}, "stowage.io/card-policy: unknown value"),
     ({"nvidia.com/gpu": "1"}, {"stowage.io/min-card-memory": "lots"}, "is not a quantity"),
     ({"nvidia.com/gpu": "1"}, {"stowage.io/gpu-modle": "A100"}, "unknown annotation stowage.io/gpu-modle"),
+    # Model lists are learned with the pod and matched against every model at every rebuild of
+    # the learned workload: a list written to be huge would cost every later pod.
+    ({"nvidia.com/gpu": "1"}, {"stowage.io/gpu-model": ",".join(f"m{i}" for i in range(65))},
+     "stowage.io/gpu-model: 65 models, at most 64"),
+    ({"nvidia.com/gpu": "1"}, {"stowage.io/gpu-model-exclude": "A100," + "x" * 129},
+     "stowage.io/gpu-model-exclude: a model name of 129 characters, at most 128"),
 ])
 def test_bad_requests_are_unresolvable_everywhere(srv, limits, annotations, msg):
     p = pod(limits=limits, annotations=annotations)
