@@ -125,12 +125,19 @@ MAX_MODEL_LISTS = 256  # distinct model lists whose demand the model pressure ke
 CHURN_COST = 1e5   # churn mode: placing a GPU pod on a node that runs no GPU pod (see the module doc)
 
 
+POISSON_EXACT_BELOW = 700.0   # lam past which exp(-lam) nears the float range's end (0.0 past ~745)
+
+
 def poisson_at_least(lam: float, c: int) -> float:
-    """P(X >= c) for X ~ Poisson(lam)."""
+    """P(X >= c) for X ~ Poisson(lam): the terms' sum below :data:`POISSON_EXACT_BELOW`, the normal
+    approximation with continuity correction above it (within 0.01 there, which is all a cost
+    needs; the sum from exp(-lam) would start from 0.0 and answer 1 whatever c)."""
     if c <= 0:
         return 1.0
     if lam <= 0 or c > lam + 12.0 * math.sqrt(lam) + 30.0:
         return 0.0   # below 1e-12
+    if lam > POISSON_EXACT_BELOW:
+        return 0.5 * math.erfc((c - 0.5 - lam) / math.sqrt(2.0 * lam))
     term = math.exp(-lam)
     below = 0.0
     for k in range(c):
