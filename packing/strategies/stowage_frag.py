@@ -314,8 +314,10 @@ class StowageFragPlacer(FragPlacerBase):
         counted in the kept list with the most names in common, or not at all if none shares a
         name (its pods still count in the total demand)."""
         acc = self.model_demand.get(allowed)
-        if acc is not None or len(self.model_demand) < MAX_MODEL_LISTS:
-            return acc if acc is not None else self.model_demand.setdefault(allowed, [0.0, 0.0, 0.0])
+        if acc is None and len(self.model_demand) < MAX_MODEL_LISTS:
+            acc = self.model_demand[allowed] = [0.0, 0.0, 0.0]
+        if acc is not None:
+            return acc
         names = set(allowed)
         best = max(self.model_demand, key=lambda kept: len(names.intersection(kept)))
         return self.model_demand[best] if names.intersection(best) else None
@@ -555,14 +557,15 @@ class StowageFragPlacer(FragPlacerBase):
             lost = fit0 & ~((cnt1 >= need[:, None]) & host1)
             return value @ lost
         ii = idx[rows]
+        # The card the share lands on no longer counts for a protected class: a whole-GPU class
+        # needs it free; a protected share only if what is left on it is too little for one.
         gone = ix.fits[grp[:, None], ii[None], kk[None]]                                  # [C, P]
-        if cap.shares.any():
-            # A card that held a protected share may still hold one once this share is on it.
-            s = cap.shares
+        s = cap.shares
+        if s.any():
             still = ((a.mem_free[ii, kk] - req.mem_mib)[None] >= cap.share_mem[s][:, None]) & \
                     ((a.core_free[ii, kk] - req.core_milli)[None] >= cap.share_core[s][:, None])
             gone[s] &= ~still
-        cnt1 = cnt0[:, rows] - gone                       # a card that held a whole class is whole no more
+        cnt1 = cnt0[:, rows] - gone
         lost = fit0[:, rows] & ~((cnt1 >= need[:, None]) & host1[:, rows])
         return value @ lost
 
