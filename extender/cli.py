@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import socket
 import ssl
 from dataclasses import dataclass
@@ -21,6 +22,9 @@ from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
 from .app import DEFAULT_MAX_BODY_BYTES, create_app
 from .gunicorn_conf import ExtenderServer, TLSFiles, gunicorn_options, register_exit
+from .learned_store import DEFAULT_NAME as DEFAULT_PAST_NAME
+from .learned_store import DEFAULT_NAMESPACE as DEFAULT_PAST_NAMESPACE
+from .learned_store import parse_location
 from .intake import DEFAULT_CLIENT_TIMEOUT_S, return_big_buffers_to_the_system, set_client_timeout
 from packing.model import ClusterModel
 from packing.pod_policy import PACK, SPREAD, PodPolicy
@@ -50,6 +54,8 @@ class ServeConfig:
     scheduler_names: tuple[str, ...] = ()   # kube mode: honour records only on these schedulers' pods
     stale_after_s: float = 60.0             # kube mode: a watch failing this long makes the model stale
     filter_keeps: str = FILTER_KEEPS_BEST   # filter answers the best nodes, or every node that fits
+    learned_configmap: tuple[str, str] | None = None  # kube mode: (namespace, name) keeping the departed pods' past
+    learned_interval_s: float = 60.0        # kube mode: how often that ConfigMap is written (when changed)
 
 
 def parse_host_port(value: str) -> tuple[str, int]:
@@ -114,8 +120,20 @@ def _build_app(cfg: ServeConfig) -> Flask:
     feeder.on_pod_deleted = service.forget_learned
     service.on_refused = requeuer.refused
     feeder.marks = service.marks  # pod priorities and nominations: preempt, nominated pods' cards
+    if cfg.learned_configmap is not None:
+        # What the placers learned from pods deleted before this start (extender/learned_past.py):
+        # learned before the first list shows the pods that still exist, kept while running.
+        from .learned_store import PastKeeper, PastStore
+        store = PastStore(feeder.core, *cfg.learned_configmap)
+        past = store.load()
+        if past.counts:
+            log.info("learned %d departed pods (%d shapes) from the %s", service.learn_departed(past),
+                     len(past), store.where)
+        keeper = PastKeeper(store, service.departed_snapshot, cfg.learned_interval_s).start()
     feeder.start()
     register_exit(feeder.stop)
+    if cfg.learned_configmap is not None:
+        register_exit(keeper.stop)   # runs first (last registered): one last write of the past
     register_exit(requeuer.stop)
     return create_app(service, url_prefix=cfg.url_prefix, ready=feeder.ready, max_body_bytes=cfg.max_body_bytes)
 
@@ -233,6 +251,15 @@ def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str |
                    "and again to take the answer; past it: 408, and the thread serves others.")
 @click.option("--timeout", type=click.IntRange(5), default=60, show_default=True,
               help="Seconds a request may run before gunicorn restarts the worker.")
+@click.option("--learned-configmap", default=DEFAULT_PAST_NAME, show_default=True, metavar="[NAMESPACE/]NAME|off",
+              help="Kube mode: the ConfigMap that keeps what the placers learned from deleted pods, so a "
+                   "restart of every replica does not lose it (read at start, written while running). "
+                   "Namespace: $POD_NAMESPACE, else stowage-system. The extender's RBAC must allow get, "
+                   "create and update of it. off: keep nothing (a restart then learns only the pods that "
+                   "still exist).")
+@click.option("--learned-interval", "learned_interval_s", type=click.FloatRange(1, 3600), default=60.0,
+              show_default=True, help="Kube mode: seconds between writes of --learned-configmap (only when "
+                                      "pods were deleted since; once more at shutdown).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: str | None,
@@ -240,7 +267,7 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
           kubeconfig: str | None, in_cluster: bool, default_node_policy: str, default_card_policy: str,
           memory_unit_mib: int, max_body_mib: int, metrics_bind: str | None, record_key_file: str | None,
           scheduler_names: tuple[str, ...], stale_after_s: float, client_timeout: float, timeout: int,
-          log_level: str, filter_keeps: str) -> None:
+          log_level: str, filter_keeps: str, learned_configmap: str, learned_interval_s: float) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, /healthz, /readyz, /metrics).
 
     The card model lives in ONE process (several would each hand out the same cards): the one
@@ -283,12 +310,18 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
                 RecordKey.load(record_key_file)
             except AllocationError as exc:
                 raise click.BadParameter(str(exc), param_hint="--record-key-file") from None
+    try:
+        past_at = parse_location(learned_configmap, os.environ.get("POD_NAMESPACE") or DEFAULT_PAST_NAMESPACE)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--learned-configmap") from None
     cfg = ServeConfig(url_prefix=url_prefix, cluster=cluster, kubeconfig=kubeconfig, in_cluster=in_cluster,
                       default_policy=PodPolicy(node=default_node_policy, card=default_card_policy),
                       memory_unit_mib=memory_unit_mib, max_body_bytes=max_body_mib << 20,
                       metrics_bind=metrics_bind, record_key_file=record_key_file,
                       scheduler_names=tuple(scheduler_names), stale_after_s=stale_after_s,
-                      filter_keeps=filter_keeps)
+                      filter_keeps=filter_keeps,
+                      learned_configmap=past_at,
+                      learned_interval_s=learned_interval_s)
     set_client_timeout(client_timeout)  # the workers fork from this process and inherit it
     return_big_buffers_to_the_system()
     run_server(cfg, bind=bind, threads=threads, log_level=log_level, timeout=timeout, workers=workers, tls=tls)

@@ -31,6 +31,7 @@ next pod can take the cards), except when the write's outcome is unknown
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import threading
 from collections import OrderedDict
@@ -50,6 +51,7 @@ from stowage.allocation import AllocationRecord, CardShare
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError, pod_request
 
 from .errors import BindError, BindOutcomeUnknown  # noqa: F401  (BindError re-exported: binders raise it)
+from .learned_past import DepartedPods, Shape, replay
 from .nominated import PodMarks
 from .rowcache import DEFAULT_MAX_SHAPES
 from .speedups import FastPath
@@ -255,8 +257,13 @@ class ExtenderService:
         self._pods_lock = threading.Lock()
         self._cache_size = pod_cache_size
         # uids the placers have learned from, kept apart from the pod cache (which forgets a pod
-        # once it is bound): a pod sent again after its bind must not be learned twice.
-        self._learned: OrderedDict[str, None] = OrderedDict()
+        # once it is bound): a pod sent again after its bind must not be learned twice. With
+        # each, the shape learned: when the pod is deleted it goes to ``departed``.
+        self._learned: OrderedDict[str, Shape] = OrderedDict()
+        # What was learned from pods now deleted (and, loaded at start, from those its
+        # predecessors saw): kept in a ConfigMap so a restart does not lose it
+        # (extender/learned_past.py, extender/learned_store.py). Guarded by _pods_lock.
+        self.departed = DepartedPods()
         self._inflight: set[str] = set()  # pod UIDs whose binder call is running (guarded by model.lock)
         # Told (uid, namespace, name, model generation) of each pod that fits on none of its
         # candidate nodes: kube mode requeues those when the model gains room (extender/requeue.py).
@@ -321,12 +328,31 @@ class ExtenderService:
         with self._pods_lock:
             if uid in self._learned:
                 return
-            self._learned[uid] = None
+            self._learned[uid] = (req, tuple(models))
             while len(self._learned) > self._cache_size:
                 self._learned.popitem(last=False)
         with self.model.lock:  # placers are not required to be thread-safe
             for placer in self._distinct_placers():
                 placer.observe(req, models)
+
+    def learn_departed(self, past: DepartedPods) -> int:
+        """Learn the departed pods an earlier extender kept (its ConfigMap, read at start), before
+        the first list shows the pods that still exist: the placers then hold what the earlier
+        one had learned from the pods now gone, each shape at once (``Placer.observe`` with its
+        count). They stay in :attr:`departed`, so what this one writes keeps them. Returns the
+        pods learned."""
+        with self._pods_lock:
+            self.departed = self.departed.merged(past)
+        with self.model.lock:
+            placers = self._distinct_placers()
+            shown = replay(past, lambda req, models, n: [p.observe(req, models, n) for p in placers])
+            if any(req.is_gpu for req, _, _ in past.items()):
+                # GPU pods have left the cluster: what the earlier extender's placers knew from
+                # the releases it saw (the pack placer's churn mode), this one's release count
+                # (which starts now) cannot tell it.
+                for p in placers:
+                    p.note_release()
+            return shown
 
     def _distinct_placers(self) -> list[Placer]:
         """Each placer once (a factory may serve both node policies with one placer)."""
@@ -357,9 +383,17 @@ class ExtenderService:
 
     def forget_learned(self, uid: str) -> None:
         """The pod is deleted: its uid can never come back, so it need not be remembered (what the
-        placers learned from it stays, as it would in a process that saw it)."""
+        placers learned from it stays, as it would in a process that saw it, and its shape is
+        counted in :attr:`departed`, which outlives a restart)."""
         with self._pods_lock:
-            self._learned.pop(uid, None)
+            shape = self._learned.pop(uid, None)
+            if shape is not None:
+                self.departed.add(*shape)
+
+    def departed_snapshot(self) -> DepartedPods:
+        """A copy of :attr:`departed` to write (taken under the lock the feed adds under)."""
+        with self._pods_lock:
+            return self.departed.copy()
 
     def _forget(self, uid: str) -> None:
         with self._pods_lock:
@@ -805,7 +839,22 @@ class ExtenderService:
             allocs = {uid: {"pod": al.name, "node": al.node, "cards": list(al.cards), "memoryMiB": list(al.mem_mib),
                             "coreMilli": list(al.core_milli), "whole": al.whole}
                       for uid, al in self.model.allocations.items()}
-            return {"nodes": nodes, "allocations": allocs}
+            return {"nodes": nodes, "allocations": allocs, "learned": self.learned_summary()}
+
+    def learned_summary(self) -> dict[str, Any]:
+        """What the pack placer has learned, in brief: pods learned, distinct classes, a digest of
+        the class counts (equal digests: the same learned workload, as a restarted extender should
+        have), and the departed pods kept for the next start."""
+        with self._pods_lock:
+            departed, shapes = self.departed.pods, len(self.departed)
+        with self.model.lock:
+            placer = self.placers[PACK]
+            workload = getattr(placer, "workload", None)
+            counts = sorted((repr(c), n) for c, n in workload.counts.items()) if workload is not None else []
+            seen = int(getattr(placer, "seen", 0))
+        digest = hashlib.sha256(repr(counts).encode()).hexdigest()[:16]
+        return {"pods": seen, "classes": len(counts), "workload": digest, "departedPods": departed,
+                "departedShapes": shapes}
 
     def allocation(self, uid: str) -> dict[str, Any] | None:
         with self.model.lock:

@@ -53,14 +53,18 @@ class Placer(Protocol):
                      policy: PodPolicy) -> list[int]:
         """Card slots on node i for this pod (len == req.gpus, or 1 for a shared pod)."""
 
-    def observe(self, req: GpuRequest, models: Sequence[str] = ()) -> None:
+    def observe(self, req: GpuRequest, models: Sequence[str] = (), count: int = 1) -> None:
         """A pod of this shape arrived (lets a policy learn the workload mix online).
         ``models``: the GPU models it may run on (its ``models_include`` patterns; empty =
-        any), so a policy can learn which classes are tied to which models."""
+        any), so a policy can learn which classes are tied to which models. ``count``: that
+        many pods of the shape at once (a restarted extender learning the departed pods its
+        predecessor kept, extender/learned_past.py), the same as ``count`` single calls except
+        that learned tables are rebuilt at most once."""
 
     def reseed(self, seed: int) -> None: ...
     def bind_models(self, models: Sequence[str]) -> None: ...
     def watch_releases(self, count: Callable[[], int]) -> None: ...
+    def note_release(self) -> None: ...
     def prime(self, workload: Iterable[tuple[GpuRequest, Sequence[str]]]) -> None: ...
     def track_rows(self, row_gen_of: RowGenOf, row_groups_of: RowGroupsOf | None = None,
                    row_tick_of: RowTickOf | None = None) -> None: ...
@@ -89,7 +93,7 @@ class PlacerBase:
                      policy: PodPolicy) -> list[int]:
         return choose_cards_default(a, i, req, usable_row, policy)
 
-    def observe(self, req: GpuRequest, models: Sequence[str] = ()) -> None:
+    def observe(self, req: GpuRequest, models: Sequence[str] = (), count: int = 1) -> None:
         return None
 
     def reseed(self, seed: int) -> None:
@@ -99,6 +103,10 @@ class PlacerBase:
         return None
 
     def watch_releases(self, count: Callable[[], int]) -> None:
+        return None
+
+    def note_release(self) -> None:
+        """A GPU pod left the cluster (where no release count is watched, or before it was)."""
         return None
 
     def prime(self, workload: Iterable[tuple[GpuRequest, Sequence[str]]]) -> None:

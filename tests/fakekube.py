@@ -46,6 +46,8 @@ Endpoints (JSON, core/v1 only):
   Binding's annotations); 409 when already bound or the Binding's ``metadata.uid`` differs, 404
   when the pod is missing. Answers a Status object, as the real API server does.
 - ``POST .../events`` (core/v1 events): accepted and recorded in :attr:`FakeKube.events_posted`.
+- ``POST /api/v1/namespaces/{ns}/configmaps``, ``GET/PUT/DELETE .../configmaps/{name}``: PUT
+  replaces the object, with ``metadata.resourceVersion`` as precondition (409 Conflict).
 Errors are ``kind: Status`` objects with the matching ``code`` and ``reason``.
 """
 from __future__ import annotations
@@ -65,7 +67,7 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 Obj = dict[str, Any]
-KINDS = ("nodes", "pods")
+KINDS = ("nodes", "pods", "configmaps")
 
 
 class ApiError(Exception):
@@ -302,6 +304,9 @@ class FakeKube:
             obj.setdefault("kind", "Pod")
             obj.setdefault("spec", {}).setdefault("containers", [])
             obj.setdefault("status", {}).setdefault("phase", "Pending")
+        elif kind == "configmaps":
+            meta.setdefault("namespace", "default")
+            obj.setdefault("kind", "ConfigMap")
         else:
             obj.setdefault("kind", "Node")
         obj.setdefault("apiVersion", "v1")
@@ -484,6 +489,22 @@ class FakeKube:
             self._emit(kind, "MODIFIED", new)
             return copy.deepcopy(new)
 
+    def _replace(self, kind: str, namespace: str, name: str, body: Any) -> Obj:
+        """PUT: the whole object; a ``metadata.resourceVersion`` in it is a precondition (409
+        Conflict when the stored object has moved on), as in Kubernetes."""
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "body must be an object")
+
+        def replace(cur: Obj) -> Obj:
+            rv = (body.get("metadata") or {}).get("resourceVersion")
+            if rv and rv != cur["metadata"].get("resourceVersion"):
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {kind} "{name}": the object '
+                                                "has been modified; please apply your changes to the latest version")
+            new = copy.deepcopy(body)
+            new.setdefault("metadata", {})
+            return new
+        return self.update(kind, namespace, name, replace)
+
     def _bind(self, namespace: str, name: str, body: Any) -> Obj:
         if not isinstance(body, dict) or not isinstance(body.get("target"), dict) or not body["target"].get("name"):
             raise ApiError(400, "BadRequest", "Binding needs target.name")
@@ -594,6 +615,8 @@ _PATHS = [
     (re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(/status)?$"), "pod"),
     (re.compile(r"^/api/v1/nodes/([^/]+)(/status)?$"), "node"),
     (re.compile(r"^/api/v1/namespaces/([^/]+)/events$"), "events"),
+    (re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps$"), "configmaps"),
+    (re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps/([^/]+)$"), "configmap"),
 ]
 
 
@@ -672,6 +695,22 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send_json(200, kube._patch(kind, ns, name, self.headers.get("Content-Type", ""), body))
             if method == "DELETE":
                 return self._send_json(200, kube.delete(kind, ns, name))
+        elif route == "configmaps" and method == "POST":
+            if not isinstance(body, dict):
+                raise ApiError(400, "BadRequest", "body must be an object")
+            body.setdefault("metadata", {})["namespace"] = g[0]
+            return self._send_json(201, kube.create("configmaps", body))
+        elif route == "configmap":
+            ns, name = g
+            if method == "GET":
+                obj = kube.get("configmaps", ns, name)
+                if obj is None:
+                    raise ApiError(404, "NotFound", f'configmaps "{name}" not found')
+                return self._send_json(200, obj)
+            if method == "PUT":
+                return self._send_json(200, kube._replace("configmaps", ns, name, body))
+            if method == "DELETE":
+                return self._send_json(200, kube.delete("configmaps", ns, name))
         elif route == "events" and method == "POST":
             kube.events_posted.append(body)
             return self._send_json(201, body if isinstance(body, dict) else {})

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from manifest_validation import Doc, load_docs, load_text_docs, validate
+from extender.learned_store import DEFAULT_NAME as DEFAULT_PAST_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "scheduler-config"
@@ -199,8 +200,20 @@ def test_extender_role_is_exactly_what_the_extender_does():
         ("", "pods/binding"): {"create"},                     # the Binding itself
     }
     # ...held by the extender's own account, not by kube-scheduler's (the pod's): issue 12 item 7.
-    assert _grants("stowage-extender") == granted
+    # Plus, in its own namespace only, the one ConfigMap that keeps the departed pods' past
+    # (get/update by name; create cannot be limited by name).
+    past = one("rbac.yaml", "Role", "stowage-extender-learned-past")
+    assert past["metadata"]["namespace"] == "stowage-system"
+    assert sorted((r["verbs"], r.get("resourceNames")) for r in past["rules"]) == [
+        (["create"], None), (["get", "update"], [DEFAULT_PAST_NAME])]
+    assert all(r["apiGroups"] == [""] and r["resources"] == ["configmaps"] for r in past["rules"])
+    assert _grants("stowage-extender") == {**granted, ("", "configmaps"): {"create", "get", "update"}}
     assert ("", "pods") not in _grants("stowage-scheduler")
+    assert ("", "configmaps") not in _grants("stowage-scheduler")
+    # The name the extender writes by default is the one granted, in the namespace it runs in.
+    env = {e["name"]: e for e in next(c for c in scheduler_deployment()["spec"]["template"]["spec"]["containers"]
+                                      if c["name"] == "extender")["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
 
 
 def test_exporter_holds_no_grants_and_no_token():

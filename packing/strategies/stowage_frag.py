@@ -180,6 +180,17 @@ class ProtectedClasses:
         return self.share_mem >= 0
 
 
+def next_rebuild(seen: int) -> int:
+    """The learned table's next rebuild point after ``seen`` pods: 1, 2, 4, ... 256, then every
+    128 (256 + 128 k), the first one above ``seen``."""
+    if seen < 256:
+        point = 1
+        while point <= seen:
+            point *= 2
+        return point
+    return 256 + 128 * ((seen - 256) // 128 + 1)
+
+
 class StowageFragPlacer(FragPlacerBase):
     """Fragmentation + host-resource stranding + churn mode (see the module doc)."""
 
@@ -270,12 +281,17 @@ class StowageFragPlacer(FragPlacerBase):
         return np.where((a.pods[idx] > 0).any(axis=1), 0.0, CHURN_COST)
 
     # ------------------------------------------------------------------ learning
-    def observe(self, req: GpuRequest, models: Sequence[str] = ()) -> None:
+    def observe(self, req: GpuRequest, models: Sequence[str] = (), count: int = 1) -> None:
         """Learn the workload: class counts (with the GPU models each class may use) and host
         resources per GPU-milli. The typical-pod table is rebuilt at 1, 2, 4, ... 256 pods, then
-        every 128 pods (a full recompute)."""
+        every 128 pods (a full recompute); ``count`` pods of one shape at once cross at most one
+        such point, and the next is the schedule's next (:func:`next_rebuild`), so an extender
+        that learned its predecessor's departed pods in bulk rebuilds at the same counts as the
+        predecessor did."""
+        if count < 1:
+            return
         allowed = model_list(models)
-        self.workload.add(PodClass.of(req, allowed, host_memory=self.host_memory))
+        self.workload.add(PodClass.of(req, allowed, host_memory=self.host_memory), float(count))
         if req.is_gpu and allowed and not self.model_demand:
             # The first pod limited to GPU models switches the model pressure on (pressure_cost
             # is 0 while no list was seen): every score may move, so cached scores must go.
@@ -285,28 +301,28 @@ class StowageFragPlacer(FragPlacerBase):
                 if acc is None:
                     continue
                 if req.is_whole:
-                    acc[0] += req.gpus * MILLI
+                    acc[0] += req.gpus * MILLI * count
                 else:
-                    acc[1] += req.core_milli
-                    acc[2] += req.mem_mib
+                    acc[1] += req.core_milli * count
+                    acc[2] += req.mem_mib * count
             key = self._strand_key()
             if req.is_whole:
-                self.whole_milli += req.gpus * MILLI
+                self.whole_milli += req.gpus * MILLI * count
             else:
                 self._share_core.append(req.core_milli)
                 self._share_mem.append(req.mem_mib)
-                self._share_w.append(1.0)
-                self.shares_seen += 1
+                self._share_w.append(float(count))
+                self.shares_seen += count
                 if len(self._share_core) > MAX_SHARES_KEPT:
                     self._compact_shares()
-            self.gpu_cpu += req.cpu_milli
-            self.gpu_mem += req.host_mem_mib
+            self.gpu_cpu += req.cpu_milli * count
+            self.gpu_mem += req.host_mem_mib * count
             if self._strand_key() != key:  # the stranded term's ratios moved: scores change
                 self.version += 1
-        self.seen += 1
+        self.seen += count
         if self.seen >= self._next:
             self._rebuild()
-            self._next = self.seen * 2 if self.seen < 256 else self.seen + 128
+            self._next = next_rebuild(self.seen)
 
     def _model_acc(self, allowed: tuple[str, ...]) -> list[float] | None:
         """The demand accumulator of a model list. Bounded like the learned classes (a model

@@ -260,11 +260,77 @@ def test_the_extender_schedules_under_its_own_account(policy_k8s: LocalK8s, tmp_
             policy_k8s.scheduler = None
 
 
+def test_the_extender_keeps_what_it_learned_from_deleted_pods_across_a_restart(policy_k8s: LocalK8s,
+                                                                               tmp_path: Path) -> None:
+    """The departed pods' past (extender/learned_store.py) under the shipped RBAC, in the shipped
+    layout (--workers 2): the extender, as stowage-extender, learns pods of Stowage's scheduler
+    from its watch; they are deleted; at SIGTERM it writes their shapes to its ConfigMap (the
+    interval is an hour here: the write at shutdown is the one tested), and the next extender
+    learns them before its first list: the same learned workload as before the restart. Without
+    the ConfigMap (``off``), a restart learns only the pods that still exist. The account may
+    read no other ConfigMap."""
+    from extender.learned_past import DepartedPods
+    from extender.learned_store import DATA_KEY, DEFAULT_NAME
+    from stowage.resources import GpuRequest
+
+    extender = As(policy_k8s, "stowage-extender", NS)
+    kcfg = extender.kubeconfig(tmp_path / "extender.kubeconfig")
+    tag = uuid.uuid4().hex[:6]
+
+    def pod(name: str, gpus: int) -> str:
+        limits = {"cpu": "1234m", "memory": "77Mi", **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
+        return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                           "spec": {"schedulerName": "stowage-scheduler",   # no kube-scheduler runs: they wait
+                                    "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9",
+                                                    "resources": {"limits": limits}}]}})
+
+    def learned(proc: ExtenderProc) -> dict:
+        return proc.state()["learned"]
+
+    args = ("--workers", "2", "--learned-interval", "3600")
+    first = _ExtenderAs(policy_k8s, kcfg, name="extender-past-1", args=args).start()
+    try:
+        start = learned(first)
+        names = [f"past-{tag}-{i}" for i in range(5)]
+        for i, name in enumerate(names):
+            _ok(policy_k8s.kubectl("create", "-n", "team-a", "-f", "-", input=pod(name, gpus=1 if i < 3 else 0),
+                                   check=False))
+        wait_until(lambda: learned(first)["pods"] == start["pods"] + 5, 30, "the extender to learn the 5 pods")
+        for name in names:
+            _ok(policy_k8s.kubectl("delete", "pod", "-n", "team-a", name, "--wait=false", check=False))
+        wait_until(lambda: learned(first)["departedPods"] == start["departedPods"] + 5, 30,
+                   "the extender to see the 5 pods deleted")
+        before = learned(first)
+    finally:
+        first.stop()                                   # SIGTERM: the last write
+    cm = policy_k8s.core.read_namespaced_config_map(DEFAULT_NAME, NS)
+    past = DepartedPods.from_json(cm.data[DATA_KEY])
+    assert past.counts[(GpuRequest(gpus=1, cpu_milli=1234, host_mem_mib=77.0), ())] >= 3
+    assert past.counts[(GpuRequest(cpu_milli=1234, host_mem_mib=77.0), ())] >= 2
+    assert past.pods == before["departedPods"]
+
+    second = _ExtenderAs(policy_k8s, kcfg, name="extender-past-2", args=args).start()
+    try:
+        after = learned(second)
+    finally:
+        second.stop()
+    assert after == before, "a restart must hold what the running extender had learned"
+    blind = _ExtenderAs(policy_k8s, kcfg, name="extender-past-off", args=("--learned-configmap", "off")).start()
+    try:
+        off = learned(blind)
+    finally:
+        blind.stop()
+    assert off["pods"] == before["pods"] - before["departedPods"] and off["workload"] != before["workload"]
+    _denied(extender.kubectl("get", "configmaps", "-n", NS), "Forbidden")
+    _denied(extender.kubectl("get", "configmap", "-n", "kube-system", "extension-apiserver-authentication"),
+            "Forbidden")
+
+
 class _ExtenderAs(ExtenderProc):
     """The extender with another kubeconfig than the admin's."""
 
-    def __init__(self, k8s: LocalK8s, kubeconfig: Path, name: str) -> None:
-        super().__init__(k8s, name=name)
+    def __init__(self, k8s: LocalK8s, kubeconfig: Path, name: str, args: tuple[str, ...] = ()) -> None:
+        super().__init__(k8s, name=name, args=args)
         self._kubeconfig = kubeconfig
 
     def start(self, wait_ready: bool = True) -> "ExtenderProc":
