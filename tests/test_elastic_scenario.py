@@ -301,3 +301,27 @@ def test_learn_before_teaches_the_placer_the_history_before_the_first_step(monke
     log.clear()
     run(sc, nodes(1), "stowage", 42)
     assert log[0] == "learn 1 " and not any(e.startswith(("learn 4", "learn 2")) for e in log)
+
+
+def test_a_restart_with_the_kept_past_learns_what_the_running_extender_had(tmp_path, capsys):
+    """``--restart-at``: the extender is replaced half-way through the window. With the departed
+    pods' past (the product's ConfigMap, here its document) the new one ends the window with the
+    learned workload the uninterrupted one has (the same pods learned, the same class counts,
+    the same departed pods kept); without it (``--restart-lose-past``) it has learned only the
+    pods that existed at the restart and since."""
+    from benchmarks.elastic.cli import main
+
+    def learned(*extra: str) -> dict:
+        out = tmp_path / "-".join(extra or ("plain",))
+        assert main(["--quick", "--policies", "stowage", "--jobs", "1", "--out", str(out), *extra]) == 0
+        return json.loads((out / "elastic.json").read_text())["learned"]["stowage/42"]
+
+    plain = learned()
+    kept = learned("--restart-at", "0.5")
+    lost = learned("--restart-at", "0.5", "--restart-lose-past")
+    assert plain["departedPods"] > 0 and plain["pods"] > plain["departedPods"]
+    assert kept == plain
+    assert lost["pods"] < plain["pods"] and lost["workload"] != plain["workload"]
+    assert "restarts at day 0.5 with the departed pods' past" in capsys.readouterr().out
+    assert main(["--quick", "--restart-lose-past"]) == 2
+    assert main(["--quick", "--restart-at", "5"]) == 2             # past the quick run's 1-day window

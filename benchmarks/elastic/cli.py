@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the extender ran before the window: it learned every trace pod that came and went "
                         "before it (the past only), as a long-running extender's watch would have; default: "
                         "it starts with the window, knowing only the pods that exist then")
+    p.add_argument("--restart-at", type=float, default=None, metavar="DAY",
+                   help="restart the extender this many days into the window (a rollout replacing every "
+                        "replica): the new one reads the departed pods' past the old one kept "
+                        "(--learned-configmap) and learns the pods that exist")
+    p.add_argument("--restart-lose-past", action="store_true",
+                   help="with --restart-at: the new extender learns only the pods that exist "
+                        "(--learned-configmap off)")
     p.add_argument("--unneeded", type=float, default=600.0, help="how long a node must stand empty before it counts as releasable, s")
     p.add_argument("--out", default="results/elastic", help="output folder (CSV, JSON, PNG)")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
@@ -81,9 +88,12 @@ def _scenario(directory: str, trace: str, stride: int, days: float, step: int, d
 
 
 def _task(args: tuple):
-    (directory, trace, stride, days, step, deployments, peak, seed, policy, hpa, unneeded, learn_before) = args
+    (directory, trace, stride, days, step, deployments, peak, seed, policy, hpa, unneeded, learn_before,
+     restart_day, keeps_past) = args
     nodes, sc = _scenario(directory, trace, stride, days, step, deployments, peak, seed)
-    return run(sc, nodes, policy, seed, hpa, unneeded_s=unneeded, learn_before=learn_before)
+    restart_at = None if restart_day is None else int(round(restart_day * 86400 / sc.step_s))
+    return run(sc, nodes, policy, seed, hpa, unneeded_s=unneeded, learn_before=learn_before,
+               restart_at=restart_at, restart_keeps_past=keeps_past)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,8 +132,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  + {len(sc.jobs)} trace jobs (other shapes, multi-GPU, CPU-only); {sc.dropped_short} pods shorter than a sync skipped")
     if args.learn_before:
         print(f"  the extender learned {len(sc.history)} pods that came and went before the window (--learn-before)")
+    if args.restart_at is not None:
+        if not 0 < args.restart_at < args.days:
+            print(f"error: --restart-at must lie inside the window (0 to {args.days:g} days)", file=sys.stderr)
+            return 2
+        print(f"  the extender restarts at day {args.restart_at:g} "
+              + ("learning only the pods that exist (--restart-lose-past)" if args.restart_lose_past
+                 else "with the departed pods' past it kept"))
+    elif args.restart_lose_past:
+        print("error: --restart-lose-past needs --restart-at", file=sys.stderr)
+        return 2
     tasks = [(directory, args.trace, args.node_stride, args.days, args.step, args.deployments, args.peak, seed,
-              policy, hpa, args.unneeded, args.learn_before) for seed in seeds for policy in policies]
+              policy, hpa, args.unneeded, args.learn_before, args.restart_at, not args.restart_lose_past)
+             for seed in seeds for policy in policies]
     t0 = time.perf_counter()
     results = []
     bar = tqdm(total=len(tasks), desc="elastic", unit="run")
@@ -150,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                                            "scale_down_window_s": hpa.scale_down_window_s,
                                            "min_replicas": hpa.min_replicas, "max_factor": hpa.max_factor},
             "unneeded_s": args.unneeded, "learn_before": args.learn_before, "history_pods": len(sc.history),
+            "restart_at_day": args.restart_at,
+            "restart_keeps_past": None if args.restart_at is None else not args.restart_lose_past,
             "seeds": seeds, "wall_s": round(time.perf_counter() - t0, 1)}
     out = Path(args.out)
     if not out.is_absolute():

@@ -42,7 +42,8 @@ def write_outputs(results: list[ElasticResult], meta: dict, out: Path) -> list[P
     paths.append(p)
     p = out / "elastic.json"
     p.write_text(json.dumps({"meta": meta, "results": summaries,
-                             "timelines": {f"{r.policy}/{r.seed}": r.timeline for r in results}}, indent=1))
+                             "timelines": {f"{r.policy}/{r.seed}": r.timeline for r in results},
+                             "learned": {f"{r.policy}/{r.seed}": r.learned for r in results}}, indent=1))
     paths.append(p)
     p = out / "elastic.png"
     plot(results, meta, p)

@@ -40,7 +40,9 @@ import numpy as np
 
 from benchmarks.binpack.replay import CARD_POLICY, MEMORY_UNIT_MIB, NAMESPACE, build_cluster, node_rank
 from benchmarks.binpack.trace import Nodes
+from extender.learned_past import DepartedPods
 from extender.placing import request_pod, schedule, serve
+from extender.service import ExtenderService
 from packing.placer import attach_placer
 from packing.pod_policy import PodPolicy
 from packing.registry import get_placer
@@ -108,6 +110,7 @@ class ElasticResult:
     mean_alloc_pct: float = 0.0
     seconds: float = 0.0
     timeline: dict[str, list[float]] = field(default_factory=dict)
+    learned: dict = field(default_factory=dict)     # the service's learned summary at the end
 
     @property
     def scale_outs_pending(self) -> int:
@@ -154,8 +157,23 @@ def _milli(req: GpuRequest) -> int:
     return req.core_milli if req.is_shared else 0
 
 
+def restart(old: ExtenderService, new: Callable[[], ExtenderService], existing: list[dict],
+            keeps_past: bool = True) -> ExtenderService:
+    """A new extender process in place of ``old``: it reads the departed pods' past that ``old``
+    wrote (through the stored document, :class:`extender.learned_past.DepartedPods`, as from
+    its ConfigMap; not with ``keeps_past`` False, as with ``--learned-configmap off``), then its
+    first list shows it the pods that exist, in creation order (``existing``)."""
+    svc = new()
+    if keeps_past:
+        svc.learn_departed(DepartedPods.from_json(old.departed_snapshot().to_json()))
+    for pod in existing:
+        svc.learn_pod(pod)
+    return svc
+
+
 def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = HpaSettings(), *,
         unneeded_s: float = 600.0, timeline_every: int = 10, learn_before: bool = False,
+        restart_at: int | None = None, restart_keeps_past: bool = True,
         progress: Callable[[int], None] | None = None) -> ElasticResult:
     """Simulate the scenario under one placement policy.
 
@@ -163,7 +181,13 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
     trace that came and went before (``sc.history``), and what the placers learned from them
     stays, as in a process that saw them (``ExtenderService.forget_learned``): they are sent to
     ``service.learn_pod`` as Pod objects, in creation order, before the first step. Without it
-    the extender starts with the window, knowing only the pods that exist then."""
+    the extender starts with the window, knowing only the pods that exist then.
+
+    ``restart_at``: at that step (before it) the extender is restarted, as a rollout that
+    replaces every replica does: a new service and placer over the same cluster, which learns
+    what a new extender process learns (:func:`restart`). Every pod that leaves is shown to the
+    service as deleted (``forget_learned``, as the watch does), so what it keeps of the departed
+    pods is what the live extender keeps."""
     t_start = time.perf_counter()
     res = ElasticResult(policy=policy, seed=seed)
     model = build_cluster(nodes)
@@ -229,6 +253,7 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
     def release(it: Item) -> None:
         nonlocal placed_milli
         model.release(it.uid)
+        service.forget_learned(it.uid)      # the watch shows it deleted
         placed_milli -= _milli(it.req)
 
     def scale_in(k: int, n: int, step: int) -> None:
@@ -250,6 +275,7 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
         for v in victims:
             if v.placed < 0:
                 v.dead = True
+                service.forget_learned(v.uid)
                 pend_n[k] -= 1
                 res.replicas_never += v.event >= 0
             else:
@@ -277,12 +303,19 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
 
     for s in range(sc.steps):
         now = float(s * sc.step_s)
+        if s == restart_at:
+            live = [r for rs in reps for r in rs] + [it for its in ends.values() for it in its if not it.dead]
+            service = restart(service, lambda: serve(
+                model, attach_placer(get_placer(policy), model, seed=seed, workload=workload),
+                default_policy=CARD_POLICY.get(policy, PodPolicy()), memory_unit_mib=MEMORY_UNIT_MIB),
+                [pod_of(it) for it in sorted(live, key=lambda it: it.seq)], restart_keeps_past)
         # 1. jobs leave / arrive
         for it in ends.pop(s, ()):
             if it.placed >= 0:
                 release(it)
             elif not it.dead:
                 it.dead = True
+                service.forget_learned(it.uid)
                 res.jobs_never += 1
                 pend_jobs -= 1
         for jb in jobs_by_start.get(s, ()):
@@ -373,6 +406,7 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
     res.gpu_hours = int(node_gpus.sum()) * sc.steps * sc.step_s / 3600.0
     res.mean_alloc_pct = alloc_sum / max(sc.steps, 1)
     res.timeline = tl
+    res.learned = service.learned_summary()
     res.seconds = time.perf_counter() - t_start
     return res
 
