@@ -326,6 +326,49 @@ def test_the_extender_keeps_what_it_learned_from_deleted_pods_across_a_restart(p
             "Forbidden")
 
 
+def test_two_replicas_writing_the_past_never_count_a_pod_twice(policy_k8s: LocalK8s, tmp_path: Path) -> None:
+    """The HA pair: two extenders (both as stowage-extender, writing every second) see the same
+    pods come and go and both write the ConfigMap; the real API server's resourceVersion
+    precondition and the per-shape merge leave each deleted pod counted once."""
+    from extender.learned_past import DepartedPods
+    from extender.learned_store import DATA_KEY, DEFAULT_NAME
+    from stowage.resources import GpuRequest
+
+    extender = As(policy_k8s, "stowage-extender", NS)
+    kcfg = extender.kubeconfig(tmp_path / "extender.kubeconfig")
+    tag = uuid.uuid4().hex[:6]
+    shape = (GpuRequest(gpus=2, cpu_milli=4321, host_mem_mib=99.0), ())
+
+    def stored() -> DepartedPods:
+        try:
+            cm = policy_k8s.core.read_namespaced_config_map(DEFAULT_NAME, NS)
+        except Exception:  # noqa: BLE001 (not written yet)
+            return DepartedPods()
+        return DepartedPods.from_json(cm.data[DATA_KEY])
+
+    before = stored().counts.get(shape, 0)
+    args = ("--learned-interval", "1")
+    pair = [_ExtenderAs(policy_k8s, kcfg, name=f"extender-ha-{i}", args=args).start() for i in range(2)]
+    try:
+        names = [f"ha-{tag}-{i}" for i in range(4)]
+        for name in names:
+            body = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                               "spec": {"schedulerName": "stowage-scheduler",
+                                        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9",
+                                                        "resources": {"limits": {"cpu": "4321m", "memory": "99Mi",
+                                                                                 "nvidia.com/gpu": "2"}}}]}})
+            _ok(policy_k8s.kubectl("create", "-n", "team-a", "-f", "-", input=body, check=False))
+        wait_until(lambda: all(p.state()["learned"]["pods"] >= 4 for p in pair), 30, "both to learn the pods")
+        for name in names:
+            _ok(policy_k8s.kubectl("delete", "pod", "-n", "team-a", name, "--wait=false", check=False))
+        wait_until(lambda: all(p.state()["learned"]["departedPods"] >= 4 for p in pair), 30, "both to see the deletes")
+        wait_until(lambda: stored().counts.get(shape, 0) >= before + 4, 30, "the ConfigMap to count the 4 pods")
+    finally:
+        for proc in pair:
+            proc.stop()                    # both write once more at SIGTERM
+    assert stored().counts.get(shape, 0) == before + 4
+
+
 class _ExtenderAs(ExtenderProc):
     """The extender with another kubeconfig than the admin's."""
 
