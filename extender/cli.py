@@ -130,6 +130,7 @@ def _build_app(cfg: ServeConfig) -> Flask:
             log.info("learned %d departed pods (%d shapes) from the %s", service.learn_departed(past),
                      len(past), store.where)
         keeper = PastKeeper(store, service.departed_snapshot, cfg.learned_interval_s).start()
+        service.past_keeper = keeper
     feeder.start()
     register_exit(feeder.stop)
     if cfg.learned_configmap is not None:

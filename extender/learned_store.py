@@ -172,6 +172,9 @@ class PastKeeper:
         self.snapshot = snapshot
         self.interval_s = interval_s
         self.writes = 0
+        self.failures = 0
+        self.clock = time.monotonic
+        self._dirty_since: float | None = None    # when a change not yet written was first seen
         self._written: DepartedPods | None = None
         self._error = ""
         self._stop = threading.Event()
@@ -193,6 +196,13 @@ class PastKeeper:
         while not self._stop.wait(self.interval_s):
             self.write_if_changed()
 
+    def unwritten_s(self) -> float:
+        """Seconds since a change of the departed pods was first seen and not written since (0 if
+        none): grows while writes fail, so it can be alerted on. Changes seen only between two
+        intervals count from the check that saw them."""
+        since = self._dirty_since
+        return 0.0 if since is None else max(0.0, self.clock() - since)
+
     def write_if_changed(self) -> bool:
         """Write if the departed pods changed since the last write; True if nothing is left unwritten."""
         snap = self.snapshot()
@@ -200,20 +210,25 @@ class PastKeeper:
             return True
         if self._written is None and not snap.counts:
             return True                     # nothing departed yet: nothing to keep
+        if self._dirty_since is None:
+            self._dirty_since = self.clock()
         try:
             ok = self.store.save(snap)
         except Exception as exc:  # noqa: BLE001 (API or network: logged, retried next interval)
             reason = f"cannot write the {self.store.where}: {_reason(exc)}"
             (log.warning if reason != self._error else log.debug)("%s; will try again", reason)
             self._error = reason
+            self.failures += 1
             return False
         if not ok:
             log.debug("the %s kept changing under this write; will try again", self.store.where)
+            self.failures += 1
             return False
         if self._error:
             log.info("the %s is written again", self.store.where)
         self._error = ""
         self._written = snap
+        self._dirty_since = None
         self.writes += 1
         log.debug("wrote %d departed pods (%d shapes) to the %s", snap.pods, len(snap), self.store.where)
         return True

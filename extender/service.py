@@ -264,6 +264,8 @@ class ExtenderService:
         # predecessors saw): kept in a ConfigMap so a restart does not lose it
         # (extender/learned_past.py, extender/learned_store.py). Guarded by _pods_lock.
         self.departed = DepartedPods()
+        # Its writer (extender/learned_store.PastKeeper) in kube mode, for /metrics; else None.
+        self.past_keeper: Any = None
         self._inflight: set[str] = set()  # pod UIDs whose binder call is running (guarded by model.lock)
         # Told (uid, namespace, name, model generation) of each pod that fits on none of its
         # candidate nodes: kube mode requeues those when the model gains room (extender/requeue.py).

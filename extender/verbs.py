@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .service import ExtenderService
 from .wire import (BindingArgs, WireError, binding_result, encode, encode_filter_result, filter_answer,
@@ -93,6 +93,21 @@ class _ModelCollector:
                                ("free_whole_cards", "healthy cards with no pod on them"),
                                ("allocations", "GPU pods holding cards")):
             yield GaugeMetricFamily(f"stowage_extender_{key}", help_text, value=s[key])
+        learned = self.service.learned_summary()
+        yield GaugeMetricFamily("stowage_extender_learned_pods", "pods the placer has learned the workload from "
+                                "(those that exist and those deleted, kept across restarts)", value=learned["pods"])
+        yield GaugeMetricFamily("stowage_extender_departed_pods_kept", "deleted pods whose shapes are kept for the "
+                                "next start (--learned-configmap)", value=learned["departedPods"])
+        keeper = self.service.past_keeper
+        if keeper is not None:
+            writes = CounterMetricFamily("stowage_extender_learned_past_writes", "writes of the --learned-configmap "
+                                         "ConfigMap by outcome", labels=["outcome"])
+            writes.add_metric(["ok"], keeper.writes)
+            writes.add_metric(["failed"], keeper.failures)
+            yield writes
+            yield GaugeMetricFamily("stowage_extender_learned_past_unwritten_seconds", "seconds since the departed "
+                                    "pods changed with the change not yet written (0: all written)",
+                                    value=keeper.unwritten_s())
 
 
 class Metrics:

@@ -359,3 +359,37 @@ def test_the_keeper_writes_when_pods_departed_and_once_more_at_stop(kube, caplog
     keeper.start()
     keeper.stop()                                                # the last write at shutdown
     assert keeper.writes == 2 and store_of(kube).load().pods == 2
+
+
+def test_metrics_say_what_is_learned_and_whether_the_past_is_written(kube):  # noqa: F811
+    """/metrics: pods learned, departed pods kept, and the ConfigMap's writes by outcome with how
+    long a change has waited unwritten (an alert's input: it grows only while writes fail)."""
+    from extender_harness import Server
+
+    pods = workload()
+    svc = run_and_delete(pods, set(range(3)))
+    keeper = PastKeeper(store_of(kube), svc.departed_snapshot, interval_s=3600)
+    now = [100.0]
+    keeper.clock = lambda: now[0]
+    svc.past_keeper = keeper
+    kube.fail_next(2, status=500, path="configmaps")
+    assert not keeper.write_if_changed()
+    now[0] += 90
+    with Server(svc) as srv:
+        text = srv.get("/metrics").text
+        assert "stowage_extender_learned_pods 64.0" in text
+        assert "stowage_extender_departed_pods_kept 3.0" in text
+        assert 'stowage_extender_learned_past_writes_total{outcome="failed"} 1.0' in text
+        assert 'stowage_extender_learned_past_writes_total{outcome="ok"} 0.0' in text
+        assert "stowage_extender_learned_past_unwritten_seconds 90.0" in text
+        assert not keeper.write_if_changed()      # still failing: the wait keeps its start
+        now[0] += 30
+        assert keeper.unwritten_s() == 120.0
+        assert keeper.write_if_changed()
+        text = srv.get("/metrics").text
+        assert 'stowage_extender_learned_past_writes_total{outcome="ok"} 1.0' in text
+        assert "stowage_extender_learned_past_unwritten_seconds 0.0" in text
+    svc.past_keeper = None
+    with Server(svc) as srv:                      # simulated mode: no ConfigMap, no writes metric
+        text = srv.get("/metrics").text
+        assert "stowage_extender_learned_pods 64.0" in text and "learned_past_writes" not in text
