@@ -18,9 +18,11 @@ The cluster is the trace's 1,213 nodes as fake GPU nodes (Node objects, no kubel
 per card) and ``nvidia.com/gpu-core`` (100 per card), and Stowage's inventory annotation with
 cards of 1000 MiB in units of 1 MiB (the extender runs with ``--memory-unit-mib 1``). So a
 sharing pod of the trace asks ``nvidia.com/gpu-memory: <gpu_milli>`` and ``nvidia.com/gpu-core:
-<gpu_milli / 10>``: its share is exactly its fraction of a card, in the very units the simulated
-replay's model uses (cards of 1000 memory units and 1000 milli of compute), so the extender's
-model holds the same numbers as the simulated one.
+<gpu_milli / 10, rounded up>``: its share is its fraction of a card, in the very units the simulated
+replay's model uses (cards of 1000 memory units and 1000 milli of compute), and the same Pod
+request the simulated replay's Pod object carries (compute in whole percents, rounded up; the
+openb traces' shares are all multiples of 10 milli), so the extender's model holds the same
+numbers as the simulated one (``tests/test_binpack_real_pods.py``).
 
 A pod counts as placed when the watch shows it bound (``spec.nodeName``), as failed when
 kube-scheduler reports it unschedulable (``PodScheduled=False``, reason ``Unschedulable``). Any
@@ -137,8 +139,10 @@ def gpu_limits(pods: Pods, j: int, mode: str) -> dict[str, str]:
     if g == 1 and m < 1000:
         if mode == "plain":
             return {"nvidia.com/gpu": "1"}
+        # Compute rounded up to a whole percent, as the simulated replay's Pod object
+        # (extender.placing.request_pod) asks it: a share never asks less than its trace row.
         return {"nvidia.com/gpu-memory": str(m * CARD_MEMORY // 1000 // MEMORY_UNIT_MIB),
-                "nvidia.com/gpu-core": str(m * CORE_PCT_PER_CARD // 1000)}
+                "nvidia.com/gpu-core": str(-(-m * CORE_PCT_PER_CARD // 1000))}
     return {"nvidia.com/gpu": str(g)}
 
 
