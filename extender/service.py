@@ -843,20 +843,24 @@ class ExtenderService:
                       for uid, al in self.model.allocations.items()}
             return {"nodes": nodes, "allocations": allocs, "learned": self.learned_summary()}
 
-    def learned_summary(self) -> dict[str, Any]:
+    def learned_summary(self, digest: bool = True) -> dict[str, Any]:
         """What the pack placer has learned, in brief: pods learned, distinct classes, a digest of
         the class counts (equal digests: the same learned workload, as a restarted extender should
-        have), and the departed pods kept for the next start."""
+        have; left out with ``digest`` False, as /metrics does), and the departed pods kept for
+        the next start. Only a copy of the counts is taken under the model's lock."""
         with self._pods_lock:
             departed, shapes = self.departed.pods, len(self.departed)
         with self.model.lock:
             placer = self.placers[PACK]
             workload = getattr(placer, "workload", None)
-            counts = sorted((repr(c), n) for c, n in workload.counts.items()) if workload is not None else []
+            items = list(workload.counts.items()) if workload is not None else []
             seen = int(getattr(placer, "seen", 0))
-        digest = hashlib.sha256(repr(counts).encode()).hexdigest()[:16]
-        return {"pods": seen, "classes": len(counts), "workload": digest, "departedPods": departed,
-                "departedShapes": shapes}
+        out: dict[str, Any] = {"pods": seen, "classes": len(items)}
+        if digest:
+            counts = sorted((repr(c), n) for c, n in items)
+            out["workload"] = hashlib.sha256(repr(counts).encode()).hexdigest()[:16]
+        out.update(departedPods=departed, departedShapes=shapes)
+        return out
 
     def allocation(self, uid: str) -> dict[str, Any] | None:
         with self.model.lock:

@@ -93,7 +93,7 @@ class _ModelCollector:
                                ("free_whole_cards", "healthy cards with no pod on them"),
                                ("allocations", "GPU pods holding cards")):
             yield GaugeMetricFamily(f"stowage_extender_{key}", help_text, value=s[key])
-        learned = self.service.learned_summary()
+        learned = self.service.learned_summary(digest=False)
         yield GaugeMetricFamily("stowage_extender_learned_pods", "pods the placer has learned the workload from "
                                 "(those that exist and those deleted, kept across restarts)", value=learned["pods"])
         yield GaugeMetricFamily("stowage_extender_departed_pods_kept", "deleted pods whose shapes are kept for the "
