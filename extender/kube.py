@@ -293,6 +293,9 @@ class KubeFeeder:
         # them (ExtenderService.learn_pod / forget_learned).
         self.on_pod_seen: Callable[[Mapping[str, Any]], None] | None = None
         self.on_pod_deleted: Callable[[str], None] | None = None
+        # uids shown to on_pod_seen and not yet told deleted: a relist tells those it no longer
+        # finds (deleted while the watch was gone, with no DELETED event).
+        self._shown: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "KubeFeeder":
@@ -453,9 +456,14 @@ class KubeFeeder:
                 self._apply_pod(pod)
             with self._lock:
                 gone_known = [u for u in self._records if u not in seen]
+                gone_shown = self._shown - seen
+                self._shown -= gone_shown
             # Pods deleted while we were not watching. Allocations made after the list began are kept.
             for uid in (before - seen) | set(gone_known):
                 self._forget_pod(uid)
+            if self.on_pod_deleted is not None:
+                for uid in sorted(gone_shown):
+                    self.on_pod_deleted(uid)
             if self.marks is not None:
                 self.marks.keep_only(seen)
         now = self.clock()
@@ -589,10 +597,14 @@ class KubeFeeder:
             log.error("pod %s without metadata.uid ignored", v.key)
             return
         if deleted:
+            with self._lock:
+                self._shown.discard(v.uid)
             if self.on_pod_deleted is not None:
                 self.on_pod_deleted(v.uid)
         elif self.on_pod_seen is not None and (self.trust.scheduler_names is None
                                                 or v.scheduler in self.trust.scheduler_names):
+            with self._lock:
+                self._shown.add(v.uid)
             self.on_pod_seen(pod)
         if deleted or v.terminal:
             self._forget_pod(v.uid)

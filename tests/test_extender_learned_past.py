@@ -10,12 +10,12 @@ import random
 
 import pytest
 
-from extender.kube import creation_order
+from extender.kube import PODS, creation_order
 from extender.learned_past import (FIELDS, FORMAT, MAX_DOCUMENT_BYTES, MAX_SHAPES, DepartedPods, PastError)
 from extender.learned_store import DATA_KEY, PastKeeper, PastStore, parse_location
 from extender.service import ExtenderService
 from extender.wire import ExtenderArgs
-from extender_kube_helpers import kube  # noqa: F401 (fixture)
+from extender_kube_helpers import feeders, kube  # noqa: F401 (fixtures)
 from packing.strategies.stowage_frag import StowageFragPlacer, next_rebuild
 from stowage.resources import GpuRequest
 from test_extender_learned_rebuild import NODES, cluster, pod, schedule
@@ -393,3 +393,33 @@ def test_metrics_say_what_is_learned_and_whether_the_past_is_written(kube):  # n
     with Server(svc) as srv:                      # simulated mode: no ConfigMap, no writes metric
         text = srv.get("/metrics").text
         assert "stowage_extender_learned_pods 64.0" in text and "learned_past_writes" not in text
+
+
+def test_pods_deleted_while_the_watch_was_gone_are_told_as_deleted_at_the_relist(feeders):  # noqa: F811
+    """A watch that ends in 410 Gone is followed by a relist; the pods deleted meanwhile never
+    had a DELETED event. The feed must still tell the service they are gone (pending ones and
+    CPU-only ones too, which hold no cards), or what was learned from them would be lost from the
+    past and their uids kept for ever."""
+    from fakekube import FakeKube
+    from extender_kube_helpers import inv_node, make_pod, new_feeder
+    from stowage.allocation import RecordTrust
+
+    with FakeKube(bookmark_interval=3600) as kube:
+        kube.create_node(inv_node("n1", [80, 80]))
+        mine = []
+        for name, kw in (("pending", {"gpus": 1}), ("share", {"gpu_memory": 10}), ("stays", {"gpus": 1})):
+            p = make_pod(name, **kw)
+            p["spec"]["schedulerName"] = "stowage-scheduler"
+            mine.append(kube.create_pod(p))
+        svc = ExtenderService(cluster())
+        f = new_feeder(kube, model=svc.model, trust=RecordTrust(scheduler_names=frozenset({"stowage-scheduler"})))
+        f.on_pod_seen, f.on_pod_deleted = svc.learn_pod, svc.forget_learned
+        feeders.append(f)
+        f.start()
+        kube.wait_for(lambda: f.ready()[0] and len(svc._learned) == 3)
+        kube.delete_pod("default", "pending", emit=False)
+        kube.delete_pod("default", "share", emit=False)
+        kube.expire_watches()
+        kube.wait_for(lambda: f.streams[PODS].lists == 2)
+        assert list(svc._learned) == [mine[2]["metadata"]["uid"]]
+        assert svc.departed_snapshot().pods == 2
