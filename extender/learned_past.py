@@ -32,7 +32,7 @@ import json
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from packing.pod_policy import MAX_MODEL_NAME, MAX_MODELS_PER_LIST
 from stowage.resources import MAX_CARD_MEMORY_MIB, MAX_GPUS_PER_POD, GpuRequest
@@ -187,10 +187,11 @@ def _row(row: Any) -> tuple[GpuRequest, tuple[str, ...], int]:
     return req, tuple(models), n
 
 
-def replay(past: DepartedPods, observe: Callable[[GpuRequest, tuple[str, ...], int], None]) -> int:
-    """Show every shape of ``past`` to ``observe`` with its count; returns the pods shown."""
+def replay(shapes: Iterable[tuple[GpuRequest, tuple[str, ...], int]],
+           observe: Callable[[GpuRequest, tuple[str, ...], int], None]) -> int:
+    """Show every (request, models, count) to ``observe``, in order; returns the pods shown."""
     shown = 0
-    for req, models, n in past.items():
+    for req, models, n in shapes:
         observe(req, models, n)
         shown += n
     return shown

@@ -36,7 +36,7 @@ import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import numpy as np
 
@@ -218,6 +218,23 @@ class BindWrite:
         return err
 
 
+def pod_shape(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB,
+              default_policy: PodPolicy | None = None) -> Shape | None:
+    """What the placers learn from a pod: its request (GPU, host CPU and memory) and its list of
+    allowed GPU models; None for a pod Stowage cannot schedule (it teaches nothing, as at filter).
+    The one parse of a pod for learning: the watch's (``learn_pod``) and ``stowage plan``'s."""
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+    try:
+        req = pod_request(pod, memory_unit_mib)
+        ann = meta.get("annotations")
+        if ann is not None and not isinstance(ann, Mapping):
+            return None
+        policy = parse_policy(ann, default_policy or PodPolicy())
+    except (RequestError, PolicyError, TypeError, AttributeError, ValueError):
+        return None
+    return req, policy.models_include
+
+
 class ExtenderService:
     """The three extender verbs over one shared model.
 
@@ -345,13 +362,21 @@ class ExtenderService:
         pods learned."""
         with self._pods_lock:
             self.departed = self.departed.merged(past)
+        # GPU pods have left the cluster: what the earlier extender's placers knew from the
+        # releases it saw (the pack placer's churn mode), this one's release count (which starts
+        # now) cannot tell it.
+        return self.learn_shapes(past.items(), gpu_pods_left=any(req.is_gpu for req, _, _ in past.items()))
+
+    def learn_shapes(self, shapes: Iterable[tuple[GpuRequest, tuple[str, ...], int]],
+                     gpu_pods_left: bool = False) -> int:
+        """Show the placers ``count`` pods of each (request, models, count), in order, without
+        the per-uid bookkeeping of :meth:`learn_pod` (the departed pods' past; a what-if of
+        ``stowage plan`` replaying what the live extender learned). ``gpu_pods_left``: GPU pods
+        have left the cluster (churn mode). Returns the pods learned."""
         with self.model.lock:
             placers = self._distinct_placers()
-            shown = replay(past, lambda req, models, n: [p.observe(req, models, n) for p in placers])
-            if any(req.is_gpu for req, _, _ in past.items()):
-                # GPU pods have left the cluster: what the earlier extender's placers knew from
-                # the releases it saw (the pack placer's churn mode), this one's release count
-                # (which starts now) cannot tell it.
+            shown = replay(shapes, lambda req, models, n: [p.observe(req, models, n) for p in placers])
+            if gpu_pods_left:
                 for p in placers:
                     p.note_release()
             return shown
@@ -373,15 +398,9 @@ class ExtenderService:
         with self._pods_lock:
             if uid in self._learned:
                 return
-        try:
-            req = pod_request(pod, self.memory_unit_mib)
-            ann = meta.get("annotations")
-            if ann is not None and not isinstance(ann, Mapping):
-                return
-            policy = parse_policy(ann, self.default_policy)
-        except (RequestError, PolicyError, TypeError, AttributeError, ValueError):
-            return
-        self._learn(uid, req, policy.models_include)
+        shape = pod_shape(pod, self.memory_unit_mib, self.default_policy)
+        if shape is not None:
+            self._learn(uid, *shape)
 
     def forget_learned(self, uid: str) -> None:
         """The pod is deleted: its uid can never come back, so it need not be remembered (what the

@@ -14,7 +14,7 @@ Errors (unreadable kubeconfig, unreachable API server, bad cluster file) become 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import click
@@ -73,10 +73,33 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def load(src: Source, marks: Any = None) -> tuple[ClusterModel, str]:
+@dataclass
+class LearnFrom:
+    """What to read of a live cluster so that a what-if's placer knows what the live extender's
+    knows (issue 13: ``stowage plan`` may never know more or less): the pods of Stowage's
+    schedulers (``scheduler_names``, the extender's ``--scheduler-name``), in creation order as
+    its first list shows them, and the departed pods' past its ConfigMap keeps (``configmap``,
+    ``(namespace, name)`` or None). :func:`load` fills ``pods``, ``past`` and ``note``."""
+
+    scheduler_names: tuple[str, ...] = ("stowage-scheduler",)
+    configmap: tuple[str, str] | None = None
+    pods: list[dict] = field(default_factory=list)
+    past: Any = None                # extender.learned_past.DepartedPods once loaded
+    note: str = ""                  # why the past could not be read, if it could not
+
+    def describe(self) -> str:
+        departed = self.past.pods if self.past is not None else 0
+        where = f"ConfigMap {self.configmap[0]}/{self.configmap[1]}" if self.configmap else "no ConfigMap"
+        text = (f"the placer learned what the live extender has: {len(self.pods)} pods of "
+                f"{', '.join(self.scheduler_names)} and {departed} departed pods ({where})")
+        return text + (f"; {self.note}" if self.note else "")
+
+
+def load(src: Source, marks: Any = None, learn: LearnFrom | None = None) -> tuple[ClusterModel, str]:
     """The cluster as a model, and one line saying where it came from. ``marks``: an
-    :class:`extender.nominated.PodMarks` told of every pod of a live cluster (their priorities)."""
-    return _simulated(src) if not src.live else _live(src, marks)
+    :class:`extender.nominated.PodMarks` told of every pod of a live cluster (their priorities).
+    ``learn``: for a live cluster, also read what the live extender's placer learned (filled in)."""
+    return _simulated(src) if not src.live else _live(src, marks, learn)
 
 
 def _simulated(src: Source) -> tuple[ClusterModel, str]:
@@ -96,7 +119,7 @@ def _simulated(src: Source) -> tuple[ClusterModel, str]:
     return model, what
 
 
-def _live(src: Source, marks: Any = None) -> tuple[ClusterModel, str]:
+def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None) -> tuple[ClusterModel, str]:
     try:
         from extender.kube import KubeFeeder, load_api_client
     except ImportError as exc:
@@ -110,8 +133,22 @@ def _live(src: Source, marks: Any = None) -> tuple[ClusterModel, str]:
     try:
         feeder = KubeFeeder(model, api, src.memory_unit_mib)
         feeder.marks = marks
+        if learn is not None:
+            names = set(learn.scheduler_names)
+            learn.pods = []
+            # The feed lists pods in creation order, as the extender's first list shows them.
+            feeder.on_pod_seen = lambda pod: (learn.pods.append(pod)
+                                              if (pod.get("spec") or {}).get("schedulerName") in names else None)
         feeder.sync_once()
     except Exception as exc:  # urllib3/ApiException/timeouts: one line for the operator
         raise click.ClickException(f"cannot read nodes and pods from the API server: {exc}") from None
+    if learn is not None:
+        from extender.learned_past import DepartedPods
+        from extender.learned_store import PastStore
+        learn.past, learn.note = DepartedPods(), ""
+        if learn.configmap is not None:
+            store = PastStore(feeder.core, *learn.configmap)
+            learn.past = store.load()
+            learn.note = store.last_error
     host = getattr(getattr(api, "configuration", None), "host", "") or "the cluster"
     return model, f"live cluster {host}: {len(model.node_names())} nodes, {len(model.allocations)} GPU pods"

@@ -9,12 +9,16 @@ code on a copy of the cluster; nothing is changed on the cluster.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import click
 
-from stowage_ops.cluster_source import Source, cluster_options, load
-from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, PreemptPlan, ShapeError,
+from extender.learned_store import DEFAULT_NAME as DEFAULT_PAST_NAME
+from extender.learned_store import DEFAULT_NAMESPACE as DEFAULT_PAST_NAMESPACE
+from extender.learned_store import parse_location
+from stowage_ops.cluster_source import LearnFrom, Source, cluster_options, load
+from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, Learned, PreemptPlan, ShapeError,
                               capacity, drain_plan, parse_shape, preemption_plan)
 from stowage.textable import render
 
@@ -97,10 +101,17 @@ def _preempt_text(plan: PreemptPlan, top: int) -> str:
                    "at least as large). Default: a pod only moves to its current model.")
 @click.option("--max-nodes", type=click.IntRange(min=1), default=None, help="With --drain: empty at most this many nodes.")
 @click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="Nodes listed per shape.")
+@click.option("--scheduler-name", "scheduler_names", multiple=True, default=("stowage-scheduler",),
+              show_default=True, help="Live cluster: the schedulerName(s) of Stowage's profile(s), as given to "
+                                      "the extender: the placer learns their pods, as the extender's does.")
+@click.option("--learned-configmap", default=DEFAULT_PAST_NAME, show_default=True, metavar="[NAMESPACE/]NAME|off",
+              help="Live cluster: the extender's --learned-configmap (namespace: $POD_NAMESPACE, else "
+                   "stowage-system): the placer also learns the departed pods' past it keeps, so the what-if "
+                   "knows what the live extender knows. off: only the pods that exist.")
 @click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def plan(source: Source, shapes: tuple[str, ...], drain: bool, preempt_shapes: tuple[str, ...],
          priority: int | None, placer: str, limit: int, any_model: bool, max_nodes: int | None, top: int,
-         output: str) -> None:
+         scheduler_names: tuple[str, ...], learned_configmap: str, output: str) -> None:
     """What-if: how many more pods of a SHAPE fit right now and on which nodes; and (--drain)
     which nodes the cluster autoscaler could remove after moving the fewest GPU pods.
 
@@ -130,16 +141,32 @@ def plan(source: Source, shapes: tuple[str, ...], drain: bool, preempt_shapes: t
     if to_preempt and source.live:
         from extender.nominated import PodMarks
         marks = PodMarks(source.memory_unit_mib)
-    model, what = load(source, marks)
+    learn = None
+    if source.live:
+        try:
+            where = parse_location(learned_configmap, os.environ.get("POD_NAMESPACE") or DEFAULT_PAST_NAMESPACE)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--learned-configmap") from None
+        learn = LearnFrom(scheduler_names=tuple(scheduler_names), configmap=where)
+    model, what = load(source, marks, learn)
+    learned = Learned.of(learn.past, learn.pods, source.memory_unit_mib) if learn is not None else None
+    if learn is not None:
+        what += "\n" + learn.describe()
     prios = marks.all_priorities() if marks is not None else {}
     pplans = [preemption_plan(model, s, priority or 0, prios) for s in to_preempt]
     try:
-        results = [capacity(model, s, placer=placer, limit=limit) for s in parsed]
-        dplan = drain_plan(model, placer=placer, keep_model=not any_model, max_nodes=max_nodes) if drain else None
+        results = [capacity(model, s, placer=placer, limit=limit, learned=learned) for s in parsed]
+        dplan = (drain_plan(model, placer=placer, keep_model=not any_model, max_nodes=max_nodes, learned=learned)
+                 if drain else None)
     except KeyError as exc:
         raise click.BadParameter(str(exc.args[0]), param_hint="--placer") from None
     if output == "json":
-        doc: dict[str, Any] = {"source": what, "placer": placer, "capacity": [r.to_json() for r in results]}
+        doc: dict[str, Any] = {"source": what.split("\n")[0], "placer": placer,
+                               "capacity": [r.to_json() for r in results]}
+        if learn is not None:
+            doc["learned"] = {"pods": len(learn.pods), "departedPods": learn.past.pods if learn.past else 0,
+                              "configMap": "/".join(learn.configmap) if learn.configmap else None,
+                              "note": learn.note}
         if dplan is not None:
             doc["drain"] = dplan.to_json()
         if pplans:

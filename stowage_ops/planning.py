@@ -23,12 +23,12 @@ import random
 import re
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from extender.placing import request_pod, schedule, serve
-from extender.service import ExtenderService
+from extender.service import ExtenderService, pod_shape
 from packing.fit import card_mask, fit, reason
 from packing.model import CardArrays, ClusterModel, PodAllocation
 from packing.placer import Placer, attach_placer
@@ -157,12 +157,47 @@ def _prime(placer: Placer, model: ClusterModel) -> None:
         placer.observe(r)
 
 
-def _service(model: ClusterModel, placer: str | Placer | None) -> ExtenderService:
-    """The extender's service over ``model`` (a copy, for a what-if), with the placer primed on
-    the pods the model holds. Pods are then learned as the service sees them (at filter)."""
+@dataclass(frozen=True)
+class Learned:
+    """What the live extender's placer has learned, to replay in every what-if's service: the
+    departed pods' past, then the pods of Stowage's schedulers in creation order (what a
+    restarted extender learns, so what the running one holds), as (request, models, count).
+    ``gpu_pods_left``: GPU pods have left the cluster (the pack placer's churn mode)."""
+
+    shapes: tuple[tuple[GpuRequest, tuple[str, ...], int], ...] = ()
+    gpu_pods_left: bool = False
+
+    @classmethod
+    def of(cls, past: Any, pods: Sequence[Mapping[str, Any]], memory_unit_mib: int) -> "Learned":
+        """From a :class:`extender.learned_past.DepartedPods` (or None) and Pod objects, each
+        parsed as the watch's ``learn_pod`` parses it (:func:`extender.service.pod_shape`)."""
+        shapes = list(past.items()) if past is not None else []
+        left = any(req.is_gpu for req, _, _ in shapes)
+        for pod in pods:
+            shape = pod_shape(pod, memory_unit_mib)
+            if shape is not None:
+                shapes.append((shape[0], shape[1], 1))
+        return cls(tuple(shapes), left)
+
+    @property
+    def pods(self) -> int:
+        return sum(n for _, _, n in self.shapes)
+
+
+def _service(model: ClusterModel, placer: str | Placer | None, learned: Learned | None = None) -> ExtenderService:
+    """The extender's service over ``model`` (a copy, for a what-if). Its placer knows what the
+    live extender's does when ``learned`` says it (a live cluster); otherwise (a simulated one,
+    whose pods are only allocations) it is primed on the pods the model holds. Pods are then
+    learned as the service sees them (at filter)."""
     pl = _placer(placer)
-    _prime(pl, model)
-    return serve(model, pl)
+    if learned is None:
+        _prime(pl, model)
+        return serve(model, pl)
+    workload = [(r, m) for r, m, n in learned.shapes for _ in range(n)] if pl.knows_workload else []
+    attach_placer(pl, model, workload=workload or None)   # a placer defined as knowing its workload: this one
+    service = serve(model, pl)
+    service.learn_shapes(learned.shapes, gpu_pods_left=learned.gpu_pods_left)
+    return service
 
 
 def _node_names(model: ClusterModel) -> list[str]:
@@ -192,11 +227,11 @@ class CapacityResult:
 
 
 def capacity(model: ClusterModel, shape: Shape, placer: str | Placer | None = None,
-             limit: int = DEFAULT_LIMIT) -> CapacityResult:
+             limit: int = DEFAULT_LIMIT, learned: Learned | None = None) -> CapacityResult:
     """Schedule pods of ``shape`` one after another, through the extender's service on a copy of
     the cluster, until none fits; then why not, per node, in the words filter uses."""
     sim = model.copy()
-    service = _service(sim, placer)
+    service = _service(sim, placer, learned)
     names = _node_names(sim)
     per_node: Counter[str] = Counter()
     placements: list[tuple[str, tuple[int, ...]]] = []
@@ -284,7 +319,7 @@ def _size_key(al: PodAllocation) -> tuple:
 
 
 def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_model: bool = True,
-               max_nodes: int | None = None) -> DrainPlan:
+               max_nodes: int | None = None, learned: Learned | None = None) -> DrainPlan:
     """Greedy: try to empty nodes with the fewest, lightest GPU pods first.
 
     A candidate is emptied only if every one of its pods can be scheduled again, through the
@@ -296,8 +331,9 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
     it runs on now (``stowage.io/gpu-model``), because the model does not record which model
     constraints the pod asked for; without it a whole-GPU pod still asks for cards with at least
     as much memory as it has now, and a slice for any card with room. Empty GPU nodes come first
-    and cost no move. Each candidate gets a fresh placer primed on the pods that stay, so a
-    candidate that cannot be emptied teaches the next nothing.
+    and cost no move. Each candidate gets a fresh placer primed on the pods that stay (or, with
+    ``learned``, knowing what the live extender's placer knows), so a candidate that cannot be
+    emptied teaches the next nothing.
     """
     sim = model.copy()
     names = _node_names(sim)
@@ -326,7 +362,7 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
         trial = sim.copy()
         for al in pods[node]:
             trial.release(al.uid)
-        service = _service(trial, placer)
+        service = _service(trial, placer, learned)
         targets = [n for n in names if n != node and n not in emptied]
         moves: list[Move] = []
         failed = ""
