@@ -860,7 +860,8 @@ class ExtenderService:
             allocs = {uid: {"pod": al.name, "node": al.node, "cards": list(al.cards), "memoryMiB": list(al.mem_mib),
                             "coreMilli": list(al.core_milli), "whole": al.whole}
                       for uid, al in self.model.allocations.items()}
-            return {"nodes": nodes, "allocations": allocs, "learned": self.learned_summary()}
+        # Outside the model's lock: the summary takes the pods lock first, never under the model's.
+        return {"nodes": nodes, "allocations": allocs, "learned": self.learned_summary()}
 
     def learned_summary(self, digest: bool = True) -> dict[str, Any]:
         """What the pack placer has learned, in brief: pods learned, distinct classes, a digest of
