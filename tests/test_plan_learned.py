@@ -116,3 +116,32 @@ def test_a_past_plan_may_not_read_is_said_and_plan_goes_on(live):
     kube.fail_next(1, status=403, path="configmaps")
     r = CliRunner().invoke(main, ["plan", "--kubeconfig", cfg, "--shape", "1"], catch_exceptions=False)
     assert r.exit_code == 0 and "0 departed pods" in r.output and "HTTP 403" in r.output
+
+
+@pytest.mark.parametrize("placer", ["pack", "spread"])
+def test_the_taught_copy_plans_exactly_as_the_plain_path(live, placer):
+    """The speed-up (each what-if gets a copy of a placer taught once) against the plain path it
+    replaces (each what-if's service learns every shape again): the same learned workload, the
+    same filter answers, and the same capacity and drain plans."""
+    from dataclasses import replace
+
+    from stowage_ops.planning import capacity, drain_plan, parse_shape
+
+    _, cfg = live
+    learn = LearnFrom(configmap=("stowage-system", "stowage-learned-past"))
+    model, _ = load(Source(kubeconfig=cfg), learn=learn)
+    fast = Learned.of(learn.past, learn.pods, 1024)
+    plain = replace(fast, reuse=False)
+    names = _node_names(model)
+    a, b = _service(model.copy(), placer, fast), _service(model.copy(), placer, plain)
+    assert a.placers["pack"] is not b.placers["pack"]
+    keys = ("pods", "classes", "workload")
+    assert {k: a.learned_summary()[k] for k in keys} == {k: b.learned_summary()[k] for k in keys}
+    assert ask(a, names) == ask(b, names)
+    assert fast._taught and not plain._taught
+    again = _service(model.copy(), placer, fast)          # a second what-if: a fresh copy, untouched
+    assert again.placers["pack"] is not a.placers["pack"] and ask(again, names) == ask(b, names)
+    for shape in ("1", "10Gi,30%", "2@NVIDIA-A100", "4Gi@NVIDIA-T4"):
+        s = parse_shape(shape)
+        assert capacity(model, s, placer, learned=fast) == capacity(model, s, placer, learned=plain)
+    assert drain_plan(model, placer, learned=fast) == drain_plan(model, placer, learned=plain)
