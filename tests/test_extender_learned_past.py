@@ -423,3 +423,46 @@ def test_pods_deleted_while_the_watch_was_gone_are_told_as_deleted_at_the_relist
         kube.wait_for(lambda: f.streams[PODS].lists == 2)
         assert list(svc._learned) == [mine[2]["metadata"]["uid"]]
         assert svc.departed_snapshot().pods == 2
+
+
+def test_a_document_mutated_at_random_is_refused_or_reads_back_to_itself():
+    """Anyone with write access to the ConfigMap can put anything there: 3,000 random mutations
+    of a valid document (values swapped for other types, out-of-range numbers, huge strings,
+    rows dropped or doubled, keys removed) either raise PastError or give a past that writes
+    the same document again; never another exception."""
+    rng = random.Random(13)
+    past = DepartedPods()
+    for i in range(40):
+        past.add(GpuRequest(gpus=rng.choice([0, 1, 8]), cpu_milli=rng.randrange(0, 10 ** 6),
+                            host_mem_mib=rng.choice([0.0, 512.5, 4096.0])),
+                 tuple(rng.sample(["A100", "T4", "P100", "V100M32"], rng.randint(0, 2))), rng.randint(1, 99))
+    base = json.loads(past.to_json())
+    junk = [None, True, -1, 0, 1.5, 2 ** 70, float("nan"), "x", "", [], {}, ["A100"] * 70, "y" * 200,
+            [0] * 8, {"a": 1}, 1e308]
+    refused = accepted = 0
+    for _ in range(3000):
+        doc = json.loads(json.dumps(base))
+        for _ in range(rng.randint(1, 3)):
+            what = rng.random()
+            rows = doc.get("shapes") if isinstance(doc, dict) else None
+            if what < 0.5 and isinstance(rows, list) and rows and isinstance(rows[0], list):
+                row = rng.choice(rows)
+                if isinstance(row, list) and row:
+                    row[rng.randrange(len(row))] = rng.choice(junk)
+            elif what < 0.65 and isinstance(rows, list) and rows:
+                rows.insert(rng.randrange(len(rows) + 1), rng.choice(rows))
+            elif what < 0.75 and isinstance(rows, list) and rows:
+                rows.pop(rng.randrange(len(rows)))
+            elif what < 0.85 and isinstance(doc, dict):
+                doc.pop(rng.choice(["format", "fields", "shapes"]), None)
+            elif isinstance(doc, dict):
+                doc[rng.choice(["format", "fields", "shapes"])] = rng.choice(junk)
+        text = json.dumps(doc, allow_nan=True)
+        try:
+            got = DepartedPods.from_json(text)
+        except PastError:
+            refused += 1
+            continue
+        accepted += 1
+        assert DepartedPods.from_json(got.to_json()).counts == got.counts
+    assert refused > 1000 and accepted > 100, (refused, accepted)
