@@ -76,3 +76,44 @@ def test_kube_mode_bind_and_restart_rebuild(tmp_path, kube, workers):
     finally:
         http.close()
         proc.stop()
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "split"])
+def test_what_was_learned_from_deleted_pods_is_written_at_sigterm_and_learned_again(tmp_path, kube, workers):
+    """The learned past end to end in both layouts (the ConfigMap written by the process that
+    holds the model, at SIGTERM: the interval is an hour), against the fake API server."""
+    import json
+
+    from extender.learned_past import DepartedPods
+    from extender.learned_store import DATA_KEY
+
+    shapes = [{"gpus": 1}, {"gpu_memory": 8}, {"gpus": 2}, {"gpu_memory": 4}]
+    for i, kw in enumerate(shapes * 2):
+        kube.create_pod(stowage_pod(make_pod(f"p{i}", **kw)))
+    args = ("--kubeconfig", kubeconfig(tmp_path, kube.url), "--workers", str(workers),
+            "--learned-configmap", "ops/learned", "--learned-interval", "3600")
+    proc, http = start_process(None, str(tmp_path), *args)
+    try:
+        learned = lambda: http.get(proc.url + "/state", timeout=30).json()["learned"]  # noqa: E731
+        kube.wait_for(lambda: learned()["pods"] == 8)
+        for i in range(5):
+            kube.delete_pod("default", f"p{i}")
+        kube.wait_for(lambda: learned()["departedPods"] == 5)
+        before = learned()
+        metrics = http.get(proc.url + "/metrics", timeout=30).text
+        assert "stowage_extender_departed_pods_kept 5.0" in metrics
+    finally:
+        http.close()
+        assert proc.stop() == 0
+    cm = kube.get("configmaps", "ops", "learned")
+    assert cm is not None, "nothing was written at SIGTERM"
+    assert DepartedPods.from_json(cm["data"][DATA_KEY]).pods == 5
+    proc, http = start_process(None, str(tmp_path), *args)
+    try:
+        after = kube.wait_for(lambda: (lambda s: s if s["pods"] == 8 else None)(
+            http.get(proc.url + "/state", timeout=30).json()["learned"]))
+        assert after == before
+        assert json.loads(cm["data"][DATA_KEY])["format"] == "stowage.io/departed-pods/v1"
+    finally:
+        http.close()
+        assert proc.stop() == 0
