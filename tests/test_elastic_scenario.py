@@ -311,9 +311,13 @@ def test_a_restart_with_the_kept_past_learns_what_the_running_extender_had(tmp_p
     pods that existed at the restart and since."""
     from benchmarks.elastic.cli import main
 
+    figures: dict[str, list] = {}
+
     def learned(*extra: str) -> dict:
         out = tmp_path / "-".join(extra or ("plain",))
         assert main(["--quick", "--policies", "stowage", "--jobs", "1", "--out", str(out), *extra]) == 0
+        with open(out / "elastic.csv") as f:
+            figures[" ".join(extra)] = [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(f)]
         return json.loads((out / "elastic.json").read_text())["learned"]["stowage/42"]
 
     plain = learned()
@@ -321,6 +325,7 @@ def test_a_restart_with_the_kept_past_learns_what_the_running_extender_had(tmp_p
     lost = learned("--restart-at", "0.5", "--restart-lose-past")
     assert plain["departedPods"] > 0 and plain["pods"] > plain["departedPods"]
     assert kept == plain
+    assert figures["--restart-at 0.5"] == figures[""]      # every figure: the restart is invisible
     assert lost["pods"] < plain["pods"] and lost["workload"] != plain["workload"]
     assert "restarts at day 0.5 with the departed pods' past" in capsys.readouterr().out
     assert main(["--quick", "--restart-lose-past"]) == 2
