@@ -14,6 +14,7 @@ Errors (unreadable kubeconfig, unreachable API server, bad cluster file) become 
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -93,6 +94,37 @@ class LearnFrom:
         text = (f"the placer learned what the live extender has: {len(self.pods)} pods of "
                 f"{', '.join(self.scheduler_names)} and {departed} departed pods ({where})")
         return text + (f"; {self.note}" if self.note else "")
+
+
+def learn_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add ``--scheduler-name`` and ``--learned-configmap`` (as given to the extender) to a click
+    command; it receives ``learn: LearnFrom`` (for :func:`load`; it reads them only on a live cluster)."""
+    from extender.learned_store import DEFAULT_NAME, DEFAULT_NAMESPACE
+
+    opts = [
+        click.option("--scheduler-name", "scheduler_names", multiple=True, default=("stowage-scheduler",),
+                     show_default=True, help="Live cluster: the schedulerName(s) of Stowage's profile(s), as given "
+                                             "to the extender: the pods whose shapes its placer learns."),
+        click.option("--learned-configmap", default=DEFAULT_NAME, show_default=True,
+                     metavar="[NAMESPACE/]NAME|off",
+                     help="Live cluster: the extender's --learned-configmap (namespace: $POD_NAMESPACE, else "
+                          f"{DEFAULT_NAMESPACE}), which keeps what its placer learned from deleted pods. "
+                          "off: leave it out."),
+    ]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from extender.learned_store import parse_location
+        names, where = kwargs.pop("scheduler_names"), kwargs.pop("learned_configmap")
+        try:
+            configmap = parse_location(where, os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--learned-configmap") from None
+        return fn(*args, learn=LearnFrom(scheduler_names=tuple(names), configmap=configmap), **kwargs)
+
+    for opt in reversed(opts):
+        wrapper = opt(wrapper)
+    return wrapper
 
 
 def load(src: Source, marks: Any = None, learn: LearnFrom | None = None) -> tuple[ClusterModel, str]:

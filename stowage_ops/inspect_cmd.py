@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import click
 
 from packing.model import ClusterModel
-from stowage_ops.cluster_source import Source, cluster_options, load
+from stowage_ops.cluster_source import LearnFrom, Source, cluster_options, learn_options, load
 from stowage_ops.planning import ShapeError, fragmentation, iter_nodes, parse_shape
 from stowage.resources import CORE_MILLI_PER_CARD, fmt_mib
 from stowage.textable import render
@@ -117,15 +117,65 @@ def render_table(rep: dict[str, Any], cards: bool = True) -> str:
     return "\n".join(lines)
 
 
+def learned_report(learn: LearnFrom, memory_unit_mib: int) -> dict[str, Any]:
+    """What the extender's placer has learned, as :func:`report` data: per learned shape, how many
+    pods of it exist now (of Stowage's schedulers) and how many departed (its ConfigMap), most
+    first. The same parse as the watch's (:func:`extender.service.pod_shape`)."""
+    from extender.service import pod_shape
+
+    now: dict[tuple, int] = {}
+    for pod in learn.pods:
+        shape = pod_shape(pod, memory_unit_mib)
+        if shape is not None:
+            key = (shape[0], tuple(sorted(set(shape[1]))))
+            now[key] = now.get(key, 0) + 1
+    gone = {(req, models): n for req, models, n in (learn.past.items() if learn.past is not None else ())}
+    rows = [{"shape": _shape_text(req, models), "now": now.get((req, models), 0),
+             "departed": gone.get((req, models), 0)} for req, models in {**now, **gone}]
+    rows.sort(key=lambda r: (-(r["now"] + r["departed"]), r["shape"]))
+    return {"pods": sum(now.values()), "departedPods": sum(gone.values()),
+            "configMap": "/".join(learn.configmap) if learn.configmap else None, "note": learn.note,
+            "schedulers": list(learn.scheduler_names), "shapes": rows}
+
+
+def _shape_text(req: Any, models: tuple[str, ...]) -> str:
+    text = req.describe()
+    if req.cpu_milli:
+        text += f", {req.cpu_milli / 1000:g} CPU"
+    if req.host_mem_mib:
+        text += f", {fmt_mib(req.host_mem_mib)} memory"
+    return text + (f" @{'|'.join(models)}" if models else "")
+
+
+def render_learned(learned: dict[str, Any], top: int = 15) -> str:
+    head = (f"What the extender's placer has learned: {learned['pods']} pods of "
+            f"{', '.join(learned['schedulers'])} now, {learned['departedPods']} departed "
+            f"({'ConfigMap ' + learned['configMap'] if learned['configMap'] else 'no ConfigMap'})")
+    if learned["note"]:
+        head += f"; {learned['note']}"
+    rows = [[r["shape"], r["now"] + r["departed"], r["now"], r["departed"]] for r in learned["shapes"][:top]]
+    lines = [head]
+    if rows:
+        lines.append(render(["SHAPE", "PODS", "NOW", "DEPARTED"], rows, indent="  "))
+    if len(learned["shapes"]) > top:
+        lines.append(f"  ... {len(learned['shapes']) - top} more shape(s)")
+    return "\n".join(lines)
+
+
 @click.command("inspect")
 @cluster_options
+@learn_options
+@click.option("--learned", is_flag=True,
+              help="Live cluster: also show what the extender's placer has learned of the workload: per pod "
+                   "shape, the pods of Stowage's schedulers now and the departed ones its ConfigMap keeps.")
 @click.option("--node", "nodes", multiple=True, metavar="NAME", help="Only this node (repeatable).")
 @click.option("--typical", multiple=True, metavar="SHAPE",
               help="Pod shape that counts for fragmentation (repeatable; grammar as in `stowage plan --shape`). "
                    "Default: the shapes running now, plus one whole GPU.")
 @click.option("--cards/--no-cards", default=True, show_default=True, help="Also print the per-card table.")
 @click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def inspect(source: Source, nodes: tuple[str, ...], typical: tuple[str, ...], cards: bool, output: str) -> None:
+def inspect(source: Source, learn: LearnFrom, learned: bool, nodes: tuple[str, ...], typical: tuple[str, ...],
+            cards: bool, output: str) -> None:
     """Show, per node and per card, which pods hold what, what is free, card health, and
     STRANDED capacity: free GPU share that no typical pod shape could use right now.
 
@@ -135,7 +185,10 @@ def inspect(source: Source, nodes: tuple[str, ...], typical: tuple[str, ...], ca
       stowage inspect --kubeconfig ~/.kube/config --no-cards
       stowage inspect --simulated --typical 1 --typical 20Gi,50% -o json
     """
-    model, what = load(source)
+    if learned and not source.live:
+        raise click.UsageError("--learned reads a live cluster (a simulated one has no pods of Stowage's "
+                               "schedulers and no ConfigMap)")
+    model, what = load(source, learn=learn if learned else None)
     try:
         rep = report(model, typical, nodes)
     except ShapeError as exc:
@@ -143,9 +196,13 @@ def inspect(source: Source, nodes: tuple[str, ...], typical: tuple[str, ...], ca
     missing = sorted(set(nodes) - {n["name"] for n in rep["nodes"]})
     if missing:
         raise click.ClickException(f"no such node(s): {', '.join(missing)}")
+    if learned:
+        rep["learned"] = learned_report(learn, source.memory_unit_mib)
     if output == "json":
         rep["source"] = what
         click.echo(json.dumps(rep, indent=2))
     else:
         click.echo(what)
         click.echo(render_table(rep, cards))
+        if learned:
+            click.echo("\n" + render_learned(rep["learned"]))

@@ -9,15 +9,11 @@ code on a copy of the cluster; nothing is changed on the cluster.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import click
 
-from extender.learned_store import DEFAULT_NAME as DEFAULT_PAST_NAME
-from extender.learned_store import DEFAULT_NAMESPACE as DEFAULT_PAST_NAMESPACE
-from extender.learned_store import parse_location
-from stowage_ops.cluster_source import LearnFrom, Source, cluster_options, load
+from stowage_ops.cluster_source import LearnFrom, Source, cluster_options, learn_options, load
 from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, Learned, PreemptPlan, ShapeError,
                               capacity, drain_plan, parse_shape, preemption_plan)
 from stowage.textable import render
@@ -101,17 +97,11 @@ def _preempt_text(plan: PreemptPlan, top: int) -> str:
                    "at least as large). Default: a pod only moves to its current model.")
 @click.option("--max-nodes", type=click.IntRange(min=1), default=None, help="With --drain: empty at most this many nodes.")
 @click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="Nodes listed per shape.")
-@click.option("--scheduler-name", "scheduler_names", multiple=True, default=("stowage-scheduler",),
-              show_default=True, help="Live cluster: the schedulerName(s) of Stowage's profile(s), as given to "
-                                      "the extender: the placer learns their pods, as the extender's does.")
-@click.option("--learned-configmap", default=DEFAULT_PAST_NAME, show_default=True, metavar="[NAMESPACE/]NAME|off",
-              help="Live cluster: the extender's --learned-configmap (namespace: $POD_NAMESPACE, else "
-                   "stowage-system): the placer also learns the departed pods' past it keeps, so the what-if "
-                   "knows what the live extender knows. off: only the pods that exist.")
+@learn_options
 @click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def plan(source: Source, shapes: tuple[str, ...], drain: bool, preempt_shapes: tuple[str, ...],
          priority: int | None, placer: str, limit: int, any_model: bool, max_nodes: int | None, top: int,
-         scheduler_names: tuple[str, ...], learned_configmap: str, output: str) -> None:
+         learn: LearnFrom, output: str) -> None:
     """What-if: how many more pods of a SHAPE fit right now and on which nodes; and (--drain)
     which nodes the cluster autoscaler could remove after moving the fewest GPU pods.
 
@@ -141,13 +131,8 @@ def plan(source: Source, shapes: tuple[str, ...], drain: bool, preempt_shapes: t
     if to_preempt and source.live:
         from extender.nominated import PodMarks
         marks = PodMarks(source.memory_unit_mib)
-    learn = None
-    if source.live:
-        try:
-            where = parse_location(learned_configmap, os.environ.get("POD_NAMESPACE") or DEFAULT_PAST_NAMESPACE)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--learned-configmap") from None
-        learn = LearnFrom(scheduler_names=tuple(scheduler_names), configmap=where)
+    # On a live cluster the what-if's placer learns what the live extender's has (LearnFrom).
+    learn = learn if source.live else None
     model, what = load(source, marks, learn)
     learned = Learned.of(learn.past, learn.pods, source.memory_unit_mib) if learn is not None else None
     if learn is not None:

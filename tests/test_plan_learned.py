@@ -145,3 +145,28 @@ def test_the_taught_copy_plans_exactly_as_the_plain_path(live, placer):
         s = parse_shape(shape)
         assert capacity(model, s, placer, learned=fast) == capacity(model, s, placer, learned=plain)
     assert drain_plan(model, placer, learned=fast) == drain_plan(model, placer, learned=plain)
+
+
+def test_inspect_shows_what_the_extenders_placer_has_learned(live):
+    kube, cfg = live
+    r = CliRunner().invoke(main, ["inspect", "--kubeconfig", cfg, "--learned", "--no-cards", "-o", "json"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    learned = json.loads(r.output)["learned"]
+    mine = [p for p in kube.objects("pods") if p["spec"]["schedulerName"] == "stowage-scheduler"]
+    assert (learned["pods"], learned["departedPods"]) == (len(mine), 72)
+    assert learned["configMap"] == "stowage-system/stowage-learned-past" and learned["note"] == ""
+    assert sum(s["now"] for s in learned["shapes"]) == len(mine)
+    assert sum(s["departed"] for s in learned["shapes"]) == 72
+    totals = [s["now"] + s["departed"] for s in learned["shapes"]]
+    assert totals == sorted(totals, reverse=True)
+    assert learned["shapes"][0] == {"shape": "4 whole GPUs, 32 CPU, 128 GiB memory", "now": 0, "departed": 40}
+    assert any(s["shape"].endswith("@NVIDIA-T4") for s in learned["shapes"])
+    table = CliRunner().invoke(main, ["inspect", "--kubeconfig", cfg, "--learned", "--no-cards"]).output
+    assert (f"What the extender's placer has learned: {len(mine)} pods of stowage-scheduler now, 72 departed "
+            "(ConfigMap stowage-system/stowage-learned-past)") in table
+    assert "4 whole GPUs, 32 CPU, 128 GiB memory" in table and "DEPARTED" in table
+    plain = CliRunner().invoke(main, ["inspect", "--kubeconfig", cfg, "--no-cards", "-o", "json"]).output
+    assert "learned" not in json.loads(plain)                   # only when asked: it reads the ConfigMap
+    r = CliRunner().invoke(main, ["inspect", "--simulated", "--learned"])
+    assert r.exit_code == 2 and "--learned reads a live cluster" in r.output
