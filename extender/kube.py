@@ -62,6 +62,19 @@ def read_json(resp: Any) -> Any:
         resp.release_conn()
     return _loads(data)
 
+
+def read_or_none(read: Callable[..., Any], *args: Any, **kwargs: Any) -> dict | None:
+    """One object through a client ``read_namespaced_*`` call (``read(*args, **kwargs)``, with
+    ``_preload_content=False``), parsed; None when it does not exist (404). Other API errors
+    propagate."""
+    try:
+        resp = read(*args, _preload_content=False, **kwargs)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return read_json(resp)
+
 NODES = "nodes"
 PODS = "pods"
 
@@ -367,13 +380,10 @@ class KubeFeeder:
         if pod is not None:
             return pod
         try:
-            resp = self.core.read_namespaced_pod(name, namespace, _preload_content=False,
-                                                 _request_timeout=self.request_timeout_s)
+            return read_or_none(self.core.read_namespaced_pod, name, namespace,
+                                _request_timeout=self.request_timeout_s)
         except ApiException as exc:
-            if exc.status == 404:
-                return None
             raise RuntimeError(api_message(exc)) from exc
-        return read_json(resp)
 
     # ------------------------------------------------------------------ the loops
     def _run(self, st: StreamState) -> None:

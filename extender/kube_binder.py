@@ -33,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, RecordTrust
 
 from .errors import BindError, BindOutcomeUnknown
-from .kube import api_message, read_json
+from .kube import api_message, read_or_none
 from .kube_post import DirectPoster, direct_poster
 
 log = logging.getLogger("stowage.kube")
@@ -121,14 +121,7 @@ class KubeBinder:
                                                        _preload_content=False, _request_timeout=self.timeout))
 
     def _read(self, namespace: str, name: str) -> dict | None:
-        try:
-            resp = self.core.read_namespaced_pod(name, namespace, _preload_content=False,
-                                                 _request_timeout=self.timeout)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return read_json(resp)
+        return read_or_none(self.core.read_namespaced_pod, name, namespace, _request_timeout=self.timeout)
 
     def _read_back(self, namespace: str, name: str) -> tuple[dict | None, bool]:
         """(the pod or None when it is gone, True) or (None, False) when it cannot be read."""

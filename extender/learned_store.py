@@ -130,17 +130,9 @@ class PastStore:
 
     def _get(self) -> dict | None:
         """The ConfigMap as JSON, or None if it does not exist."""
-        from kubernetes.client.rest import ApiException
-
-        from .kube import read_json
-        try:
-            resp = self.core.read_namespaced_config_map(self.name, self.namespace, _preload_content=False,
-                                                        _request_timeout=self.request_timeout_s)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return read_json(resp)
+        from .kube import read_or_none
+        return read_or_none(self.core.read_namespaced_config_map, self.name, self.namespace,
+                            _request_timeout=self.request_timeout_s)
 
 
 def _document(cm: dict) -> DepartedPods:
