@@ -120,6 +120,7 @@ def _build_app(cfg: ServeConfig) -> Flask:
     feeder.on_pod_deleted = service.forget_learned
     service.on_refused = requeuer.refused
     feeder.marks = service.marks  # pod priorities and nominations: preempt, nominated pods' cards
+    keeper = None
     if cfg.learned_configmap is not None:
         # What the placers learned from pods deleted before this start (extender/learned_past.py):
         # learned before the first list shows the pods that still exist, kept while running.
@@ -133,7 +134,7 @@ def _build_app(cfg: ServeConfig) -> Flask:
         service.past_keeper = keeper
     feeder.start()
     register_exit(feeder.stop)
-    if cfg.learned_configmap is not None:
+    if keeper is not None:
         register_exit(keeper.stop)   # runs first (last registered): one last write of the past
     register_exit(requeuer.stop)
     return create_app(service, url_prefix=cfg.url_prefix, ready=feeder.ready, max_body_bytes=cfg.max_body_bytes)

@@ -34,6 +34,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from packing.frag import model_list
 from packing.pod_policy import MAX_MODEL_NAME, MAX_MODELS_PER_LIST
 from stowage.resources import MAX_CARD_MEMORY_MIB, MAX_GPUS_PER_POD, GpuRequest
 
@@ -66,12 +67,17 @@ class DepartedPods:
     def __len__(self) -> int:
         return len(self.counts)
 
+    @property
+    def gpu_pods_left(self) -> bool:
+        """Whether GPU pods are among the departed (what a placer's churn mode is told)."""
+        return any(req.is_gpu for req, _ in self.counts)
+
     def add(self, req: GpuRequest, models: tuple[str, ...] | list[str] = (), count: int = 1) -> bool:
         """Count ``count`` departed pods of this shape. A shape the stored document could not
         hold (a request past the bounds :meth:`from_json` checks: only a pod written to be absurd
         has one) is left out, so that writing can never make the document unreadable; returns
         whether it was counted."""
-        models = tuple(sorted({m for m in models if m}))   # one list however it was written
+        models = model_list(models)   # one list however it was written
         try:
             _row(_cells(req, models, count))
         except PastError:

@@ -365,7 +365,7 @@ class ExtenderService:
         # GPU pods have left the cluster: what the earlier extender's placers knew from the
         # releases it saw (the pack placer's churn mode), this one's release count (which starts
         # now) cannot tell it.
-        return self.learn_shapes(past.items(), gpu_pods_left=any(req.is_gpu for req, _, _ in past.items()))
+        return self.learn_shapes(past.items(), gpu_pods_left=past.gpu_pods_left)
 
     def learn_shapes(self, shapes: Iterable[tuple[GpuRequest, tuple[str, ...], int]],
                      gpu_pods_left: bool = False) -> int:

@@ -11,9 +11,10 @@ from typing import Any, Sequence
 
 import click
 
+from packing.frag import model_list
 from packing.model import ClusterModel
 from stowage_ops.cluster_source import LearnFrom, Source, cluster_options, learn_options, load
-from stowage_ops.planning import ShapeError, fragmentation, iter_nodes, parse_shape
+from stowage_ops.planning import Learned, ShapeError, fragmentation, iter_nodes, parse_shape
 from stowage.resources import CORE_MILLI_PER_CARD, fmt_mib
 from stowage.textable import render
 
@@ -120,15 +121,11 @@ def render_table(rep: dict[str, Any], cards: bool = True) -> str:
 def learned_report(learn: LearnFrom, memory_unit_mib: int) -> dict[str, Any]:
     """What the extender's placer has learned, as :func:`report` data: per learned shape, how many
     pods of it exist now (of Stowage's schedulers) and how many departed (its ConfigMap), most
-    first. The same parse as the watch's (:func:`extender.service.pod_shape`)."""
-    from extender.service import pod_shape
-
+    first. The pods parsed as ``stowage plan`` learns them (:meth:`Learned.of`, the watch's parse)."""
     now: dict[tuple, int] = {}
-    for pod in learn.pods:
-        shape = pod_shape(pod, memory_unit_mib)
-        if shape is not None:
-            key = (shape[0], tuple(sorted(set(shape[1]))))
-            now[key] = now.get(key, 0) + 1
+    for req, models, n in Learned.of(None, learn.pods, memory_unit_mib).shapes:
+        key = (req, model_list(models))   # keyed as the departed pods are (DepartedPods.add)
+        now[key] = now.get(key, 0) + n
     gone = {(req, models): n for req, models, n in (learn.past.items() if learn.past is not None else ())}
     rows = [{"shape": _shape_text(req, models), "now": now.get((req, models), 0),
              "departed": gone.get((req, models), 0)} for req, models in {**now, **gone}]

@@ -178,7 +178,7 @@ class Learned:
         """From a :class:`extender.learned_past.DepartedPods` (or None) and Pod objects, each
         parsed as the watch's ``learn_pod`` parses it (:func:`extender.service.pod_shape`)."""
         shapes = list(past.items()) if past is not None else []
-        left = any(req.is_gpu for req, _, _ in shapes)
+        left = past is not None and past.gpu_pods_left
         for pod in pods:
             shape = pod_shape(pod, memory_unit_mib)
             if shape is not None:
