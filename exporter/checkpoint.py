@@ -55,8 +55,8 @@ def _ids(raw: Any) -> tuple[str, ...]:
 def parse(text: str | bytes) -> list[CheckpointEntry]:
     try:
         doc = json.loads(text)
-    except ValueError as exc:
-        raise CheckpointError(f"not JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(f"not JSON: {str(exc)[:120]}") from None
     data = doc.get("Data") if isinstance(doc, dict) else None
     entries = data.get("PodDeviceEntries") if isinstance(data, dict) else None
     if not isinstance(entries, list):

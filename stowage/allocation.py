@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError, pod_gpu_request
+from .resources import (CORE_MILLI_PER_CARD, DEFAULT_MEMORY_UNIT_MIB, MAX_CARD_MEMORY_MIB, GpuRequest, RequestError,
+                        pod_gpu_request)
 
 ALLOCATION_ANNOTATION = "stowage.io/allocation"
 ALLOCATION_VERSION = 1
@@ -110,20 +111,61 @@ def encode_allocation(rec: AllocationRecord, key: RecordKey | None = None, pod_u
     return _dumps(doc)
 
 
+MAX_RECORD_CARDS = 64            # the most cards one pod may ask for (MAX_GPUS_PER_POD)
+MAX_CARD_INDEX = 1023            # far beyond any node's card count, small enough for every array
+MAX_RECORD_TEXT = 256            # characters of a node name or card uuid
+
+
+def _int_field(card: Mapping[str, Any], name: str, hi: int) -> int:
+    """An integer in [0, hi]: JSON numbers only (not text, not true/false, not 2.0), as the
+    extender writes them."""
+    v = card[name]
+    if type(v) is not int or not 0 <= v <= hi:
+        raise AllocationError(f"{ALLOCATION_ANNOTATION} is malformed: {name} must be an integer from 0 to {hi}, "
+                              f"not {str(v)[:40]!r}")
+    return v
+
+
+def _text_field(doc: Mapping[str, Any], name: str) -> str:
+    v = doc[name]
+    if not isinstance(v, str) or len(v) > MAX_RECORD_TEXT:
+        raise AllocationError(f"{ALLOCATION_ANNOTATION} is malformed: {name} must be a text of at most "
+                              f"{MAX_RECORD_TEXT} characters")
+    return v
+
+
 def decode_allocation(value: str) -> AllocationRecord:
+    """Parse a record; :class:`AllocationError` (and nothing else) for anything the extender could
+    not have written: a pod author can write any text here, and the device plugin and the
+    extender read the records of every pod of a node, so one pod's bad record must stay its own
+    problem (an ``OverflowError`` or ``RecursionError`` escaping here once blocked every pod of
+    its node)."""
     try:
         doc = json.loads(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise AllocationError(f"{ALLOCATION_ANNOTATION} is malformed: not JSON ({str(exc)[:120]})") from None
+    try:
+        if not isinstance(doc, dict):
+            raise AllocationError(f"{ALLOCATION_ANNOTATION} is malformed: not a JSON object")
         if doc.get("version", ALLOCATION_VERSION) != ALLOCATION_VERSION:
-            raise AllocationError(f"unsupported {ALLOCATION_ANNOTATION} version {doc.get('version')!r}")
-        cards = tuple(CardShare(index=int(c["index"]), uuid=str(c["uuid"]), memory_mib=int(c["memoryMiB"]),
-                                core_milli=int(c["coreMilli"])) for c in doc["cards"])
+            raise AllocationError(f"unsupported {ALLOCATION_ANNOTATION} version {str(doc.get('version'))[:40]!r}")
+        raw_cards = doc["cards"]
+        if not isinstance(raw_cards, list) or len(raw_cards) > MAX_RECORD_CARDS:
+            raise AllocationError(f"{ALLOCATION_ANNOTATION} is malformed: cards must be a list of at most "
+                                  f"{MAX_RECORD_CARDS}")
+        if not all(isinstance(c, dict) for c in raw_cards):
+            raise AllocationError(f"{ALLOCATION_ANNOTATION} is malformed: each card must be a JSON object")
+        cards = tuple(CardShare(index=_int_field(c, "index", MAX_CARD_INDEX), uuid=_text_field(c, "uuid"),
+                                memory_mib=_int_field(c, "memoryMiB", MAX_CARD_MEMORY_MIB),
+                                core_milli=_int_field(c, "coreMilli", CORE_MILLI_PER_CARD)) for c in raw_cards)
+        whole = doc["whole"]
+        if not isinstance(whole, bool):
+            raise AllocationError(f"{ALLOCATION_ANNOTATION} is malformed: whole must be true or false")
         sig = doc.get("sig", "")
-        return AllocationRecord(node=str(doc["node"]), cards=cards, whole=bool(doc["whole"]),
+        return AllocationRecord(node=_text_field(doc, "node"), cards=cards, whole=whole,
                                 sig=sig if isinstance(sig, str) else "")
-    except AllocationError:
-        raise
-    except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        raise AllocationError(f"{ALLOCATION_ANNOTATION} is malformed: {exc!r}") from exc
+    except KeyError as exc:
+        raise AllocationError(f"{ALLOCATION_ANNOTATION} is malformed: no {exc}") from None
 
 
 def allocation_of_pod(pod: Mapping[str, Any], key: RecordKey | None = None) -> AllocationRecord | None:

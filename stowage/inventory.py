@@ -16,11 +16,12 @@ are optional. Where the annotation is absent (a cluster running NVIDIA's own dev
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from .resources import DEFAULT_MEMORY_UNIT_MIB, RESOURCE_GPU, RequestError, quantity_to_int
+from .resources import DEFAULT_MEMORY_UNIT_MIB, MAX_CARD_MEMORY_MIB, RESOURCE_GPU, RequestError, quantity_to_int
 
 INVENTORY_ANNOTATION = "stowage.io/gpu-inventory"
 INVENTORY_VERSION = 1
@@ -71,31 +72,63 @@ def encode_inventory(cards: list[Card] | tuple[Card, ...], memory_unit_mib: int 
                       separators=(",", ":"), sort_keys=True)
 
 
+MAX_CARDS_PER_NODE = 1024     # cards one inventory may list (indices 0..1023)
+MAX_NUMA_NODE = 4095
+MAX_MEMORY_UNIT_MIB = 1 << 20
+
+
+def _bounded(v: Any, lo: int, hi: int, what: str) -> int:
+    """``int(v)`` within [lo, hi]; ValueError otherwise (also for inf and NaN, which ``int`` would
+    raise as OverflowError / ValueError)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"{what} is {v}")
+    n = int(v)
+    if not lo <= n <= hi:
+        raise ValueError(f"{what} {str(n)[:40]} is outside {lo}..{hi}")
+    return n
+
+
 def decode_inventory(value: str) -> Inventory:
-    """Parse the annotation value; raises :class:`InventoryError` with a precise message."""
+    """Parse the annotation value; raises :class:`InventoryError` with a precise message (and
+    nothing else, whatever the text: a node's annotation is not trusted to be well formed)."""
     try:
         doc = json.loads(value)
-    except (TypeError, ValueError) as exc:
-        raise InventoryError(f"{INVENTORY_ANNOTATION} is not JSON: {exc}") from exc
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InventoryError(f"{INVENTORY_ANNOTATION} is not JSON: {str(exc)[:120]}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("cards"), list):
         raise InventoryError(f"{INVENTORY_ANNOTATION} must be an object with a 'cards' list")
     if doc.get("version", INVENTORY_VERSION) != INVENTORY_VERSION:
-        raise InventoryError(f"{INVENTORY_ANNOTATION} version {doc.get('version')!r} is not supported (want {INVENTORY_VERSION})")
+        raise InventoryError(f"{INVENTORY_ANNOTATION} version {str(doc.get('version'))[:40]!r} is not supported "
+                             f"(want {INVENTORY_VERSION})")
+    if len(doc["cards"]) > MAX_CARDS_PER_NODE:
+        raise InventoryError(f"{INVENTORY_ANNOTATION} lists {len(doc['cards'])} cards, at most {MAX_CARDS_PER_NODE}")
     cards = []
     seen: set[int] = set()
+    top = MAX_CARDS_PER_NODE - 1
     for i, c in enumerate(doc["cards"]):
         try:
-            card = Card(index=int(c["index"]), uuid=str(c["uuid"]), model=str(c.get("model") or UNKNOWN_MODEL),
-                        memory_mib=int(c["memoryMiB"]), healthy=bool(c.get("healthy", True)),
-                        numa=int(c.get("numa", -1) if c.get("numa") is not None else -1),
-                        nvlink=tuple(int(x) for x in c.get("nvlink") or ()))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InventoryError(f"{INVENTORY_ANNOTATION}: card #{i} is malformed ({exc!r})") from exc
-        if card.index in seen or card.index < 0 or card.memory_mib < 0:
-            raise InventoryError(f"{INVENTORY_ANNOTATION}: card #{i} has a duplicate or negative index/memory")
+            if not isinstance(c, dict):
+                raise TypeError("not an object")
+            links = c.get("nvlink") or ()
+            if not isinstance(links, (list, tuple)) or len(links) > MAX_CARDS_PER_NODE:
+                raise TypeError("nvlink must be a list of card indices")
+            numa = c.get("numa")
+            card = Card(index=_bounded(c["index"], 0, top, "index"), uuid=str(c["uuid"]),
+                        model=str(c.get("model") or UNKNOWN_MODEL),
+                        memory_mib=_bounded(c["memoryMiB"], 0, MAX_CARD_MEMORY_MIB, "memoryMiB"),
+                        healthy=bool(c.get("healthy", True)),
+                        numa=-1 if numa is None else _bounded(numa, -1, MAX_NUMA_NODE, "numa"),
+                        nvlink=tuple(_bounded(x, 0, top, "nvlink index") for x in links))
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise InventoryError(f"{INVENTORY_ANNOTATION}: card #{i} is malformed ({str(exc)[:120]})") from None
+        if card.index in seen:
+            raise InventoryError(f"{INVENTORY_ANNOTATION}: card #{i} has a duplicate index {card.index}")
         seen.add(card.index)
         cards.append(card)
-    unit = int(doc.get("memoryUnitMiB", DEFAULT_MEMORY_UNIT_MIB) or DEFAULT_MEMORY_UNIT_MIB)
+    try:
+        unit = _bounded(doc.get("memoryUnitMiB") or DEFAULT_MEMORY_UNIT_MIB, 1, MAX_MEMORY_UNIT_MIB, "memoryUnitMiB")
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InventoryError(f"{INVENTORY_ANNOTATION}: {str(exc)[:120]}") from None
     return Inventory(cards=tuple(sorted(cards, key=lambda c: c.index)), source="annotation", memory_unit_mib=unit)
 
 

@@ -77,3 +77,64 @@ def test_record_of_another_scheduler_or_node_is_not_honoured():
     with pytest.raises(AllocationError, match="bound to 'n2'"):
         trust.record_of(pod(value=value, node="n2"))
     assert trust.record_of(pod(value=value, node=None)) is not None   # not bound yet: the node is not checked
+
+
+VALID = encode_allocation(SHARE)
+HOSTILE_RECORDS = {
+    "float overflow": VALID.replace('"index":2', '"index":1e999'),
+    "Infinity": VALID.replace('"index":2', '"index":Infinity'),
+    "NaN memory": VALID.replace('"memoryMiB":10240', '"memoryMiB":NaN'),
+    "deep nesting": "[" * 100_000,
+    "deep nesting in a card": VALID.replace('"uuid":"GPU-2"', '"uuid":' + "[" * 50_000),
+    "index as text": VALID.replace('"index":2', '"index":"2"'),
+    "index as bool": VALID.replace('"index":2', '"index":true'),
+    "index as float": VALID.replace('"index":2', '"index":2.0'),
+    "index huge": VALID.replace('"index":2', '"index":' + "9" * 300),
+    "index negative": VALID.replace('"index":2', '"index":-1'),
+    "memory beyond any card": VALID.replace('"memoryMiB":10240', f'"memoryMiB":{1 << 40}'),
+    "core beyond a card": VALID.replace('"coreMilli":300', '"coreMilli":5000'),
+    "uuid not text": VALID.replace('"uuid":"GPU-2"', '"uuid":{"a":1}'),
+    "node not text": VALID.replace('"node":"n1"', '"node":["n1"]'),
+    "whole not bool": VALID.replace('"whole":false', '"whole":"no"'),
+    "cards not a list": VALID.replace('"cards":[', '"cards":{"x":[').replace("}]", "}]}"),
+    "too many cards": VALID.replace('"cards":[', '"cards":[' + ",".join(
+        '{"coreMilli":0,"index":%d,"memoryMiB":1,"uuid":"g"}' % i for i in range(70)) + ","),
+    "card not an object": VALID.replace('"cards":[', '"cards":[7,'),
+    "not an object": "[1,2]",
+    "null": "null",
+    "number": "3",
+    "not JSON": "{",
+    "empty": " ",
+}
+
+
+@pytest.mark.parametrize("value", HOSTILE_RECORDS.values(), ids=HOSTILE_RECORDS.keys())
+def test_a_hostile_record_is_an_allocation_error_and_nothing_else(value):
+    """Any pod author can write the annotation: whatever it holds, reading it raises
+    AllocationError (that pod's problem) and never another exception (OverflowError from
+    ``int(inf)``, RecursionError from deep nesting), which the device plugin's and the extender's
+    callers would not expect and which blocked every other pod of the node."""
+    with pytest.raises(AllocationError, match=ALLOCATION_ANNOTATION):
+        decode_allocation(value)
+    with pytest.raises(AllocationError):
+        allocation_of_pod(pod(value=value), KEY)
+
+
+def test_random_mutations_of_a_record_read_back_or_are_allocation_errors():
+    import random
+    rng = random.Random(7)
+    pieces = ["1e999", "-1", "NaN", "[", "]", "{", "}", '""', "true", "null", "0.5", "9" * 40, ",", ":"]
+    for _ in range(3000):
+        text = list(VALID)
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(text))
+            if rng.random() < 0.5:
+                text[at:at + rng.randint(1, 6)] = list(rng.choice(pieces))
+            else:
+                del text[at]
+        try:
+            rec = decode_allocation("".join(text))
+        except AllocationError:
+            continue
+        assert all(isinstance(c.index, int) and 0 <= c.index and 0 <= c.core_milli <= 1000 for c in rec.cards)
+        assert decode_allocation(encode_allocation(rec)) == rec
