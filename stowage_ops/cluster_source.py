@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import click
 
@@ -127,11 +127,59 @@ def learn_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def load(src: Source, marks: Any = None, learn: LearnFrom | None = None) -> tuple[ClusterModel, str]:
+@dataclass
+class LiveFacts:
+    """What a live cluster's pods say beyond the model (filled in by :func:`load`):
+    ``daemon_pods``, the uids of pods a DaemonSet owns (they stay with their node when it is
+    drained); ``unrecorded``, GPU pods bound without Stowage's record (uid -> node: Stowage does
+    not know their cards and does not count them)."""
+
+    daemon_pods: set[str] = field(default_factory=set)
+    unrecorded: dict[str, str] = field(default_factory=dict)
+
+    def warning(self) -> str:
+        """One line for the operator when GPU pods were bound without Stowage ('' otherwise)."""
+        if not self.unrecorded:
+            return ""
+        return (f"WARNING: {len(self.unrecorded)} GPU pod(s) on {len(set(self.unrecorded.values()))} node(s) were "
+                "bound without Stowage's record (another scheduler?): Stowage does not know their cards, which "
+                "count as free here and in the extender (docs/kube.md)")
+
+    def note(self, pod: Mapping[str, Any], gone: bool = False) -> None:
+        m = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+        uid = m.get("uid")
+        owners = m.get("ownerReferences") if isinstance(m.get("ownerReferences"), list) else []
+        if not isinstance(uid, str):
+            return
+        if gone:
+            self.daemon_pods.discard(uid)
+        elif any(isinstance(o, Mapping) and o.get("kind") == "DaemonSet" and o.get("controller") for o in owners):
+            self.daemon_pods.add(uid)
+
+
+class _NoteBoth:
+    """Tells two pod observers of each pod the feeder reads (its ``marks`` hook)."""
+
+    def __init__(self, *observers: Any) -> None:
+        self.observers = [o for o in observers if o is not None]
+
+    def note(self, pod: Mapping[str, Any], gone: bool = False) -> None:
+        for o in self.observers:
+            o.note(pod, gone=gone)
+
+    def keep_only(self, uids: Any) -> None:
+        for o in self.observers:
+            if hasattr(o, "keep_only"):
+                o.keep_only(uids)
+
+
+def load(src: Source, marks: Any = None, learn: LearnFrom | None = None,
+         facts: LiveFacts | None = None) -> tuple[ClusterModel, str]:
     """The cluster as a model, and one line saying where it came from. ``marks``: an
     :class:`extender.nominated.PodMarks` told of every pod of a live cluster (their priorities).
-    ``learn``: for a live cluster, also read what the live extender's placer learned (filled in)."""
-    return _simulated(src) if not src.live else _live(src, marks, learn)
+    ``learn``: for a live cluster, also read what the live extender's placer learned (filled in).
+    ``facts``: for a live cluster, its DaemonSet pods and unrecorded GPU pods (filled in)."""
+    return _simulated(src) if not src.live else _live(src, marks, learn, facts)
 
 
 def _simulated(src: Source) -> tuple[ClusterModel, str]:
@@ -151,7 +199,8 @@ def _simulated(src: Source) -> tuple[ClusterModel, str]:
     return model, what
 
 
-def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None) -> tuple[ClusterModel, str]:
+def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None,
+          facts: LiveFacts | None = None) -> tuple[ClusterModel, str]:
     try:
         from extender.kube import KubeFeeder, load_api_client
     except ImportError as exc:
@@ -164,7 +213,7 @@ def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None) -> tup
     model = ClusterModel()
     try:
         feeder = KubeFeeder(model, api, src.memory_unit_mib)
-        feeder.marks = marks
+        feeder.marks = _NoteBoth(marks, facts) if facts is not None else marks
         if learn is not None:
             names = set(learn.scheduler_names)
             learn.pods = []
@@ -172,6 +221,8 @@ def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None) -> tup
             feeder.on_pod_seen = lambda pod: (learn.pods.append(pod)
                                               if (pod.get("spec") or {}).get("schedulerName") in names else None)
         feeder.sync_once()
+        if facts is not None:
+            facts.unrecorded = dict(feeder.status().get("unrecorded_gpu_pods") or {})
     except Exception as exc:  # urllib3/ApiException/timeouts: one line for the operator
         raise click.ClickException(f"cannot read nodes and pods from the API server: {exc}") from None
     if learn is not None:
@@ -183,4 +234,7 @@ def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None) -> tup
             learn.past = store.load()
             learn.note = store.last_error
     host = getattr(getattr(api, "configuration", None), "host", "") or "the cluster"
-    return model, f"live cluster {host}: {len(model.node_names())} nodes, {len(model.allocations)} GPU pods"
+    gpu_pods = sum(1 for al in model.allocations.values() if al.cards)
+    what = (f"live cluster {host}: {len(model.node_names())} nodes, {gpu_pods} GPU pods, "
+            f"{len(model.allocations) - gpu_pods} other pods bound")
+    return model, what

@@ -13,7 +13,7 @@ import click
 
 from packing.frag import model_list
 from packing.model import ClusterModel
-from stowage_ops.cluster_source import LearnFrom, Source, cluster_options, learn_options, load
+from stowage_ops.cluster_source import LearnFrom, LiveFacts, Source, cluster_options, learn_options, load
 from stowage_ops.planning import Learned, ShapeError, fragmentation, iter_nodes, parse_shape
 from stowage.resources import CORE_MILLI_PER_CARD, fmt_mib
 from stowage.textable import render
@@ -185,7 +185,8 @@ def inspect(source: Source, learn: LearnFrom, learned: bool, nodes: tuple[str, .
     if learned and not source.live:
         raise click.UsageError("--learned reads a live cluster (a simulated one has no pods of Stowage's "
                                "schedulers and no ConfigMap)")
-    model, what = load(source, learn=learn if learned else None)
+    facts = LiveFacts() if source.live else None
+    model, what = load(source, learn=learn if learned else None, facts=facts)
     try:
         rep = report(model, typical, nodes)
     except ShapeError as exc:
@@ -197,9 +198,13 @@ def inspect(source: Source, learn: LearnFrom, learned: bool, nodes: tuple[str, .
         rep["learned"] = learned_report(learn, source.memory_unit_mib)
     if output == "json":
         rep["source"] = what
+        if facts is not None:
+            rep["unrecordedGpuPods"] = facts.unrecorded
         click.echo(json.dumps(rep, indent=2))
     else:
         click.echo(what)
+        if facts is not None and facts.warning():
+            click.echo(facts.warning())
         click.echo(render_table(rep, cards))
         if learned:
             click.echo("\n" + render_learned(rep["learned"]))

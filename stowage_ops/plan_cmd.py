@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from stowage_ops.cluster_source import LearnFrom, Source, cluster_options, learn_options, load
+from stowage_ops.cluster_source import LearnFrom, LiveFacts, Source, cluster_options, learn_options, load
 from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, Learned, PreemptPlan, ShapeError,
                               capacity, drain_plan, parse_shape, preemption_plan)
 from stowage.textable import render
@@ -133,7 +133,8 @@ def plan(source: Source, shapes: tuple[str, ...], drain: bool, preempt_shapes: t
         marks = PodMarks(source.memory_unit_mib)
     # On a live cluster the what-if's placer learns what the live extender's has (LearnFrom).
     learn = learn if source.live else None
-    model, what = load(source, marks, learn)
+    facts = LiveFacts() if source.live else None
+    model, what = load(source, marks, learn, facts)
     learned = Learned.of(learn.past, learn.pods, source.memory_unit_mib) if learn is not None else None
     if learn is not None:
         what += "\n" + learn.describe()
@@ -141,7 +142,8 @@ def plan(source: Source, shapes: tuple[str, ...], drain: bool, preempt_shapes: t
     pplans = [preemption_plan(model, s, priority or 0, prios) for s in to_preempt]
     try:
         results = [capacity(model, s, placer=placer, limit=limit, learned=learned) for s in parsed]
-        dplan = (drain_plan(model, placer=placer, keep_model=not any_model, max_nodes=max_nodes, learned=learned)
+        dplan = (drain_plan(model, placer=placer, keep_model=not any_model, max_nodes=max_nodes, learned=learned,
+                            stays=facts.daemon_pods if facts else (), unrecorded=facts.unrecorded if facts else None)
                  if drain else None)
     except KeyError as exc:
         raise click.BadParameter(str(exc.args[0]), param_hint="--placer") from None
@@ -152,12 +154,16 @@ def plan(source: Source, shapes: tuple[str, ...], drain: bool, preempt_shapes: t
             doc["learned"] = {"pods": len(learn.pods), "departedPods": learn.past.pods if learn.past else 0,
                               "configMap": "/".join(learn.configmap) if learn.configmap else None,
                               "note": learn.note}
+        if facts is not None:
+            doc["unrecordedGpuPods"] = facts.unrecorded
         if dplan is not None:
             doc["drain"] = dplan.to_json()
         if pplans:
             doc["preempt"] = [p.to_json() for p in pplans]
         click.echo(json.dumps(doc, indent=2))
         return
+    if facts is not None and facts.warning():
+        what += "\n" + facts.warning()
     click.echo(f"{what}\nplacement policy: {placer}\n")
     for r in results:
         click.echo(_capacity_text(r, top) + "\n")

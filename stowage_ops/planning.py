@@ -24,7 +24,7 @@ import random
 import re
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -35,7 +35,7 @@ from packing.model import CardArrays, ClusterModel, PodAllocation
 from packing.placer import Placer, attach_placer
 from packing.pod_policy import PodPolicy
 from packing.registry import get_placer, placer_for
-from stowage.resources import CORE_MILLI_PER_CARD, GpuRequest, RequestError, parse_quantity
+from stowage.resources import CORE_MILLI_PER_CARD, GpuRequest, RequestError, fmt_mib, parse_quantity
 
 DEFAULT_LIMIT = 10_000
 
@@ -338,13 +338,21 @@ def _pods_on(model: ClusterModel, node: str) -> list[PodAllocation]:
     return [al for al in allocs if al.applied]
 
 
+def _milli_held(al: PodAllocation) -> int:
+    """Milli-cards a pod holds (0 for a pod without cards)."""
+    if not al.cards:
+        return 0
+    return len(al.cards) * CORE_MILLI_PER_CARD if al.whole else max(al.core_milli)
+
+
 def _size_key(al: PodAllocation) -> tuple:
     """Biggest first (first-fit decreasing): whole multi-GPU pods are the hardest to re-place."""
     return (-(len(al.cards) * CORE_MILLI_PER_CARD if al.whole else 0), -sum(al.mem_mib), -sum(al.core_milli), al.uid)
 
 
 def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_model: bool = True,
-               max_nodes: int | None = None, learned: Learned | None = None) -> DrainPlan:
+               max_nodes: int | None = None, learned: Learned | None = None, stays: Collection[str] = (),
+               unrecorded: Mapping[str, str] | None = None) -> DrainPlan:
     """Greedy: try to empty nodes with the fewest, lightest GPU pods first.
 
     A candidate is emptied only if every one of its pods can be scheduled again, through the
@@ -359,17 +367,30 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
     and cost no move. Each candidate gets a fresh placer primed on the pods that stay (or, with
     ``learned``, knowing what the live extender's placer knows), so a candidate that cannot be
     emptied teaches the next nothing.
+
+    Pods that hold no cards (CPU-only pods: kube-scheduler sends them through the extender too)
+    must leave as well and are moved the same way, by their host CPU and memory. ``stays``: pods
+    that go with their node and are not moved (DaemonSet pods, which ``kubectl drain
+    --ignore-daemonsets`` and the cluster autoscaler leave). ``unrecorded``: GPU pods bound
+    without Stowage's record (uid -> node); Stowage does not know their cards, so their node is
+    never emptied by this plan.
     """
     sim = model.copy()
     names = _node_names(sim)
     index = dict(sim.index)
-    pods = {n: _pods_on(sim, n) for n in index}
+    staying = frozenset(stays)
+    pods = {n: [al for al in _pods_on(sim, n) if al.uid not in staying] for n in index}
     gpu_nodes = [n for n, i in index.items() if sim.a.exists[i].any()]
-    held = {n: sum(len(al.cards) * CORE_MILLI_PER_CARD if al.whole else max(al.core_milli) for al in pods[n])
-            for n in gpu_nodes}
+    held = {n: sum(_milli_held(al) for al in pods[n]) for n in gpu_nodes}
     order = sorted(gpu_nodes, key=lambda n: (len(pods[n]), held[n], n))
     drained: list[DrainedNode] = []
     kept: dict[str, str] = {}
+    unknown = Counter((unrecorded or {}).values())
+    for node in gpu_nodes:
+        if unknown[node]:
+            kept[node] = (f"runs {unknown[node]} GPU pod(s) bound without Stowage's record (their cards are "
+                          "unknown to Stowage): not emptied")
+    order = [n for n in order if n not in kept]
     receivers: set[str] = set()
     emptied: set[str] = set()
     for node in order:
@@ -397,11 +418,11 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
             pod = request_pod(name or al.uid, req, pol, namespace=namespace or "default", uid=al.uid)
             target = schedule(service, pod, targets)
             if target is None:
-                failed = f"no room elsewhere for {al.name} ({req.describe()})"
+                failed = f"no room elsewhere for {al.name} ({_move_shape(req)})"
                 break
             moves.append(Move(pod=al.name, uid=al.uid, source=node, source_cards=tuple(al.cards),
                               target=target, target_cards=trial.allocations[al.uid].cards,
-                              shape=req.describe()))
+                              shape=_move_shape(req)))
         if failed:
             kept[node] = failed
             continue
@@ -410,6 +431,13 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
         receivers.update(m.target for m in moves)
         drained.append(DrainedNode(node=node, gpus=gpus, moves=moves))
     return DrainPlan(drained=drained, kept=kept)
+
+
+def _move_shape(req: GpuRequest) -> str:
+    """What a moved pod asks for, for people: its GPU shape, or its host request when it has none."""
+    if req.is_gpu:
+        return req.describe()
+    return f"no GPU; {req.cpu_milli / 1000:g} CPU, {fmt_mib(req.host_mem_mib)} memory"
 
 
 def _move_request(model: ClusterModel, i: int, al: PodAllocation, keep_model: bool) -> tuple[GpuRequest, PodPolicy]:
@@ -441,6 +469,8 @@ def typical_shapes(model: ClusterModel, coverage: float = 0.95) -> list[Shape]:
     counts: Counter[GpuRequest] = Counter()
     with model.lock:
         for al in model.allocations.values():
+            if not al.cards:
+                continue        # a pod without cards (CPU only) is no GPU shape
             r = shape_of_allocation(al)
             counts[GpuRequest(gpus=r.gpus, mem_mib=r.mem_mib, core_milli=r.core_milli)] += 1
     total = sum(counts.values())

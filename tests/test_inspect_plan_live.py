@@ -92,3 +92,48 @@ def test_missing_kubeconfig_is_one_clear_line(tmp_path, monkeypatch):
     r = CliRunner().invoke(main, ["plan", "--kubeconfig", str(tmp_path / "none"), "--shape", "1"])
     assert r.exit_code == 1
     assert "cannot load Kubernetes credentials" in r.output and "--simulated" in r.output
+
+
+def bound(name: str, node: str, *, cpu: str = "1", gpus: int = 0, daemonset: bool = False,
+          scheduler: str = "default-scheduler") -> dict:
+    """A running pod bound to ``node`` without a Stowage record: CPU only, or (``gpus``) a GPU
+    pod another scheduler placed; ``daemonset``: owned by a DaemonSet, as the device plugin's."""
+    pod = make_pod(name, namespace="sys", gpus=gpus, node=node, phase="Running")
+    res = pod["spec"]["containers"][0]["resources"]
+    res["requests"]["cpu"] = cpu
+    pod["spec"]["schedulerName"] = scheduler
+    if daemonset:
+        pod["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds",
+                                               "uid": "ds-uid", "controller": True}]
+    return pod
+
+
+def test_plan_drain_moves_cpu_pods_leaves_daemonset_pods_and_names_unknown_gpu_pods(tmp_path):
+    """Found by review: `plan --drain` crashed on any GPU node running a pod without cards (a
+    DaemonSet pod, a CPU-only pod, another scheduler's GPU pod), which is nearly every cluster."""
+    with FakeKube() as kube:
+        for node, n in (("gpu-a", 4), ("gpu-b", 2), ("gpu-c", 2)):
+            cards = [Card(index=k, uuid=f"GPU-{node}-{k}", model="NVIDIA A100-SXM4-40GB", memory_mib=40 * GiB)
+                     for k in range(n)]
+            kube.create_node(make_node(node, gpus=n, annotations={INVENTORY_ANNOTATION: encode_inventory(cards)}))
+            kube.create_pod(bound(f"plugin-{node}", node, cpu="100m", daemonset=True))
+        kube.create_pod(make_pod("train", namespace="ml", gpus=1, node="gpu-a", phase="Running",
+                                 annotations=alloc("gpu-a", [(0, 40 * GiB, 1000)], True)))
+        kube.create_pod(bound("web", "gpu-b"))
+        kube.create_pod(bound("other-train", "gpu-c", gpus=1))
+        cfg = kubeconfig(tmp_path, kube.url)
+        r = CliRunner().invoke(main, ["plan", "--kubeconfig", cfg, "--drain", "-o", "json"], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.output)
+        drained = {d["node"]: d for d in doc["drain"]["drained"]}
+        # gpu-b: its CPU pod moves (to gpu-a, the only node that stays and is not gpu-c), its DaemonSet pod stays
+        assert [m["pod"] for m in drained["gpu-b"]["moves"]] == ["sys/web"]
+        assert not any(m["pod"].startswith("sys/plugin-") for d in drained.values() for m in d["moves"])
+        # gpu-c runs a GPU pod Stowage does not know the cards of: never emptied, and said so
+        assert "gpu-c" not in drained and "without Stowage's record" in doc["drain"]["kept"]["gpu-c"]
+        assert list(doc["unrecordedGpuPods"].values()) == ["gpu-c"]
+        table = CliRunner().invoke(main, ["plan", "--kubeconfig", cfg, "--drain"]).output
+        assert "WARNING: 1 GPU pod(s) on 1 node(s) were bound without Stowage's record" in table
+        assert "1 GPU pods, 5 other pods bound" in table
+        insp = CliRunner().invoke(main, ["inspect", "--kubeconfig", cfg]).output
+        assert "WARNING: 1 GPU pod(s)" in insp

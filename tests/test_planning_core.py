@@ -214,3 +214,44 @@ def test_fill_random_places_a_seeded_mix_consistently():
            {u: (a.node, a.cards) for u, a in m2.allocations.items()}
     assert int(m1.a.pods.sum()) == sum(len(a.cards) for a in m1.allocations.values())
     assert (m1.a.mem_free >= 0).all() and (m1.a.core_free >= 0).all()
+
+
+def with_cpu_pods(m: ClusterModel, pods: dict[str, str]) -> ClusterModel:
+    """Add pods that hold no cards (uid -> node), 1 CPU and 2 GiB each, as the watch records a
+    CPU-only pod, a DaemonSet pod or another scheduler's GPU pod."""
+    for uid, node in pods.items():
+        m.assign(uid, f"ns/{uid}", node, (), GpuRequest(cpu_milli=1000, host_mem_mib=2 * GiB), check=False)
+    return m
+
+
+def test_drain_moves_pods_without_cards_too():
+    """Found by review: a node running a pod without cards made `plan --drain` crash
+    (``max()`` of an empty sequence); such a pod must leave the node like the others."""
+    m = with_cpu_pods(uniform_cluster({"n1": 1, "n2": 2, "n3": 3}), {"cpu1": "n1"})
+    plan = drain_plan(m, placer="most-allocated")
+    assert [d.node for d in plan.drained] == ["n1"]
+    moved = {mv.pod: mv for mv in plan.moves}
+    assert set(moved) == {"ns/n1-p0", "ns/cpu1"}
+    assert moved["ns/cpu1"].target_cards == () and moved["ns/cpu1"].shape == "no GPU; 1 CPU, 2 GiB memory"
+    assert moved["ns/cpu1"].target in ("n2", "n3")
+
+
+def test_drain_leaves_daemonset_pods_with_their_node():
+    m = with_cpu_pods(uniform_cluster({"e": 0, "n1": 1, "full": 4}), {"ds-e": "e", "ds-n1": "n1", "ds-full": "full"})
+    plan = drain_plan(m, placer="most-allocated", stays={"ds-e", "ds-n1", "ds-full"})
+    # e holds only its DaemonSet pod: empty, nothing to move (without ``stays`` it would move it)
+    assert plan.drained[0].node == "e" and plan.drained[0].moves == []
+    assert not any(mv.pod.startswith("ns/ds-") for mv in plan.moves)
+
+
+def test_drain_never_empties_a_node_running_gpu_pods_it_does_not_know():
+    m = with_cpu_pods(uniform_cluster({"n1": 0, "n2": 1, "n3": 1}), {"other": "n1"})
+    plan = drain_plan(m, placer="most-allocated", unrecorded={"other": "n1"})
+    assert "n1" not in [d.node for d in plan.drained]
+    assert "without Stowage's record" in plan.kept["n1"]
+    assert not any(mv.pod == "ns/other" for mv in plan.moves)
+
+
+def test_typical_shapes_are_gpu_shapes_only():
+    m = with_cpu_pods(mixed_cluster(), {"cpu1": "a", "cpu2": "b"})
+    assert all(s.req.is_gpu for s in typical_shapes(m))
