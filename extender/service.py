@@ -235,6 +235,21 @@ def pod_shape(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UNIT
     return req, policy.models_include
 
 
+MAX_META_TEXT = 253   # characters: the longest name or namespace Kubernetes allows
+
+
+def _meta_text(meta: Mapping[str, Any], field_name: str, default: str) -> str:
+    """A pod's name, namespace or uid as text: a value that is not text or longer than any
+    Kubernetes name (only the port can send one) is replaced by a bounded stand-in, so no
+    reason, log line or cache entry carries it."""
+    v = meta.get(field_name)
+    if v is None or v == "":
+        return default
+    if isinstance(v, str) and len(v) <= MAX_META_TEXT:
+        return v
+    return f"<malformed {field_name}>"
+
+
 class ExtenderService:
     """The three extender verbs over one shared model.
 
@@ -299,9 +314,9 @@ class ExtenderService:
     def pod_info(self, pod: Mapping[str, Any]) -> PodInfo:
         """Parse a pod's GPU request and policy; remember it for bind; observe new pods."""
         meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
-        name = str(meta.get("name") or "")
-        namespace = str(meta.get("namespace") or "default")
-        uid = str(meta.get("uid") or f"{namespace}/{name}")
+        name = _meta_text(meta, "name", "")
+        namespace = _meta_text(meta, "namespace", "default")
+        uid = _meta_text(meta, "uid", "") or f"{namespace}/{name}"
         rv = meta.get("resourceVersion")
         rv = rv if isinstance(rv, str) and meta.get("uid") else ""
         if rv:
@@ -316,6 +331,9 @@ class ExtenderService:
                     self._uid_by_key[known.key] = uid
                     return known
         try:
+            bad = [f for f in ("name", "namespace", "uid") if _meta_text(meta, f, "").startswith("<malformed")]
+            if bad:
+                raise PolicyError(f"malformed pod object (metadata.{bad[0]} is not a Kubernetes name)")
             req = pod_request(pod, self.memory_unit_mib)
             ann = meta.get("annotations")
             if ann is not None and not isinstance(ann, Mapping):
@@ -325,9 +343,11 @@ class ExtenderService:
         except (RequestError, PolicyError) as exc:
             info = PodInfo(uid=uid, namespace=namespace, name=name, req=None, policy=None,
                            error=f"Stowage cannot schedule this pod: {exc}", resource_version=rv)
-        except (TypeError, AttributeError, ValueError) as exc:  # a Pod object of the wrong shape
+        except (TypeError, AttributeError, ValueError, OverflowError, RecursionError) as exc:
+            # A Pod object of the wrong shape (only the port can send one; a value nested ~1,000
+            # deep passes the JSON decoder and fails when made text).
             info = PodInfo(uid=uid, namespace=namespace, name=name, req=None, policy=None,
-                           error=f"Stowage cannot schedule this pod: malformed pod object ({exc})",
+                           error=f"Stowage cannot schedule this pod: malformed pod object ({str(exc)[:160]})",
                            resource_version=rv)
         with self._pods_lock:
             self._pods[uid] = info

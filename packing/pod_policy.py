@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from stowage.resources import MAX_CARD_MEMORY_MIB, QuantityOutOfRange, RequestError, split_quantity
+from stowage.resources import MAX_CARD_MEMORY_MIB, QuantityOutOfRange, RequestError, shown, split_quantity
 
 PREFIX = "stowage.io/"
 NODE_POLICY = PREFIX + "node-policy"
@@ -58,7 +58,7 @@ class PodPolicy:
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:
     v = value.strip().lower()
     if v not in allowed:
-        raise PolicyError(f"annotation {key}: unknown value {value!r} (expected {' or '.join(allowed)})")
+        raise PolicyError(f"annotation {key}: unknown value {shown(value)} (expected {' or '.join(allowed)})")
     return v
 
 
@@ -87,14 +87,14 @@ def _memory_mib(key: str, value: str) -> int:
     try:
         q, suffix = split_quantity(value.strip())
     except QuantityOutOfRange as exc:
-        raise PolicyError(f"annotation {key}: {value!r} is more than any card could ever hold") from exc
+        raise PolicyError(f"annotation {key}: {shown(value)} is more than any card could ever hold") from exc
     except RequestError as exc:
-        raise PolicyError(f"annotation {key}: {value!r} is not a quantity (e.g. 80Gi or 80)") from exc
+        raise PolicyError(f"annotation {key}: {shown(value)} is not a quantity (e.g. 80Gi or 80)") from exc
     if q < 0:
         raise PolicyError(f"annotation {key}: must not be negative")
     mib = q * 1024 if not suffix else q / (1 << 20)
     if mib > MAX_CARD_MEMORY_MIB:
-        raise PolicyError(f"annotation {key}: {value!r} is more than any card could ever hold (no card has "
+        raise PolicyError(f"annotation {key}: {shown(value)} is more than any card could ever hold (no card has "
                           f"over {MAX_CARD_MEMORY_MIB // 1024} GiB)")
     return int(mib)
 
@@ -107,8 +107,10 @@ def parse_policy(annotations: Mapping[str, Any] | None, default: PodPolicy | Non
         if not isinstance(key, str) or not key.startswith(PREFIX) or key in OWN_KEYS:
             continue
         if key not in POLICY_KEYS:
-            raise PolicyError(f"unknown annotation {key} (known: {' '.join(sorted(POLICY_KEYS))})")
-        value = str(raw)
+            raise PolicyError(f"unknown annotation {shown(key, 80)[1:-1]} (known: {' '.join(sorted(POLICY_KEYS))})")
+        if not isinstance(raw, str):   # an API server stores only text; anything else came by the port
+            raise PolicyError(f"annotation {key}: the value must be a text, not {shown(raw)}")
+        value = raw
         if key == NODE_POLICY:
             pol = replace(pol, node=_choice(key, value, (PACK, SPREAD)))
         elif key == CARD_POLICY:

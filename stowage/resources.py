@@ -67,6 +67,21 @@ MAX_QUANTITY = Decimal(2**63 - 1)
 _MAX_TEXT = 64   # characters: the longest quantity worth reading
 
 
+SHOWN_CHARS = 40   # of a user's value quoted in a message
+
+
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """A value a pod author wrote, quoted for a message: at most ``limit`` characters, and never
+    ", " (kube-scheduler joins the reasons of all nodes with it, and counts nodes per reason).
+    Why bounded: a pod-level reason is repeated for every node of the answer, and the parsed
+    pod (with its reason) is cached, so an echoed 256 KiB annotation cost megabytes per request.
+    Anything but text (a nested object could be ~1,000 deep) is shown by its type only."""
+    if not isinstance(value, str):
+        return f"<{type(value).__name__}>"
+    text = value if len(value) <= limit else value[:limit] + f"... ({len(value)} characters)"
+    return repr(text).replace(", ", ",")
+
+
 def split_quantity(value: Any) -> tuple[Decimal, str]:
     """Parse a Kubernetes resource quantity into (value, suffix as written; "" for a bare number).
 
@@ -75,21 +90,21 @@ def split_quantity(value: Any) -> tuple[Decimal, str]:
     its 64-bit range, so no NaN, infinity or astronomically large number ever reaches arithmetic.
     """
     if isinstance(value, bool):
-        raise RequestError(f"invalid quantity {value!r}")
+        raise RequestError(f"invalid quantity {value}")
     if isinstance(value, int):
         value = str(value)
     elif isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
-            raise RequestError(f"invalid quantity {value!r}")
+            raise RequestError(f"invalid quantity {value}")
         value = repr(value)
     if not isinstance(value, str) or not value or len(value) > _MAX_TEXT:
-        raise RequestError(f"invalid quantity {value!r}"[:120])
+        raise RequestError(f"invalid quantity {shown(value)}")
     m = _QUANTITY.fullmatch(value)
     if m is None:
         raise RequestError(f"invalid quantity {value!r}")
     suffix = m.group("suffix") or ""
     number = Decimal(m.group("num"))
-    if suffix[:1] in ("e", "E") and len(suffix) > 1:
+    if suffix not in _SUFFIXES:   # an exponent (e3, E-2); "Ei" and "E" are units
         exponent = int(suffix[1:])
         if abs(exponent) > 40:   # far beyond 2**63 either way: not a size anything has
             raise QuantityOutOfRange(f"quantity {value!r} is out of range")
@@ -201,7 +216,7 @@ def _container_requests(container: Mapping[str, Any]) -> dict[str, Any]:
 
 def _amounts(container: Mapping[str, Any], memory_unit_mib: int) -> tuple[int, int, int]:
     req = _container_requests(container)
-    name = container.get("name", "?")
+    name = shown(container.get("name", "?"))
     gpus = quantity_to_int(req.get(RESOURCE_GPU, 0), f"{RESOURCE_GPU} of container {name}")
     mem_units = quantity_to_int(req.get(RESOURCE_GPU_MEMORY, 0), f"{RESOURCE_GPU_MEMORY} of container {name}")
     core_pct = quantity_to_int(req.get(RESOURCE_GPU_CORE, 0), f"{RESOURCE_GPU_CORE} of container {name}")
@@ -240,7 +255,7 @@ def _host_amounts(container: Mapping[str, Any]) -> tuple[int, int]:
     """(milli-CPU, memory bytes) one container requests (requests, else limits: the API server
     defaults a missing request to its limit)."""
     req = _container_requests(container)
-    name = container.get("name", "?")
+    name = shown(container.get("name", "?"))
     cpu = req.get("cpu", 0)
     mem = req.get("memory", 0)
     try:
@@ -273,7 +288,8 @@ def pod_host_request(pod: Mapping[str, Any]) -> tuple[int, float]:
     overhead = spec.get("overhead") or {}
     if isinstance(overhead, Mapping):
         if "cpu" in overhead:
-            cpu += quantity_to_milli(overhead["cpu"])
+            cpu += int((non_negative_quantity(overhead["cpu"], "overhead cpu") * 1000).to_integral_value(
+                rounding=ROUND_CEILING))
         if "memory" in overhead:
             mem += quantity_to_bytes(overhead["memory"], "overhead memory")
     return int(cpu), mem / float(1 << 20)

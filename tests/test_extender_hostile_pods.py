@@ -1,0 +1,106 @@
+"""Pod objects written to hurt: what a pod author (or anything reaching the extender's port)
+can put in a pod stays that pod's short, clear error (found by review, each failing before).
+
+- An annotation's bad value was echoed whole into the reason, and a pod-level reason goes to
+  every node: a 262,000-character annotation (within the API server's 256 KiB limit) on a
+  2,000-node cluster gave a 524 MB filter answer and pushed the extender past 1.6 GiB; the
+  reason also kept the ", " that kube-scheduler joins reasons with.
+- Values nested ~1,000 deep (below orjson's limit) raised RecursionError when turned into
+  text, answered as an internal error "will retry" on every node.
+- A negative ``spec.overhead.cpu`` (refused by a real API server, not by the port) gave its
+  node a billion spare CPUs in the model.
+- ``1Ei`` (a valid quantity) was read as an exponent and refused as malformed.
+"""
+from __future__ import annotations
+
+import pytest
+
+from extender.service import ExtenderService
+from extender.wire import encode, parse_extender_args
+from extender_harness import gpus, model_from
+from packing.pod_policy import PolicyError, parse_policy
+from stowage.resources import RequestError, parse_quantity, pod_host_request
+
+LONG = "x" * 262_000
+NODES = [f"n{i}" for i in range(200)]
+
+
+def svc() -> ExtenderService:
+    return ExtenderService(model_from({"nodes": [{"name": n, "gpus": gpus("NVIDIA A100-SXM4-80GB", 8, "80Gi")}
+                                                 for n in NODES[:3]]}))
+
+
+def pod(ann: dict | None = None, *, name: object = "p", uid: object = "uid-1", container: object = "c",
+        overhead: dict | None = None, cpu: str = "1") -> dict:
+    spec: dict = {"containers": [{"name": container,
+                                  "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": cpu}}}]}
+    if overhead is not None:
+        spec["overhead"] = overhead
+    return {"metadata": {"name": name, "namespace": "ns", "uid": uid, "annotations": ann or {}}, "spec": spec}
+
+
+def deep(n: int = 1000) -> object:
+    v: object = "x"
+    for _ in range(n):
+        v = [v]
+    return v
+
+
+@pytest.mark.parametrize("key", ["stowage.io/node-policy", "stowage.io/card-policy", "stowage.io/gpu-topology",
+                                 "stowage.io/min-card-memory", "stowage.io/gpu-model"])
+def test_a_huge_annotation_value_gives_a_short_reason(key):
+    with pytest.raises(PolicyError) as exc:
+        parse_policy({key: LONG})
+    assert len(str(exc.value)) < 300 and key in str(exc.value)
+
+
+def test_a_reason_never_carries_kube_schedulers_separator():
+    with pytest.raises(PolicyError) as exc:
+        parse_policy({"stowage.io/node-policy": "pack, spread"})
+    assert ", " not in str(exc.value) and "unknown value" in str(exc.value)
+
+
+def test_an_unknown_annotation_key_is_shown_short():
+    with pytest.raises(PolicyError) as exc:
+        parse_policy({"stowage.io/" + "k" * 100_000: "v"})
+    assert len(str(exc.value)) < 400
+
+
+def test_the_filter_answer_stays_small_whatever_the_annotation():
+    s = svc()
+    args = parse_extender_args({"Pod": pod({"stowage.io/node-policy": LONG}), "NodeNames": NODES})
+    ans = s.filter(args)
+    body = encode(ans.to_json())
+    assert len(body) < 300 * len(NODES), len(body)
+    assert set(ans.unresolvable) == set(NODES)
+    # the cached parse keeps the short reason, not the value
+    assert len(s.pod_info(pod({"stowage.io/node-policy": LONG})).error) < 300
+
+
+@pytest.mark.parametrize("where", ["annotation", "name", "uid", "container"])
+def test_deeply_nested_values_are_that_pods_error_not_an_internal_one(where):
+    s = svc()
+    p = pod({"stowage.io/node-policy": deep()} if where == "annotation" else None,
+            **({where: deep()} if where in ("name", "uid", "container") else {}))
+    info = s.pod_info(p)
+    if where == "container":   # a container's name only ever appears in messages: shown by its type
+        assert info.req is not None and info.req.gpus == 1
+    else:
+        assert info.req is None and "Stowage cannot schedule this pod" in info.error and len(info.error) < 300
+    # the next, normal pod is unharmed
+    assert s.pod_info(pod(uid="uid-2")).req.gpus == 1
+    with pytest.raises(RequestError, match="<list>"):   # and a message naming it stays short
+        pod_host_request(pod(container=deep(), cpu="-1"))
+
+
+def test_negative_overhead_cpu_is_refused():
+    with pytest.raises(RequestError, match="negative"):
+        pod_host_request(pod(overhead={"cpu": "-1000000"}))
+    info = svc().pod_info(pod(overhead={"cpu": "-1000000"}))
+    assert info.req is None and "negative" in info.error
+
+
+@pytest.mark.parametrize("text,value", [("1Ei", 2**60), ("2Ei", 2**61), ("1E", 10**18), ("1e3", 1000),
+                                        ("1E3", 1000)])
+def test_exa_binary_suffix_is_a_unit_not_an_exponent(text, value):
+    assert parse_quantity(text) == value
