@@ -191,11 +191,13 @@ def api_message(exc: BaseException) -> str:
 
 
 def load_api_client(kubeconfig: str | None = None, in_cluster: bool = False,
-                    context: str | None = None) -> kubernetes.client.ApiClient:
+                    context: str | None = None, retries: int | None = None) -> kubernetes.client.ApiClient:
     """A configured ApiClient: in-cluster service account, or a kubeconfig file/context.
 
     With neither ``in_cluster`` nor ``kubeconfig``: the in-cluster account when running in a
     pod (``KUBERNETES_SERVICE_HOST`` set), else ``$KUBECONFIG`` / ``~/.kube/config``.
+    ``retries``: how often a failed request is tried again (None: the client's default, 3;
+    an operator's one-shot command waits less for a server that does not answer).
     Raises :class:`~extender.errors.KubeConfigError` with what was tried.
     """
     import os
@@ -204,6 +206,8 @@ def load_api_client(kubeconfig: str | None = None, in_cluster: bool = False,
     from kubernetes import config as kconfig
 
     cfg = kubernetes.client.Configuration()
+    if retries is not None:
+        cfg.retries = retries
     tried: list[str] = []
     if in_cluster or (not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST")):
         try:
@@ -214,12 +218,18 @@ def load_api_client(kubeconfig: str | None = None, in_cluster: bool = False,
             if in_cluster:
                 raise KubeConfigError("cannot use the in-cluster Kubernetes configuration: " + "; ".join(tried)) from exc
     path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    advice = "" if kubeconfig else " Pass --kubeconfig, or run in a pod with a service account."
+    if os.pathsep not in path and not os.path.exists(path):
+        tried.append(f"kubeconfig {path} does not exist")
+        raise KubeConfigError("no usable Kubernetes configuration: " + "; ".join(tried) + "." + advice)
     try:
         kconfig.load_kube_config(config_file=path, context=context, client_configuration=cfg, persist_config=False)
-    except (kconfig.ConfigException, OSError, TypeError, ValueError, yaml.YAMLError) as exc:
+    except (TypeError, AttributeError) as exc:   # YAML, but not a kubeconfig's mappings
+        tried.append(f"{path} is not a kubeconfig (YAML with clusters, users and contexts)")
+        raise KubeConfigError("no usable Kubernetes configuration: " + "; ".join(tried) + "." + advice) from exc
+    except (kconfig.ConfigException, OSError, ValueError, yaml.YAMLError) as exc:
         tried.append(f"kubeconfig {path}: {exc}")
-        raise KubeConfigError("no usable Kubernetes configuration (" + "; ".join(tried) + "). Pass --kubeconfig "
-                              "or run in a pod with a service account, or use the embedded simulated cluster.") from exc
+        raise KubeConfigError("no usable Kubernetes configuration: " + "; ".join(tried) + "." + advice) from exc
     return kubernetes.client.ApiClient(cfg)
 
 

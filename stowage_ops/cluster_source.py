@@ -23,6 +23,9 @@ import click
 from packing.model import ClusterModel
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
+LIVE_TIMEOUT_S = 20   # per API request of inspect/plan (the extender's own feed waits longer)
+LIVE_RETRIES = 1      # a server that does not answer costs the operator at most ~2 x LIVE_TIMEOUT_S a list
+
 SOURCE_OPTIONS = ("kubeconfig", "context", "in_cluster", "simulated", "fill", "seed", "memory_unit_mib")
 
 
@@ -67,6 +70,9 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise click.UsageError("--fill only applies to --simulated clusters (a live cluster has its own pods)")
         if src.simulated is not None and (src.kubeconfig or src.context or src.in_cluster):
             raise click.UsageError("--simulated cannot be combined with --kubeconfig/--context/--in-cluster")
+        if src.in_cluster and (src.kubeconfig or src.context):
+            raise click.UsageError("--kubeconfig and --in-cluster are exclusive (--context picks a kubeconfig "
+                                   "context)")
         return fn(*args, source=src, **kwargs)
 
     for opt in reversed(opts):
@@ -116,6 +122,13 @@ def learn_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from extender.learned_store import parse_location
         names, where = kwargs.pop("scheduler_names"), kwargs.pop("learned_configmap")
+        src = kwargs.get("source")
+        if isinstance(src, Source) and not src.live:
+            given = [flag for param, flag in (("scheduler_names", "--scheduler-name"),
+                                              ("learned_configmap", "--learned-configmap")) if _given(param)]
+            if given:
+                raise click.UsageError(f"{' and '.join(given)} read a live cluster's extender; a simulated "
+                                       "cluster has none")
         try:
             configmap = parse_location(where, os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE)
         except ValueError as exc:
@@ -125,6 +138,12 @@ def learn_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     for opt in reversed(opts):
         wrapper = opt(wrapper)
     return wrapper
+
+
+def _given(param: str) -> bool:
+    """Whether the user gave option ``param`` on the command line (not its default)."""
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and ctx.get_parameter_source(param) == click.core.ParameterSource.COMMANDLINE
 
 
 @dataclass
@@ -206,13 +225,16 @@ def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None,
     except ImportError as exc:
         raise click.ClickException(f"live clusters need the extender's Kubernetes feeder: {exc}") from None
     try:
-        api = load_api_client(src.kubeconfig, src.in_cluster, src.context)
+        api = load_api_client(src.kubeconfig, src.in_cluster, src.context, retries=LIVE_RETRIES)
     except Exception as exc:  # kubernetes.config raises several unrelated types
         raise click.ClickException(f"cannot load Kubernetes credentials: {exc} "
-                                   "(or use --simulated to look at the embedded cluster)") from None
+                                   "Or use --simulated to look at the embedded cluster.") from None
+    host = getattr(getattr(api, "configuration", None), "host", "") or "the cluster"
+    click.echo(f"reading nodes and pods from {host} (each request waits up to {LIVE_TIMEOUT_S} s, "
+               f"{LIVE_RETRIES} retry)...", err=True)
     model = ClusterModel()
     try:
-        feeder = KubeFeeder(model, api, src.memory_unit_mib)
+        feeder = KubeFeeder(model, api, src.memory_unit_mib, request_timeout_s=LIVE_TIMEOUT_S)
         feeder.marks = _NoteBoth(marks, facts) if facts is not None else marks
         if learn is not None:
             names = set(learn.scheduler_names)
@@ -224,7 +246,13 @@ def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None,
         if facts is not None:
             facts.unrecorded = dict(feeder.status().get("unrecorded_gpu_pods") or {})
     except Exception as exc:  # urllib3/ApiException/timeouts: one line for the operator
-        raise click.ClickException(f"cannot read nodes and pods from the API server: {exc}") from None
+        from extender.kube import api_message
+        hint = ""
+        if getattr(exc, "status", None) in (401, 403):
+            hint = ("; the account needs get, list and watch on nodes and pods in all namespaces "
+                    "(the extender's ClusterRole, docs/kube.md)")
+        raise click.ClickException(f"cannot read nodes and pods from the API server {host}: "
+                                   f"{api_message(exc)}{hint}") from None
     if learn is not None:
         from extender.learned_past import DepartedPods
         from extender.learned_store import PastStore
@@ -233,7 +261,6 @@ def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None,
             store = PastStore(feeder.core, *learn.configmap)
             learn.past = store.load()
             learn.note = store.last_error
-    host = getattr(getattr(api, "configuration", None), "host", "") or "the cluster"
     gpu_pods = sum(1 for al in model.allocations.values() if al.cards)
     what = (f"live cluster {host}: {len(model.node_names())} nodes, {gpu_pods} GPU pods, "
             f"{len(model.allocations) - gpu_pods} other pods bound")

@@ -117,6 +117,9 @@ def plan(source: Source, shapes: tuple[str, ...], drain: bool, preempt_shapes: t
     """
     if not shapes and not drain and not preempt_shapes:
         raise click.UsageError("nothing to plan: give --shape SHAPE (repeatable), --drain and/or --preempt SHAPE")
+    for flag, given in (("--any-model", any_model), ("--max-nodes", max_nodes is not None)):
+        if given and not drain:
+            raise click.UsageError(f"{flag} only applies to --drain")
     if preempt_shapes and priority is None:
         raise click.UsageError("--preempt needs --priority N: the pod's priority (the value of its PriorityClass)")
     try:

@@ -34,7 +34,7 @@ def test_kubeconfig_with_context_reaches_the_server(tmp_path):
 
 def test_missing_kubeconfig_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(KubeConfigError, match="no usable Kubernetes configuration.*--kubeconfig"):
+    with pytest.raises(KubeConfigError, match="no usable Kubernetes configuration: kubeconfig .*nope does not exist"):
         load_api_client(kubeconfig=str(tmp_path / "nope"))
 
 

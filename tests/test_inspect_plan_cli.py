@@ -34,7 +34,7 @@ def run(*args: str):
 def test_inspect_small_cluster_json(small):
     r = run("inspect", "--simulated", small, "-o", "json")
     assert r.exit_code == 0, r.output
-    rep = json.loads(r.output)
+    rep = json.loads(r.stdout)
     s = rep["summary"]
     assert (s["nodes"], s["gpus"], s["healthyGpus"], s["freeGpus"], s["pods"]) == (3, 10, 9, 9, 0)
     small_node = next(n for n in rep["nodes"] if n["name"] == "small")
@@ -46,7 +46,7 @@ def test_inspect_small_cluster_json(small):
 def test_inspect_filled_cluster_is_consistent():
     r = run("inspect", "--simulated", "--fill", "50", "--seed", "3", "-o", "json")
     assert r.exit_code == 0, r.output
-    rep = json.loads(r.output)
+    rep = json.loads(r.stdout)
     assert rep["summary"]["gpus"] == load_cluster(None).card_count
     uids = set()
     for n in rep["nodes"]:
@@ -82,7 +82,7 @@ def test_plan_shapes_on_small_cluster(small):
     r = run("plan", "--simulated", small, "--shape", "1x80Gi", "--shape", "4", "--shape", "12Gi,50%",
             "--shape", "1@A10", "-o", "json")
     assert r.exit_code == 0, r.output
-    caps = {c["shape"]: c for c in json.loads(r.output)["capacity"]}
+    caps = {c["shape"]: c for c in json.loads(r.stdout)["capacity"]}
     assert caps["1x80Gi"]["count"] == 8 and set(caps["1x80Gi"]["perNode"]) == {"big-1", "big-2"}
     assert caps["4"]["count"] == 2
     # 12 GiB + 50 %: two per A100 card (8 cards), two on the A10's one healthy 24 GiB card
@@ -93,7 +93,7 @@ def test_plan_shapes_on_small_cluster(small):
 def test_plan_drain_on_filled_builtin_cluster():
     r = run("plan", "--simulated", "--fill", "40", "--drain", "-o", "json")
     assert r.exit_code == 0, r.output
-    d = json.loads(r.output)["drain"]
+    d = json.loads(r.stdout)["drain"]
     assert d["nodesFreed"] == len(d["drained"]) > 0
     assert d["podsToMove"] == sum(len(x["moves"]) for x in d["drained"])
     drained = {x["node"] for x in d["drained"]}

@@ -47,7 +47,7 @@ def cluster(tmp_path):
 def test_inspect_live_cluster(cluster):
     r = CliRunner().invoke(main, ["inspect", "--kubeconfig", cluster, "-o", "json"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    rep = json.loads(r.output)
+    rep = json.loads(r.stdout)
     assert rep["source"].startswith("live cluster http://127.0.0.1:")
     nodes = {n["name"]: n for n in rep["nodes"]}
     a = nodes["gpu-a"]
@@ -69,7 +69,7 @@ def test_plan_live_cluster(cluster):
     r = CliRunner().invoke(main, ["plan", "--kubeconfig", cluster, "--shape", "1", "--shape", "10Gi,30%",
                                   "--shape", "2", "--drain", "-o", "json"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     caps = {c["shape"]: c for c in doc["capacity"]}
     assert caps["1"]["count"] == 3 and caps["1"]["perNode"] == {"gpu-a": 1, "gpu-b": 2}
     # 10 GiB + 30 %: 1 more on card 1 (40 % compute left), 3 on each of the 3 free cards
@@ -124,7 +124,7 @@ def test_plan_drain_moves_cpu_pods_leaves_daemonset_pods_and_names_unknown_gpu_p
         cfg = kubeconfig(tmp_path, kube.url)
         r = CliRunner().invoke(main, ["plan", "--kubeconfig", cfg, "--drain", "-o", "json"], catch_exceptions=False)
         assert r.exit_code == 0, r.output
-        doc = json.loads(r.output)
+        doc = json.loads(r.stdout)
         drained = {d["node"]: d for d in doc["drain"]["drained"]}
         # gpu-b: its CPU pod moves (to gpu-a, the only node that stays and is not gpu-c), its DaemonSet pod stays
         assert [m["pod"] for m in drained["gpu-b"]["moves"]] == ["sys/web"]

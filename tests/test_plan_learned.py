@@ -101,12 +101,12 @@ def test_plan_says_what_it_learned_and_can_leave_the_past_out(live):
             "(ConfigMap stowage-system/stowage-learned-past)") in r.output
     r = CliRunner().invoke(main, ["plan", "--kubeconfig", cfg, "--shape", "1", "--learned-configmap", "off",
                                   "-o", "json"], catch_exceptions=False)
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     assert doc["learned"] == {"pods": 24, "departedPods": 0, "configMap": None, "note": ""}
     assert doc["source"].startswith("live cluster ")
     r = CliRunner().invoke(main, ["plan", "--kubeconfig", cfg, "--shape", "1", "--learned-configmap", "other/none",
                                   "-o", "json"], catch_exceptions=False)
-    assert json.loads(r.output)["learned"]["departedPods"] == 0          # no such ConfigMap: nothing departed
+    assert json.loads(r.stdout)["learned"]["departedPods"] == 0          # no such ConfigMap: nothing departed
     r = CliRunner().invoke(main, ["plan", "--kubeconfig", cfg, "--shape", "1", "--learned-configmap", "A/B"])
     assert r.exit_code == 2 and "--learned-configmap" in r.output
 
@@ -152,7 +152,7 @@ def test_inspect_shows_what_the_extenders_placer_has_learned(live):
     r = CliRunner().invoke(main, ["inspect", "--kubeconfig", cfg, "--learned", "--no-cards", "-o", "json"],
                            catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    learned = json.loads(r.output)["learned"]
+    learned = json.loads(r.stdout)["learned"]
     mine = [p for p in kube.objects("pods") if p["spec"]["schedulerName"] == "stowage-scheduler"]
     assert (learned["pods"], learned["departedPods"]) == (len(mine), 72)
     assert learned["configMap"] == "stowage-system/stowage-learned-past" and learned["note"] == ""
@@ -166,7 +166,7 @@ def test_inspect_shows_what_the_extenders_placer_has_learned(live):
     assert (f"What the extender's placer has learned: {len(mine)} pods of stowage-scheduler now, 72 departed "
             "(ConfigMap stowage-system/stowage-learned-past)") in table
     assert "4 whole GPUs, 32 CPU, 128 GiB memory" in table and "DEPARTED" in table
-    plain = CliRunner().invoke(main, ["inspect", "--kubeconfig", cfg, "--no-cards", "-o", "json"]).output
+    plain = CliRunner().invoke(main, ["inspect", "--kubeconfig", cfg, "--no-cards", "-o", "json"]).stdout
     assert "learned" not in json.loads(plain)                   # only when asked: it reads the ConfigMap
     r = CliRunner().invoke(main, ["inspect", "--simulated", "--learned"])
     assert r.exit_code == 2 and "--learned reads a live cluster" in r.output

@@ -77,7 +77,7 @@ def test_cli_preempt_view_table_and_json(tmp_path):
     assert "EVICT POD" in r.output and "h100-" in r.output
     r = runner.invoke(main, ["plan", "--simulated", "--fill", "200", "--preempt", "2x80Gi@H100", "--priority", "5",
                              "-o", "json"])
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     (p,) = doc["preempt"]
     assert p["priority"] == 5 and not p["fitsNow"] and p["options"]
     for o in p["options"]:
@@ -107,7 +107,7 @@ def test_live_cluster_priorities_come_from_the_pods(tmp_path):
         r = CliRunner().invoke(main, ["plan", "--kubeconfig", cfg, "--preempt", "10Gi", "--priority", "500",
                                       "-o", "json"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    (p,) = json.loads(r.output)["preempt"]
+    (p,) = json.loads(r.stdout)["preempt"]
     assert [(o["node"], [e["pod"] for e in o["evict"]], [e["priority"] for e in o["evict"]]) for o in p["options"]] \
         == [("n2", ["default/batch"], [10])]
     assert p["noEvictionHelps"] == {"no pod of lower priority holds cards here": 1}
