@@ -185,6 +185,17 @@ def bind_is_local(bind: str) -> bool:
         return False
 
 
+def _check_bind(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """--bind: unix:PATH, fd://FD or HOST:PORT, told apart from a mistake before anything else."""
+    if value.startswith("unix:") or value.startswith("fd://"):
+        return value
+    try:
+        parse_host_port(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{exc}, unix:PATH or fd://FD") from None
+    return value
+
+
 def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None:
         try:
@@ -195,7 +206,7 @@ def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str |
 
 
 @click.command("extender")
-@click.option("--bind", default=DEFAULT_BIND, show_default=True,
+@click.option("--bind", default=DEFAULT_BIND, show_default=True, callback=_check_bind,
               help="Address to listen on: HOST:PORT, unix:PATH or fd://FD. Anyone who reaches it can bind "
                    "pods: an address other machines can reach needs --tls-cert/--tls-key/--tls-client-ca "
                    "(or --allow-unauthenticated, which you should not use).")

@@ -309,7 +309,7 @@ def summary(state: dict, outcomes: list[Outcome], elapsed: float, requests_sent:
 # ----------------------------------------------------------------------------------------- CLI
 @click.command("demo")
 @click.option("--cluster", "cluster_file", metavar="FILE", default=None,
-              help="Simulated cluster YAML (default: the built-in cluster of 36 mixed GPU nodes).")
+              help="Simulated cluster YAML, or builtin (default: the built-in cluster of 36 mixed GPU nodes).")
 @click.option("--pods", type=click.IntRange(1, 100_000), default=150, show_default=True, help="Pods to schedule.")
 @click.option("--seed", type=int, default=7, show_default=True, help="Seed of the workload mix.")
 @click.option("--full-nodes", is_flag=True,
@@ -317,7 +317,8 @@ def summary(state: dict, outcomes: list[Outcome], elapsed: float, requests_sent:
 @click.option("--threads", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Request threads of the extender's worker.")
 @click.option("--quiet", is_flag=True, help="Do not print one line per pod.")
-@click.option("--startup-timeout", type=float, default=60.0, show_default=True)
+@click.option("--startup-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="Seconds to wait for the extender to answer /readyz.")
 def demo(cluster_file: str | None, pods: int, seed: int, full_nodes: bool, threads: int, quiet: bool,
          startup_timeout: float) -> None:
     """Start the extender on the embedded cluster and schedule a mix of GPU pods through it.
@@ -330,7 +331,7 @@ def demo(cluster_file: str | None, pods: int, seed: int, full_nodes: bool, threa
         cluster: SimCluster = load_cluster(cluster_file)
     except SimClusterError as exc:
         raise click.ClickException(str(exc)) from None
-    cluster_arg = BUILTIN if cluster_file is None else str(Path(cluster_file).resolve())
+    cluster_arg = BUILTIN if cluster_file in (None, BUILTIN) else str(Path(cluster_file).resolve())
     workload = make_workload(pods, seed)
     click.echo(f"Cluster: {describe(cluster)}")
     server = ExtenderProcess(cluster_arg, threads=threads)

@@ -226,9 +226,11 @@ def load_cluster(path: str | Path | None = None) -> SimCluster:
         p = Path(path)
         src = str(p)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise SimClusterError(f"{src}: cannot read cluster file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise SimClusterError(f"{src}: not UTF-8 text (byte {exc.start}), so not a cluster YAML file") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -1,0 +1,46 @@
+"""Operator mistakes on the command line get a message about the mistake (new-user review):
+a malformed --bind was refused as 'reachable from other machines'; a cluster file that is not
+text ended in a UnicodeDecodeError traceback; `demo --cluster builtin` failed late although
+every other command takes `builtin`; `demo --startup-timeout -1` was accepted."""
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from stowage.cli import main
+
+
+@pytest.mark.parametrize("bind", ["nonsense", "127.0.0.1:99999", "127.0.0.1:"])
+def test_a_malformed_bind_is_named_as_malformed(bind):
+    r = CliRunner().invoke(main, ["extender", "--bind", bind, "--simulated", "builtin"])
+    assert r.exit_code == 2 and "HOST:PORT" in r.output and "other machines" not in r.output
+
+
+@pytest.mark.parametrize("cmd", [["inspect", "--simulated"], ["demo", "--cluster"]])
+def test_a_cluster_file_that_is_not_text_is_one_clear_line(tmp_path, cmd):
+    f = tmp_path / "binary.yaml"
+    f.write_bytes(b"\xff\xfe\x00\x81garbage")
+    r = CliRunner().invoke(main, [*cmd, str(f)])
+    assert r.exit_code == 1 and "not UTF-8 text" in r.output and "Traceback" not in r.output
+
+
+def test_demo_takes_builtin_like_the_other_commands(monkeypatch):
+    import extender.demo as demo
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_process(cluster_arg, **kwargs):
+        seen["arg"] = cluster_arg
+        raise Stop
+
+    monkeypatch.setattr(demo, "ExtenderProcess", fake_process)
+    r = CliRunner().invoke(main, ["demo", "--cluster", "builtin", "--pods", "1"])
+    assert isinstance(r.exception, Stop) and seen["arg"] == "builtin"
+
+
+def test_demo_refuses_a_negative_startup_timeout():
+    r = CliRunner().invoke(main, ["demo", "--startup-timeout", "-1"])
+    assert r.exit_code == 2 and "--startup-timeout" in r.output
