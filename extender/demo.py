@@ -227,10 +227,12 @@ def summarize_failures(total: int, ans: dict) -> str:
     """kube-scheduler's FailedScheduling style: '0/36 nodes are available: 20 <reason>, ...'."""
     reasons = Counter(list((ans.get("FailedNodes") or {}).values())
                       + list((ans.get("FailedAndUnresolvableNodes") or {}).values()))
-    parts = [f"{c} {r}" for r, c in reasons.most_common(3)]
-    more = len(reasons) - 3
+    top = reasons.most_common(3)
+    parts = [f"{c} {r}" for r, c in top]
+    more = len(reasons) - len(top)
     if more > 0:
-        parts.append(f"{more} other reasons")
+        rest = sum(reasons.values()) - sum(c for _, c in top)
+        parts.append(f"{rest} for {more} other reason{'s' if more != 1 else ''}")
     return f"0/{total} nodes are available: " + ", ".join(parts)
 
 

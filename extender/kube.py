@@ -682,7 +682,7 @@ class KubeFeeder:
                 return
         try:
             req = pod_gpu_request(pod, self.memory_unit_mib)
-        except RequestError:
+        except (ValueError, TypeError, AttributeError):   # RequestError, or an object of the wrong shape
             return
         if not req.is_gpu:
             return

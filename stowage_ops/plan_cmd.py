@@ -15,13 +15,16 @@ import click
 
 from stowage_ops.cluster_source import LearnFrom, LiveFacts, Source, cluster_options, learn_options, load
 from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, Learned, PreemptPlan, ShapeError,
-                              capacity, drain_plan, parse_shape, preemption_plan)
+                              capacity, drain_plan, parse_shape, preemption_plan, unmatched_models)
 from stowage.textable import render
 
 
-def _capacity_text(res: CapacityResult, top: int) -> str:
+def _capacity_text(res: CapacityResult, top: int, unmatched: list[str], models: list[str]) -> str:
     more = "at least " if res.limited else ""
     lines = [f"{more}{res.count} more pod(s) of {res.shape.describe()} [{res.shape.text}] fit now"]
+    if unmatched:
+        lines.append(f"  no card of this cluster is a {' or '.join(unmatched)} (models here: "
+                     f"{', '.join(models) or 'none known'})")
     if res.per_node:
         items = list(res.per_node.items())
         rows = [[n, c] for n, c in items[:top]]
@@ -152,7 +155,8 @@ def plan(source: Source, shapes: tuple[str, ...], drain: bool, preempt_shapes: t
         raise click.BadParameter(str(exc.args[0]), param_hint="--placer") from None
     if output == "json":
         doc: dict[str, Any] = {"source": what.split("\n")[0], "placer": placer,
-                               "capacity": [r.to_json() for r in results]}
+                               "capacity": [{**r.to_json(), "unmatchedModels": unmatched_models(
+                                   model, r.shape.policy.models_include)} for r in results]}
         if learn is not None:
             doc["learned"] = {"pods": len(learn.pods), "departedPods": learn.past.pods if learn.past else 0,
                               "configMap": "/".join(learn.configmap) if learn.configmap else None,
@@ -168,8 +172,9 @@ def plan(source: Source, shapes: tuple[str, ...], drain: bool, preempt_shapes: t
     if facts is not None and facts.warning():
         what += "\n" + facts.warning()
     click.echo(f"{what}\nplacement policy: {placer}\n")
+    present = sorted({m for m in model.models if m != "UNKNOWN"})
     for r in results:
-        click.echo(_capacity_text(r, top) + "\n")
+        click.echo(_capacity_text(r, top, unmatched_models(model, r.shape.policy.models_include), present) + "\n")
     if dplan is not None:
         gpu_nodes = sum(1 for n, i in model.index.items() if model.a.exists[i].any())
         click.echo(_drain_text(dplan, gpu_nodes))

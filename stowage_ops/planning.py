@@ -35,6 +35,7 @@ from packing.model import CardArrays, ClusterModel, PodAllocation
 from packing.placer import Placer, attach_placer
 from packing.pod_policy import PodPolicy
 from packing.registry import get_placer, placer_for
+from stowage.inventory import model_matches
 from stowage.resources import CORE_MILLI_PER_CARD, GpuRequest, RequestError, fmt_mib, parse_quantity
 
 DEFAULT_LIMIT = 10_000
@@ -418,7 +419,7 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
             pod = request_pod(name or al.uid, req, pol, namespace=namespace or "default", uid=al.uid)
             target = schedule(service, pod, targets)
             if target is None:
-                failed = f"no room elsewhere for {al.name} ({_move_shape(req)})"
+                failed = f"no room on the nodes that stay for {al.name} ({_move_shape(req)})"
                 break
             moves.append(Move(pod=al.name, uid=al.uid, source=node, source_cards=tuple(al.cards),
                               target=target, target_cards=trial.allocations[al.uid].cards,
@@ -431,6 +432,13 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
         receivers.update(m.target for m in moves)
         drained.append(DrainedNode(node=node, gpus=gpus, moves=moves))
     return DrainPlan(drained=drained, kept=kept)
+
+
+def unmatched_models(model: ClusterModel, patterns: Iterable[str]) -> list[str]:
+    """The model names of ``patterns`` that no card of the cluster matches (a typo, or a model
+    this cluster does not have), so that '0 fit' can say why."""
+    present = [m for m in model.models if m != "UNKNOWN"]
+    return [p for p in patterns if not any(model_matches(p, m) for m in present)]
 
 
 def _move_shape(req: GpuRequest) -> str:

@@ -44,3 +44,17 @@ def test_demo_takes_builtin_like_the_other_commands(monkeypatch):
 def test_demo_refuses_a_negative_startup_timeout():
     r = CliRunner().invoke(main, ["demo", "--startup-timeout", "-1"])
     assert r.exit_code == 2 and "--startup-timeout" in r.output
+
+
+def test_demo_failure_summary_counts_nodes_not_kinds_of_reason():
+    from extender.demo import summarize_failures
+    ans = {"FailedNodes": {f"n{i}": r for i, r in enumerate(["a"] * 16 + ["b"] * 12 + ["c"] * 6 + ["d", "e"])}}
+    text = summarize_failures(36, ans)
+    assert text == "0/36 nodes are available: 16 a, 12 b, 6 c, 2 for 2 other reasons"
+
+
+def test_plan_names_a_model_no_card_is():
+    r = CliRunner().invoke(main, ["plan", "--simulated", "--shape", "1@Z9000", "--shape", "1@H100"])
+    assert r.exit_code == 0, r.output
+    assert "no card of this cluster is a Z9000 (models here:" in r.output
+    assert r.output.count("no card of this cluster") == 1

@@ -173,7 +173,7 @@ def test_drain_never_moves_a_whole_pod_to_a_smaller_card():
     for k in range(3):
         m.assign(f"f{k}", f"ns/f{k}", "small", [k], GpuRequest(gpus=1))
     plan = drain_plan(m, keep_model=False)
-    assert "no room elsewhere for ns/whole" in plan.kept["big"]
+    assert "no room on the nodes that stay for ns/whole" in plan.kept["big"]
     assert [d.node for d in plan.drained] == ["small"]
     assert {mv.target for mv in plan.moves} == {"big"} and len(plan.moves) == 3
 
@@ -255,3 +255,9 @@ def test_drain_never_empties_a_node_running_gpu_pods_it_does_not_know():
 def test_typical_shapes_are_gpu_shapes_only():
     m = with_cpu_pods(mixed_cluster(), {"cpu1": "a", "cpu2": "b"})
     assert all(s.req.is_gpu for s in typical_shapes(m))
+
+
+def test_a_model_no_card_has_is_named():
+    from stowage_ops.planning import unmatched_models
+    m = mixed_cluster()
+    assert unmatched_models(m, ("Z9000", "A100", "T4", "A10")) == ["Z9000", "A10"]
