@@ -33,7 +33,7 @@ import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 
 from stowage.allocation import AllocationRecord, RecordTrust
-from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, RequestError, pod_gpu_request
+from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request
 
 from .errors import KubeConfigError
 from .kube_objects import assign_args, meta, node_into_model, node_view, pod_view, resource_version
