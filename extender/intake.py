@@ -268,19 +268,50 @@ class GuardedWorker(ThreadWorker):
             conn.started = None  # the next request on this connection gets its own deadline
 
     def murder_pending(self) -> None:
-        """Also close connections waiting for the rest of a request past its deadline."""
+        """Also close connections waiting for the rest of a request past its deadline, and shed
+        idle ones at the connection cap (:meth:`shed_idle_at_cap`)."""
         super().murder_pending()
         now = time.monotonic()
         late = [c for c in self.pending_conns if c.started is not None and now >= c.deadline]
         for conn in late:
             self.pending_conns.remove(conn)
             conn.refuse_late()
-            try:
-                self.poller.unregister(conn.sock)
-            except (OSError, KeyError, ValueError):
-                pass
-            self.nr_conns -= 1
-            conn.close()
+            self._drop(conn)
+        self.shed_idle_at_cap()
+
+    def shed_idle_at_cap(self) -> None:
+        """At the connection cap, close connections that hold a slot with no request being
+        served (kept alive between requests, or not yet sent a whole request), from the longer
+        of the two queues, oldest first, down to 7/8 of the cap.
+
+        Why: connections that idle (kept alive for 75 s, or silent until the client timeout)
+        could fill all ``worker_connections`` slots, and the worker stops accepting while full,
+        so kube-scheduler's next connection waited past its own 5 s timeout. Closing an idle
+        connection is ordinary HTTP (a client opens another); a request being served is never
+        cut. Runs once per event-loop pass (at most 1 s), so a new client waits at most that."""
+        if self.nr_conns < self.worker_connections:
+            return
+        target = self.worker_connections - max(1, self.worker_connections // 8)
+        shed = 0
+        while self.nr_conns > target and (self.keepalived_conns or self.pending_conns):
+            queue = (self.keepalived_conns if len(self.keepalived_conns) >= len(self.pending_conns)
+                     else self.pending_conns)
+            conn = queue.popleft()
+            conn.refuse_late()
+            self._drop(conn)
+            shed += 1
+        if shed:
+            log.warning("all %d connection slots were taken: closed %d idle connection(s), oldest first "
+                        "(a client holding connections open without requests?)", self.worker_connections, shed)
+
+    def _drop(self, conn: Any) -> None:
+        """Forget and close a connection the poller watches (not one a thread serves)."""
+        try:
+            self.poller.unregister(conn.sock)
+        except (OSError, KeyError, ValueError):
+            pass
+        self.nr_conns -= 1
+        conn.close()
 
 
 WORKER_CLASS = f"{__name__}.GuardedWorker"

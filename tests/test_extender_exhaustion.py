@@ -176,3 +176,36 @@ def test_concurrent_big_bodies_take_bounded_memory(tmp_path, workers):
     finally:
         http.close()
         proc.stop()
+
+
+@pytest.mark.parametrize("mode", ["silent", "keepalive"])
+def test_a_client_holding_every_connection_slot_does_not_lock_others_out(tmp_path, mode):
+    """Review finding: WORKER_CONNECTIONS (512) connections that send nothing, or that make one
+    request and then idle on keep-alive (75 s), filled the worker's connection slots, so a new
+    client (kube-scheduler) waited for them to time out: 10 s at the default --client-timeout,
+    past kube-scheduler's 5 s httpTimeout. At the cap the worker now closes the connections that
+    hold a slot with no request in progress, oldest first. The client timeout here is 60 s, so
+    a probe answered well within it was not let in by the timeouts."""
+    from extender.intake import WORKER_CONNECTIONS
+
+    proc, http = _start(tmp_path, 1, "--client-timeout", "60")
+    held: list[socket.socket] = []
+    try:
+        port = _port(proc)
+        for _ in range(WORKER_CONNECTIONS + 16):
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            if mode == "keepalive":
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert s.recv(4096).startswith(b"HTTP/1.1 200")
+            held.append(s)
+        t0 = time.monotonic()
+        r = requests.post(proc.url + "/filter", data=FILTER, timeout=60)
+        waited = time.monotonic() - t0
+        assert r.status_code == 200 and r.json()["NodeNames"] == ["node-b"]
+        assert waited < 30, f"the probe waited {waited:.1f} s: let in by the 60 s timeout, not by shedding"
+        assert proc.proc.poll() is None
+    finally:
+        for s in held:
+            s.close()
+        http.close()
+        proc.stop()
