@@ -32,7 +32,7 @@ from . import allocator, corrections
 from gpunode.devices import DeviceTable
 from .podres import KubeletAllocations
 from gpunode.health import DEFAULT_IGNORED_XIDS, HealthTracker
-from gpunode.nvml import GpuInfo, Nvml, NvmlUnavailable, XidEvents
+from gpunode.nvml import GpuInfo, Nvml, NvmlUnavailable, XidWatch
 
 genprotos.ensure("deviceplugin/v1beta1/api.proto")
 from deviceplugin.v1beta1 import api_pb2 as pb  # noqa: E402
@@ -84,6 +84,9 @@ class PluginConfig:
     recovery_quiet_s: float = 120.0
     probe_interval_s: float = 10.0
     event_wait_ms: int = 1000
+    event_retry_first_s: float = 0.1   # a failed event wait is retried after this, doubling ...
+    event_retry_max_s: float = 5.0     # ... up to this
+    event_recreate_after: int = 5      # failed waits in a row before the event set is made anew
     dev_root: str = "/dev"
     poll_s: float = 0.02
     register_timeout_s: float = 5.0
@@ -312,27 +315,38 @@ class HealthMonitor:
         self._thread.start()
 
     def _run(self) -> None:
-        events = None
-        if not self.cfg.health_disabled:
+        cfg = self.cfg
+        watch = None
+        if not cfg.health_disabled:
             try:
-                events = XidEvents(list(self.tracker.cards))
+                watch = XidWatch(list(self.tracker.cards), self._stop, cfg.event_retry_first_s,
+                                 cfg.event_retry_max_s, cfg.event_recreate_after)
             except Exception as exc:
                 log.warning("NVML event set unavailable (%s); health relies on periodic probes", exc)
-        next_probe = time.monotonic() + self.cfg.probe_interval_s
+        next_probe = time.monotonic() + cfg.probe_interval_s
         try:
             while not self._stop.is_set():
-                ev = events.wait(self.cfg.event_wait_ms) if events else None
-                if events is None:
-                    self._stop.wait(self.cfg.event_wait_ms / 1000)
+                if watch is None:
+                    ev = None
+                    self._stop.wait(cfg.event_wait_ms / 1000)
+                else:
+                    ev = watch.wait(cfg.event_wait_ms)   # backs off by itself while the channel is broken
                 now = time.monotonic()
                 changed: set[str] = set()
-                if ev is not None:
+                if ev is not None and ev.wait_failed:   # logged by the watch, once
+                    hit = self.tracker.on_watch_failed(watch.watched, ev.detail, now)  # type: ignore[union-attr]
+                    if hit:
+                        log.warning("unhealthy while their XID events cannot be watched: %s", ", ".join(sorted(hit)))
+                    changed |= hit
+                elif ev is not None:
                     hit = self.tracker.on_event(ev, now)
                     log.warning("NVML event: XID %s on %s%s", ev.xid, ev.uuid or "an unknown card",
                                 f" -> unhealthy: {', '.join(sorted(hit))}" if hit else " (ignored)")
                     changed |= hit
-                if now >= next_probe and not self.cfg.health_disabled:
-                    next_probe = now + self.cfg.probe_interval_s
+                if watch is not None and not watch.broken and self.tracker.blind:
+                    self.tracker.on_watch_restored(now)   # their quiet period starts now; probes heal them
+                if now >= next_probe and not cfg.health_disabled:
+                    next_probe = now + cfg.probe_interval_s
                     for uuid in self.tracker.cards:
                         was = self.tracker.cards[uuid].healthy
                         if self.tracker.on_probe(uuid, self.nvml.probe(uuid), now):
@@ -343,8 +357,8 @@ class HealthMonitor:
                     self.state.set_health(self.tracker.snapshot())
                     self.on_change()
         finally:
-            if events is not None:
-                events.close()
+            if watch is not None:
+                watch.close()
 
     def stop(self) -> None:
         self._stop.set()

@@ -51,6 +51,9 @@ class HealthTracker:
     disabled: bool = False
     quiet_s: float = 120.0
     cards: dict[str, CardHealth] = field(default_factory=dict)
+    # Cards whose XID events cannot be watched now (the NVML event channel is broken): kept
+    # Unhealthy, because an XID on them would go unseen, and not healed by probes until it works.
+    blind: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         for u in self.uuids:
@@ -75,14 +78,37 @@ class HealthTracker:
         targets = [ev.uuid] if ev.uuid in self.cards else list(self.cards)  # unknown card: all (as NVIDIA does)
         return {u for u in targets if self._mark_bad(u, reason, now)}
 
+    def on_watch_failed(self, uuids: list[str], reason: str, now: float) -> set[str]:
+        """Waiting for the XID events of ``uuids`` failed; returns the cards whose health changed.
+
+        NVIDIA's device plugin marks every card unhealthy when it cannot wait for events; we keep
+        that conservative stance, but only for the cards of the event set (a card that never
+        registered for events is watched by probes alone, and still is), and without restarting a
+        quiet period on each failure: :meth:`on_watch_restored` starts it once events flow again.
+        A card already unhealthy keeps its first reason.
+        """
+        if self.disabled:
+            return set()
+        targets = [u for u in uuids if u in self.cards]
+        self.blind.update(targets)
+        return {u for u in targets if self.cards[u].healthy and
+                self._mark_bad(u, f"NVML events cannot be watched ({reason})", now)}
+
+    def on_watch_restored(self, now: float) -> None:
+        """Events flow again: the blind cards' quiet period starts now (XIDs while blind were missed)."""
+        for u in self.blind:
+            self.cards[u].since = now
+        self.blind.clear()
+
     def due_for_recovery(self, now: float) -> list[str]:
-        return [u for u, c in self.cards.items() if not c.healthy and now - c.since >= self.quiet_s]
+        return [u for u, c in self.cards.items()
+                if not c.healthy and u not in self.blind and now - c.since >= self.quiet_s]
 
     def on_probe(self, uuid: str, problem: str | None, now: float) -> bool:
         """Apply a probe result; returns whether the card's health changed.
 
         A failing probe marks a healthy card bad (a card that vanished). A passing probe heals an
-        unhealthy card only once it has been quiet for ``quiet_s``.
+        unhealthy card only once it has been quiet for ``quiet_s`` and its XIDs can be watched.
         """
         if self.disabled or uuid not in self.cards:
             return False
@@ -92,7 +118,7 @@ class HealthTracker:
                 return self._mark_bad(uuid, problem, now)
             c.reason = problem
             return False
-        if not c.healthy and now - c.since >= self.quiet_s:
+        if not c.healthy and uuid not in self.blind and now - c.since >= self.quiet_s:
             c.healthy, c.reason = True, ""
             return True
         return False

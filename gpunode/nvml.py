@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import pynvml
 
@@ -38,11 +40,17 @@ class GpuInfo:
 
 @dataclass(frozen=True)
 class XidEvent:
-    """One critical event from NVML: ``uuid`` None means NVML could not say which card."""
+    """One critical event from NVML: ``uuid`` None means NVML could not say which card.
+
+    ``wait_failed``: not an event at all but a failed ``nvmlEventSetWait`` (``detail`` says why):
+    no card is named and no XID was seen, so a reader can tell "the channel is broken" from "NVML
+    reported an XID it could not attribute".
+    """
 
     uuid: str | None
     xid: int | None
     detail: str = ""
+    wait_failed: bool = False
 
 
 def _text(value: Any) -> str:
@@ -163,7 +171,8 @@ class Nvml:
 class XidEvents:
     """The NVML event set for critical XID errors of the given cards."""
 
-    def __init__(self, uuids: list[str]) -> None:
+    def __init__(self, uuids: list[str], quiet: bool = False) -> None:
+        """``quiet``: say at debug level which cards do not register (a re-creation said it before)."""
         self._set = pynvml.nvmlEventSetCreate()
         self.watched: list[str] = []
         for uuid in uuids:
@@ -172,7 +181,8 @@ class XidEvents:
                 pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, self._set)
                 self.watched.append(uuid)
             except pynvml.NVMLError as exc:
-                log.warning("card %s does not report XID events (%s); only periodic probes watch it", uuid, exc)
+                log.log(logging.DEBUG if quiet else logging.WARNING,
+                        "card %s does not report XID events (%s); only periodic probes watch it", uuid, exc)
 
     def wait(self, timeout_ms: int) -> XidEvent | None:
         """The next event, or None when ``timeout_ms`` passed quietly."""
@@ -181,7 +191,7 @@ class XidEvents:
         except pynvml.NVMLError as exc:
             if getattr(exc, "value", None) == pynvml.NVML_ERROR_TIMEOUT:
                 return None
-            return XidEvent(uuid=None, xid=None, detail=f"waiting for NVML events failed: {exc}")
+            return XidEvent(uuid=None, xid=None, detail=f"waiting for NVML events failed: {exc}", wait_failed=True)
         if data.eventType != pynvml.nvmlEventTypeXidCriticalError:
             return None
         try:
@@ -192,3 +202,82 @@ class XidEvents:
 
     def close(self) -> None:
         _optional(pynvml.nvmlEventSetFree, self._set)
+
+
+class XidWatch:
+    """XID events of some cards that survive a broken event channel.
+
+    ``nvmlEventSetWait`` can fail with something other than a timeout and keep failing (a driver
+    fault, ``GPU is lost``, an event set the driver dropped); it then returns at once, so a loop
+    that simply waits again spins a core and logs without end. This wrapper backs off after each
+    failed wait (``first_retry_s``, doubling up to ``max_retry_s``; while backing off, ``wait``
+    sleeps on ``stop`` and returns None, never longer than its timeout, so the caller's other
+    periodic work keeps its pace), re-creates the event set after every ``recreate_after`` failures
+    in a row (re-registering the cards; a card that cannot register is left to probes), logs an
+    error once (repeats at debug) and once more when waits work again. ``broken`` is true from a
+    failed wait until the next wait that works (an event or a quiet timeout); ``watched`` names the
+    cards of the last event set that was made, i.e. the cards whose XIDs go unseen while broken.
+    """
+
+    def __init__(self, uuids: list[str], stop: threading.Event | None = None, first_retry_s: float = 0.1,
+                 max_retry_s: float = 5.0, recreate_after: int = 5,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.uuids = list(uuids)
+        self.first_retry_s, self.max_retry_s = first_retry_s, max_retry_s
+        self.recreate_after = max(1, recreate_after)
+        self._stop = stop if stop is not None else threading.Event()
+        self._clock = clock
+        self._events: XidEvents | None = XidEvents(self.uuids)   # NVMLError here: no event sets at all
+        self.watched = list(self._events.watched)
+        self.failures = 0
+        self._retry_at = 0.0
+        self._logged = ""
+
+    @property
+    def broken(self) -> bool:
+        return self.failures > 0
+
+    def wait(self, timeout_ms: int) -> XidEvent | None:
+        """The next XID event, None after a quiet wait (or a back-off sleep while ``broken``), or an
+        ``XidEvent(wait_failed=True)`` for each wait (or re-creation) that failed."""
+        if self.failures:
+            left = self._retry_at - self._clock()
+            if left > 0:
+                self._stop.wait(min(left, timeout_ms / 1000))
+                return None
+        if self._events is None:
+            try:
+                self._events = XidEvents(self.uuids, quiet=True)
+            except pynvml.NVMLError as exc:
+                return self._failed(f"re-creating the NVML event set failed: {exc}")
+            self.watched = list(self._events.watched)
+            log.debug("NVML event set re-created (%d of %d cards registered)", len(self.watched), len(self.uuids))
+        ev = self._events.wait(timeout_ms)
+        if ev is not None and ev.wait_failed:
+            return self._failed(ev.detail)
+        if self.failures:
+            log.warning("NVML XID events are watched again, after %d failed waits", self.failures)
+            self.failures, self._logged = 0, ""
+        return ev
+
+    def _failed(self, detail: str) -> XidEvent:
+        self.failures += 1
+        delay = min(self.max_retry_s, self.first_retry_s * 2 ** (self.failures - 1))
+        self._retry_at = self._clock() + delay
+        if detail != self._logged:
+            log.warning("%s; XIDs of %s go unseen; retrying with back-off up to %g s (repeats logged at debug)",
+                        detail, ", ".join(self.watched) or "no card", self.max_retry_s)
+            self._logged = detail
+        else:
+            log.debug("%s (failure %d in a row; next try in %.2f s)", detail, self.failures, delay)
+        if self.failures % self.recreate_after == 0 and self._events is not None:
+            log.log(logging.INFO if self.failures == self.recreate_after else logging.DEBUG,
+                    "re-creating the NVML event set after %d failed waits in a row", self.failures)
+            self._events.close()
+            self._events = None
+        return XidEvent(uuid=None, xid=None, detail=detail, wait_failed=True)
+
+    def close(self) -> None:
+        if self._events is not None:
+            self._events.close()
+            self._events = None
