@@ -73,7 +73,7 @@ def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple
         ignored, disabled = parse_ignored_xids(ignored_xids)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--ignored-xids") from exc
-    from .server import DevicePlugin, PluginConfig  # grpc + stubs: only when actually running
+    from .server import DevicePlugin, MessageTooLarge, PluginConfig  # grpc + stubs: only when actually running
     from stowage.allocation import AllocationError, RecordKey
 
     record_key = None
@@ -103,7 +103,10 @@ def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     plugin = DevicePlugin(cfg)
-    plugin.start()
+    try:
+        plugin.start()
+    except MessageTooLarge as exc:   # the kubelet would silently advertise nothing: refuse, saying why
+        raise click.BadParameter(str(exc), param_hint="--memory-unit-mib") from None
     if metrics_port and plugin.reconciler is not None:
         from prometheus_client import start_http_server
         start_http_server(metrics_port, registry=plugin.reconciler.registry)

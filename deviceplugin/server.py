@@ -24,12 +24,12 @@ import grpc
 from stowage import genprotos
 from stowage.allocation import RecordKey, RecordTrust
 from stowage.inventory import Card, encode_inventory
-from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES
+from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES, RESOURCE_GPU_MEMORY
 
 from gpunode.podresources.client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
 
 from . import allocator, corrections
-from gpunode.devices import DeviceTable
+from gpunode.devices import UNHEALTHY, DeviceTable, id_lengths
 from .podres import KubeletAllocations
 from gpunode.health import DEFAULT_IGNORED_XIDS, HealthTracker
 from gpunode.nvml import GpuInfo, Nvml, NvmlUnavailable, XidWatch
@@ -67,6 +67,60 @@ def kubelet_accepts(path: str) -> bool:
         return False
     finally:
         s.close()
+
+
+# The largest message the kubelet receives from a plugin: grpc-go's default receive limit (a v1.28
+# kubelet dials plugins without MaxCallRecvMsgSize). A larger ListAndWatch fails on its side, it does
+# not retry, and the node's capacity for the resource silently stays 0.
+KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+class MessageTooLarge(ValueError):
+    """The device list of a resource would not fit one kubelet message; ``smallest_unit_mib`` would."""
+
+    def __init__(self, message: str, smallest_unit_mib: int) -> None:
+        super().__init__(message)
+        self.smallest_unit_mib = smallest_unit_mib
+
+
+def _varint_len(n: int) -> int:
+    return max(1, (n.bit_length() + 6) // 7)
+
+
+def list_response_bytes(cards: list[GpuInfo], resource: str, memory_unit_mib: int) -> int:
+    """The serialized size of ``resource``'s ListAndWatchResponse with every device Unhealthy (the
+    longest health text, so the largest the list gets), computed from one sample device per ID
+    length: exact, and fast for any unit."""
+    total = 0
+    for c in cards:
+        topo = pb.TopologyInfo(nodes=[pb.NUMANode(ID=c.numa)]) if c.numa >= 0 else None
+        for length, count in id_lengths(resource, c, memory_unit_mib).items():
+            size = pb.Device(ID="x" * length, health=UNHEALTHY, topology=topo).ByteSize()
+            total += count * (1 + _varint_len(size) + size)   # field tag, length, the device
+    return total
+
+
+def check_message_sizes(cards: list[GpuInfo], resources: Any, memory_unit_mib: int) -> None:
+    """Raise :class:`MessageTooLarge` when a resource's device list would not fit one kubelet message.
+
+    Only the memory unit makes lists that long; the error names the smallest unit that fits (the
+    size only shrinks as the unit grows, so a bisection finds it).
+    """
+    for r in resources:
+        size = list_response_bytes(cards, r, memory_unit_mib)
+        if size <= KUBELET_MAX_MESSAGE_BYTES:
+            continue
+        lo, hi = memory_unit_mib, max(c.memory_mib for c in cards)   # hi: one device per card, fits
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if list_response_bytes(cards, r, mid) <= KUBELET_MAX_MESSAGE_BYTES else (mid, hi)
+        devices = sum(sum(id_lengths(r, c, memory_unit_mib).values()) for c in cards)
+        hint = (f"; the smallest unit that fits is --memory-unit-mib {hi} (the extender's --memory-unit-mib "
+                "must be the same)") if r == RESOURCE_GPU_MEMORY else ""
+        raise MessageTooLarge(
+            f"{r}: at --memory-unit-mib {memory_unit_mib} this node's {len(cards)} card(s) make {devices} devices, "
+            f"a ListAndWatch message of {size / 2 ** 20:.1f} MiB, over the kubelet's {KUBELET_MAX_MESSAGE_BYTES >> 20} "
+            f"MiB gRPC limit: the kubelet would fail ListAndWatch and advertise none{hint}", hi)
 
 
 def socket_name(resource: str) -> str:
@@ -402,7 +456,13 @@ class DevicePlugin:
     def start(self) -> None:
         cfg = self.cfg
         Path(cfg.plugin_dir).mkdir(parents=True, exist_ok=True)
-        self.state = DeviceState(DeviceTable(self._discover(), cfg.memory_unit_mib))
+        cards = self._discover()
+        try:
+            check_message_sizes(cards, cfg.resources, cfg.memory_unit_mib)   # before serving anything
+        except MessageTooLarge:
+            self.nvml.shutdown()
+            raise
+        self.state = DeviceState(DeviceTable(cards, cfg.memory_unit_mib))
         lister = None
         if cfg.core_api is not None and cfg.node:
             from .kube import InventoryPublisher, PodLister

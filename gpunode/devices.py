@@ -54,6 +54,23 @@ def device_ids(resource: str, card: GpuInfo, memory_unit_mib: int) -> list[str]:
     return [f"{key}{SEP}{n}" for n in range(units_per_card(resource, card, memory_unit_mib))]
 
 
+def id_lengths(resource: str, card: GpuInfo, memory_unit_mib: int) -> dict[int, int]:
+    """How many of the card's device IDs have each length, without building them.
+
+    Lets the plugin size its ListAndWatch message for any memory unit in microseconds, where
+    building the list at a 1 MiB unit takes over a million objects.
+    """
+    key = card_key(card.uuid)
+    if resource == RESOURCE_GPU:
+        return {len(key): 1}
+    count, out, digits = units_per_card(resource, card, memory_unit_mib), {}, 1
+    while count > (0 if digits == 1 else 10 ** (digits - 1)):
+        lo = 0 if digits == 1 else 10 ** (digits - 1)
+        out[len(key) + len(SEP) + digits] = min(count, 10 ** digits) - lo
+        digits += 1
+    return out
+
+
 @dataclass(frozen=True)
 class DeviceEntry:
     id: str
