@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from stowage.allocation import AllocationError, AllocationRecord, RecordTrust
-from stowage.resources import (RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, RequestError,
+from stowage.resources import (GPU_RESOURCES, RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, RequestError,
                                quantity_to_int)
 
 from gpunode.devices import DeviceTable, UnknownDevice
@@ -97,6 +97,10 @@ class Ledger:
 
     def add(self, uid: str, resource: str, ids: Iterable[str]) -> None:
         self.given.setdefault((uid, resource), []).append(tuple(ids))
+
+    def cards(self, table: DeviceTable, uid: str, resources: Iterable[str]) -> set[str]:
+        """The cards of the devices this process gave pod ``uid`` in ``resources``."""
+        return {table.card_of(r, i).uuid for r in resources for ids in self.given.get((uid, r), ()) for i in ids}
 
     def reattribute(self, owner_uid: Any) -> None:
         """Move answers the kubelet lists under another pod to that pod.
@@ -178,6 +182,10 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
     """
     cands: list[Candidate] = []
     notes: list[str] = []
+    pods = list(pods)
+    live = {str(m.get("uid") or ""): (str(m.get("namespace") or ""), str(m.get("name") or ""))
+            for p in pods if (p.get("status") or {}).get("phase") not in _TERMINAL
+            for m in [p.get("metadata") or {}] if not m.get("deletionTimestamp")}
     for pod in pods:
         meta = pod.get("metadata") or {}
         ref = f"{meta.get('namespace')}/{meta.get('name')}"
@@ -212,7 +220,8 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
         if rec.node != node or not rec.cards:
             notes.append(f"{ref}: its record names node {rec.node!r} with {len(rec.cards)} card(s), this is {node!r}")
             continue
-        clash = _held_by_others(view, table, (str(meta.get("namespace") or ""), str(meta.get("name") or "")), rec)
+        clash = _held_by_others(view, ledger, live, table, uid,
+                                (str(meta.get("namespace") or ""), str(meta.get("name") or "")), rec)
         if clash:
             notes.append(f"{ref}: {clash}")
             continue
@@ -226,22 +235,26 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
     return PodSurvey(cands, notes)
 
 
-def _held_by_others(view: KubeletView | None, table: DeviceTable | None, ref: tuple[str, str],
-                    rec: AllocationRecord) -> str:
-    """Why the kubelet's own list says ``rec``'s cards are not this pod's to have ('' if they are).
+def _held_by_others(view: KubeletView | None, ledger: Ledger, live: Mapping[str, tuple[str, str]],
+                    table: DeviceTable | None, uid: str, ref: tuple[str, str], rec: AllocationRecord) -> str:
+    """Why ``rec``'s cards are not this pod's to have ('' if they are).
 
     A whole card is its pod's alone: its record cannot name a card on which another pod holds
     devices, and a share cannot land on a card another pod holds whole (the kubelet counts the
-    three resources apart, so only the plugin can see this).
+    three resources apart, so only the plugin can see this). Who holds what is the kubelet's own
+    list; without it (PodResources unreachable) the devices this process gave the live pods
+    (``live``: uid -> ref, pods not finished or deleted), so a forged record is refused in the
+    fallback too, except for cards handed out before a plugin restart.
     """
-    if view is None or table is None:
+    if table is None:
         return ""
     mine = set(rec.uuids)
-    if rec.whole:
-        taken = ((other, u) for other in view.pods if other != ref for u in view.cards(other, table))
+    kinds = GPU_RESOURCES if rec.whole else (RESOURCE_GPU,)   # whole: any device of theirs; share: their whole cards
+    if view is not None:
+        taken: Iterable[tuple[tuple[str, str], str]] = (
+            (other, table.card_of(r, i).uuid) for r in kinds for i, other in view.owners(r).items() if other != ref)
     else:
-        taken = ((other, table.card_of(RESOURCE_GPU, i).uuid) for i, other in view.owners(RESOURCE_GPU).items()
-                 if other != ref)
+        taken = ((o_ref, u) for o, o_ref in live.items() if o != uid for u in ledger.cards(table, o, kinds))
     for other, uuid in taken:
         if uuid in mine:
             return (f"its record names card {uuid}, which pod {other[0]}/{other[1]} already holds "

@@ -213,7 +213,7 @@ class Allocations:
         self.ledger.forget_except({str((p.get("metadata") or {}).get("uid")) for p in pods})
         rows = self.kubelet.rows() if self.kubelet is not None else None
         if rows is None:  # PodResources unreachable: this process's ledger is all we know
-            return allocator.survey(pods, self.node, resource, self.ledger, trust=self.trust)
+            return allocator.survey(pods, self.node, resource, self.ledger, trust=self.trust, table=self.state.table)
         view = corrections.kubelet_view(rows, self.state.table)
         uid_of = {(str(m.get("namespace") or ""), str(m.get("name") or "")): str(m.get("uid") or "")
                   for m in ((p.get("metadata") or {}) for p in pods)}

@@ -13,10 +13,12 @@ from stowage.resources import RESOURCE_GPU, RESOURCE_GPU_MEMORY
 KEY = RecordKey(b"q" * 32)
 
 
-def test_a_share_recorded_on_a_card_another_pod_holds_whole_gets_nothing(monkeypatch):
+@pytest.mark.parametrize("podresources", [True, False], ids=["podresources", "ledger-only"])
+def test_a_share_recorded_on_a_card_another_pod_holds_whole_gets_nothing(monkeypatch, podresources):
     """A pod created with spec.nodeName and a hand-written record naming the card another pod holds
-    whole used to get that card in NVIDIA_VISIBLE_DEVICES."""
-    with rig(monkeypatch) as r:
+    whole used to get that card in NVIDIA_VISIBLE_DEVICES. Without the PodResources API (a documented
+    fallback) it still did: the plugin's own ledger of what it handed out now says who holds it."""
+    with rig(monkeypatch, podresources=podresources) as r:
         assert r.registered()
         owner = bind_pod(r, "owner", [container("main", gpus=1)],
                          record([(0, r.uuid(0))], whole=True, mem_mib=81920, core_milli=1000), "2024-01-01T00:00:01Z")
@@ -25,6 +27,31 @@ def test_a_share_recorded_on_a_card_another_pod_holds_whole_gets_nothing(monkeyp
                          "2024-01-01T00:00:02Z")
         with pytest.raises(AdmissionError, match="already holds"):
             r.kubelet.admit(thief)
+
+
+def test_without_podresources_a_whole_card_record_on_a_shared_card_gets_nothing(monkeypatch):
+    with rig(monkeypatch, podresources=False) as r:
+        assert r.registered()
+        share = bind_pod(r, "share", [container("main", mem=4)], record([(1, r.uuid(1))], whole=False, mem_mib=4096),
+                         "2024-01-01T00:00:01Z")
+        assert r.kubelet.admit(share)["main"][RESOURCE_GPU_MEMORY].envs["NVIDIA_VISIBLE_DEVICES"] == r.uuid(1)
+        grab = bind_pod(r, "grab", [container("main", gpus=1)],
+                        record([(1, r.uuid(1))], whole=True, mem_mib=81920, core_milli=1000), "2024-01-01T00:00:02Z")
+        with pytest.raises(AdmissionError, match="share already holds devices on"):
+            r.kubelet.admit(grab)
+
+
+def test_without_podresources_a_card_is_free_again_once_its_holder_ended(monkeypatch):
+    with rig(monkeypatch, podresources=False) as r:
+        assert r.registered()
+        owner = bind_pod(r, "owner", [container("main", gpus=1)],
+                         record([(0, r.uuid(0))], whole=True, mem_mib=81920, core_milli=1000), "2024-01-01T00:00:01Z")
+        r.kubelet.admit(owner)
+        r.kube.patch_pod("default", "owner", {"status": {"phase": "Succeeded"}})
+        r.kubelet.release(owner["metadata"]["uid"])
+        later = bind_pod(r, "later", [container("main", mem=4)], record([(0, r.uuid(0))], whole=False, mem_mib=4096),
+                         "2024-01-01T00:00:02Z")
+        assert r.kubelet.admit(later)["main"][RESOURCE_GPU_MEMORY].envs["NVIDIA_VISIBLE_DEVICES"] == r.uuid(0)
 
 
 def test_a_record_booking_more_than_the_pod_asks_gets_nothing(monkeypatch):
