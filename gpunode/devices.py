@@ -108,7 +108,8 @@ class DeviceTable:
             return card
         key, sep, n = device_id.rpartition(SEP)
         card = self._by_key.get(key) if sep else None
-        if card is None or not n.isdigit() or int(n) >= units_per_card(resource, card, self.memory_unit_mib):
+        unit = _unit(n)
+        if card is None or unit is None or unit >= units_per_card(resource, card, self.memory_unit_mib):
             raise UnknownDevice(device_id)
         return card
 
@@ -116,4 +117,15 @@ class DeviceTable:
     def unit_number(device_id: str) -> int:
         """The ``<n>`` of a unit ID (0 for whole-card IDs); used only for a stable order."""
         _, sep, n = device_id.rpartition(SEP)
-        return int(n) if sep and n.isdigit() else 0
+        return (_unit(n) or 0) if sep else 0
+
+
+def _unit(text: str) -> int | None:
+    """The unit number of ``text`` written exactly as the plugin writes it (``str(n)``), else None.
+
+    Only that spelling was advertised: ``01`` would otherwise be a second device beside ``1``, and
+    ``str.isdigit`` accepts digits such as ``²`` that ``int`` then refuses.
+    """
+    if not (text.isascii() and text.isdigit()) or (len(text) > 1 and text[0] == "0"):
+        return None
+    return int(text)

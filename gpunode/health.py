@@ -31,7 +31,7 @@ def parse_ignored_xids(text: str | None) -> tuple[frozenset[int], bool]:
         return frozenset(), True
     out = set()
     for part in t.replace(",", " ").split():
-        if not part.isdigit():
+        if not (part.isascii() and part.isdigit()):
             raise ValueError(f"ignored XIDs must be numbers or 'all', got {part!r}")
         out.add(int(part))
     return frozenset(out), False

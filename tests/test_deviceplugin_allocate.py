@@ -173,6 +173,15 @@ def test_wrong_card_and_unknown_ids_refused(monkeypatch):
         with pytest.raises(grpc.RpcError) as exc:  # T4 has units 0..14 only
             r.kubelet.call_raw(RESOURCE_GPU_MEMORY, "Allocate", beyond)
         assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # other spellings of an advertised unit were never advertised: a leading zero made '::01' a
+        # second device next to '::1', and a non-ASCII digit ('::\u00b2') failed UNKNOWN in int()
+        for alias in ([f"{r.uuid(0)}::1", f"{r.uuid(0)}::01"], [f"{r.uuid(0)}::\u00b2"], [f"{r.uuid(0)}::\u0661"],
+                      [f"{r.uuid(0)}::+1"], [f"{r.uuid(0)}:: 1"]):
+            req = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=alias)])
+            with pytest.raises(grpc.RpcError) as exc:
+                r.kubelet.call_raw(RESOURCE_GPU_MEMORY, "Allocate", req)
+            assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (alias, exc.value.details())
+            assert alias[-1] in exc.value.details()
         # the refusals did not consume the pod: it is still admitted on its card
         got = r.kubelet.admit(pod)["main"][RESOURCE_GPU_MEMORY]
         assert got.envs["NVIDIA_VISIBLE_DEVICES"] == r.uuid(0)

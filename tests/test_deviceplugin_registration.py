@@ -14,7 +14,7 @@ from dp_harness import NODE, rig, short_tmpdir
 from fakekubelet import FakeKubelet
 from fakenvml import FakeCard, default_cards
 
-from gpunode.devices import MAX_ID_LEN, DeviceTable, card_key
+from gpunode.devices import MAX_ID_LEN, DeviceTable, UnknownDevice, card_key
 from gpunode.nvml import GpuInfo
 from deviceplugin.server import socket_name
 from stowage.inventory import INVENTORY_ANNOTATION, decode_inventory
@@ -78,6 +78,17 @@ def test_long_uuid_gets_short_recoverable_key():
     assert t.card_of(RESOURCE_GPU_MEMORY, f"{key}::1").uuid == long_uuid
     assert t.card_of(RESOURCE_GPU, key).uuid == long_uuid
     assert t.card_of(RESOURCE_GPU, "GPU-short").index == 1
+    assert t.card_of(RESOURCE_GPU_MEMORY, "GPU-short::0").index == 1
+
+
+@pytest.mark.parametrize("device_id", ["GPU-short::00", "GPU-short::01", "GPU-short::\u00b2", "GPU-short::\u0660",
+                                       "GPU-short::-0", "GPU-short::+0", "GPU-short:: 0", "GPU-short::0 ", "GPU-short::",
+                                       "GPU-short", "GPU-short::0::0"])
+def test_only_ids_exactly_as_advertised_name_a_device(device_id):
+    t = DeviceTable([GpuInfo(1, "GPU-short", "Y", 2048)], 1024)
+    assert {d.id for d in t.devices(RESOURCE_GPU_MEMORY, {})} == {"GPU-short::0", "GPU-short::1"}
+    with pytest.raises(UnknownDevice):
+        t.card_of(RESOURCE_GPU_MEMORY, device_id)
 
 
 def test_no_driver_advertises_nothing_and_keeps_running(monkeypatch, caplog):
