@@ -31,6 +31,7 @@ from gpunode.podresources.client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_
 from . import allocator, corrections
 from gpunode.devices import UNHEALTHY, DeviceTable, id_lengths
 from .podres import KubeletAllocations
+from gpunode.backoff import Backoff
 from gpunode.health import DEFAULT_IGNORED_XIDS, HealthTracker
 from gpunode.nvml import GpuInfo, Nvml, NvmlUnavailable, XidWatch
 
@@ -143,6 +144,8 @@ class PluginConfig:
     event_recreate_after: int = 5      # failed waits in a row before the event set is made anew
     dev_root: str = "/dev"
     poll_s: float = 0.02
+    serve_retry_first_s: float = 0.1   # a socket that cannot be served is retried after this, doubling ...
+    serve_retry_max_s: float = 5.0     # ... up to this
     register_timeout_s: float = 5.0
     core_api: Any = None          # kubernetes CoreV1Api, or None to run without the API server
     pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET   # "" disables (in-memory fallback)
@@ -305,6 +308,7 @@ class Endpoint:
     registered_with: int | None = None   # inode of the kubelet.sock we registered with
     next_try: float = 0.0
     registrations: int = 0
+    serving: Backoff = field(default_factory=Backoff)   # failed serve() tries in a row
 
     def serve(self) -> None:
         """Serve on a fresh socket at ``path``. The old server (its socket already deleted by a
@@ -433,6 +437,7 @@ class DevicePlugin:
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self.kubelet_sock = os.path.join(cfg.plugin_dir, KUBELET_SOCKET)
+        self._dir_present = True
 
     def _discover(self) -> list[GpuInfo]:
         try:
@@ -481,7 +486,8 @@ class DevicePlugin:
         self.allocs = Allocations(self.state, cfg.node, lister, cfg.dev_root, source,
                                   self.reconciler.poke if self.reconciler is not None else None, trust=cfg.trust)
         for r in cfg.resources:
-            ep = Endpoint(r, os.path.join(cfg.plugin_dir, socket_name(r)), self.state, self.allocs)
+            ep = Endpoint(r, os.path.join(cfg.plugin_dir, socket_name(r)), self.state, self.allocs,
+                          serving=Backoff(cfg.serve_retry_first_s, cfg.serve_retry_max_s))
             ep.serve()
             self.endpoints.append(ep)
         if self.state.table.cards and self.nvml_ok:
@@ -508,13 +514,14 @@ class DevicePlugin:
         (GetDevicePluginOptions, the first ListAndWatch), and one after another they took most of
         the ~0.7 s a restarted kubelet leaves before it re-admits pods on a loaded node.
         """
+        if not self._plugin_dir_present():
+            return
         due = []
         for ep in self.endpoints:
             if self._stop.is_set():
                 return
-            if not ep.socket_intact():
-                log.warning("%s: socket %s is gone (kubelet restart?); serving again", ep.resource, ep.path)
-                ep.serve()
+            if not ep.socket_intact() and not self._serve_again(ep):
+                continue
             kino = self._kubelet_ino()
             if kino is None or ep.registered_with == kino:
                 continue
@@ -530,6 +537,43 @@ class DevicePlugin:
                 t.start()
             for t in threads:
                 t.join()
+
+    def _plugin_dir_present(self) -> bool:
+        """Whether the device-plugins directory exists; logs once when it goes and once when it is back.
+
+        Without it nothing can be served or registered; one stat per poll notices its return at
+        once (the kubelet re-creates it when it starts, and re-admits pods ~0.7 s later).
+        """
+        present = os.path.isdir(self.cfg.plugin_dir)
+        if present == self._dir_present:
+            return present
+        self._dir_present = present
+        if present:
+            log.info("the device-plugin directory %s is back; serving and registering again", self.cfg.plugin_dir)
+        else:
+            log.warning("the device-plugin directory %s is gone; serving again once it is back", self.cfg.plugin_dir)
+        return present
+
+    def _serve_again(self, ep: Endpoint) -> bool:
+        """Serve ``ep`` on a fresh socket (a restarting kubelet deleted ours); whether it serves now.
+
+        A try that fails is retried with back-off, its error logged once (repeats at debug): every
+        poll would otherwise log a traceback and gRPC its own error line, 50 times a second.
+        """
+        if ep.serving.wait_left() > 0:
+            return False
+        if not ep.serving.failing:
+            log.warning("%s: socket %s is gone (kubelet restart?); serving again", ep.resource, ep.path)
+        try:
+            ep.serve()
+        except Exception as exc:  # a directory in the way, no permission, ...: the next tries back off
+            delay, new = ep.serving.failed(str(exc))
+            log.log(logging.WARNING if new else logging.DEBUG, "%s: cannot serve on %s (%s); retrying in %.1f s, "
+                    "backing off to %g s", ep.resource, ep.path, exc, delay, ep.serving.max_s)
+            return False
+        if ep.serving.succeeded():
+            log.info("%s: serving on %s again", ep.resource, ep.path)
+        return True
 
     def _register(self, ep: Endpoint, kino: int) -> None:
         try:

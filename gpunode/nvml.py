@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import pynvml
 
+from .backoff import Backoff
+
 log = logging.getLogger("stowage.gpunode.nvml")
 
 # NVML reports a lost or vanished card with these codes; the card's devices go Unhealthy.
@@ -223,28 +225,28 @@ class XidWatch:
                  max_retry_s: float = 5.0, recreate_after: int = 5,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.uuids = list(uuids)
-        self.first_retry_s, self.max_retry_s = first_retry_s, max_retry_s
+        self.max_retry_s = max_retry_s
         self.recreate_after = max(1, recreate_after)
         self._stop = stop if stop is not None else threading.Event()
-        self._clock = clock
+        self._backoff = Backoff(first_retry_s, max_retry_s, clock)
         self._events: XidEvents | None = XidEvents(self.uuids)   # NVMLError here: no event sets at all
         self.watched = list(self._events.watched)
-        self.failures = 0
-        self._retry_at = 0.0
-        self._logged = ""
 
     @property
     def broken(self) -> bool:
-        return self.failures > 0
+        return self._backoff.failing
+
+    @property
+    def failures(self) -> int:
+        return self._backoff.failures
 
     def wait(self, timeout_ms: int) -> XidEvent | None:
         """The next XID event, None after a quiet wait (or a back-off sleep while ``broken``), or an
         ``XidEvent(wait_failed=True)`` for each wait (or re-creation) that failed."""
-        if self.failures:
-            left = self._retry_at - self._clock()
-            if left > 0:
-                self._stop.wait(min(left, timeout_ms / 1000))
-                return None
+        left = self._backoff.wait_left()
+        if left > 0:
+            self._stop.wait(min(left, timeout_ms / 1000))
+            return None
         if self._events is None:
             try:
                 self._events = XidEvents(self.uuids, quiet=True)
@@ -255,19 +257,16 @@ class XidWatch:
         ev = self._events.wait(timeout_ms)
         if ev is not None and ev.wait_failed:
             return self._failed(ev.detail)
-        if self.failures:
-            log.warning("NVML XID events are watched again, after %d failed waits", self.failures)
-            self.failures, self._logged = 0, ""
+        ended = self._backoff.succeeded()
+        if ended:
+            log.warning("NVML XID events are watched again, after %d failed waits", ended)
         return ev
 
     def _failed(self, detail: str) -> XidEvent:
-        self.failures += 1
-        delay = min(self.max_retry_s, self.first_retry_s * 2 ** (self.failures - 1))
-        self._retry_at = self._clock() + delay
-        if detail != self._logged:
+        delay, new = self._backoff.failed(detail)
+        if new:
             log.warning("%s; XIDs of %s go unseen; retrying with back-off up to %g s (repeats logged at debug)",
                         detail, ", ".join(self.watched) or "no card", self.max_retry_s)
-            self._logged = detail
         else:
             log.debug("%s (failure %d in a row; next try in %.2f s)", detail, self.failures, delay)
         if self.failures % self.recreate_after == 0 and self._events is not None:
