@@ -111,7 +111,10 @@ class Nvml:
                 name = _text(pynvml.nvmlDeviceGetName(h))
                 mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             except pynvml.NVMLError as exc:
-                log.error("GPU %d could not be read (%s); it is not advertised", i, exc)
+                # Device IDs are made from the UUID, which is what could not be read: the card
+                # cannot even be advertised Unhealthy. Discovery runs once, at startup.
+                log.error("GPU %d could not be read (%s); it is not advertised, and not discovered later: "
+                          "restart the device plugin on this node once the card is back", i, exc)
                 continue
             pci = _optional(pynvml.nvmlDeviceGetPciInfo, h)
             bus = _text(getattr(pci, "busId", "")) if pci is not None else ""

@@ -108,3 +108,17 @@ def test_plugin_death_marks_devices_unhealthy_at_the_kubelet(monkeypatch):
         assert r.registered()
         r.plugin.stop()
         assert r.kubelet.wait_for(lambda: r.kubelet.allocatable(RESOURCE_GPU) == 0)
+
+
+def test_card_unreadable_at_start_is_left_out_and_said_so(monkeypatch, caplog):
+    """Discovery runs once (docs/deviceplugin.md, Known limits): a card NVML cannot read at startup
+    cannot be advertised at all, since its device IDs come from the UUID that could not be read."""
+    from fakenvml import default_cards
+    cards = default_cards()
+    cards[1].lost = True
+    with rig(monkeypatch, cards=cards) as r:
+        assert r.registered()
+        assert set(r.kubelet.devices(RESOURCE_GPU)) == {cards[i].uuid for i in (0, 2, 3)}
+        said = [m for m in caplog.messages if m.startswith("GPU 1 could not be read")]
+        assert len(said) == 1 and "restart the device plugin" in said[0]
+        assert r.kube.wait_for(lambda: _inventory_health(r) == [True, True, True])
