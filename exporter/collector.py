@@ -93,12 +93,14 @@ class Snapshotter:
                 "podresources", False, f"{exc}; serving per-card metrics without pod attribution")
         if assignments is None:
             return snap
-        holders = holders_by_card(assignments, [c.uuid for c in snap.cards])
-        shared = [c for c in snap.cards if len(holders.get(c.uuid, {})) > 1]
+        # An unreachable card has nothing measured to split: its holders get no series for it.
+        live = [c for c in snap.cards if c.reachable]
+        holders = holders_by_card(assignments, [c.uuid for c in live])
+        shared = [c for c in live if len(holders.get(c.uuid, {})) > 1]
         owners: dict[int, PodKey | Owner] = {}
         if shared:
             owners = self._owners(shared, assignments, snap)
-        for c in snap.cards:
+        for c in live:
             if holders.get(c.uuid):
                 snap.splits[c.uuid] = split_card(c, holders[c.uuid], owners)
         return snap
@@ -191,6 +193,9 @@ class GpuCollector(Collector):
         n = self.node
         for c in s.cards:
             labels = [n, c.uuid, c.model]
+            healthy.add_metric(labels, 1.0 if c.healthy else 0.0)
+            if not c.reachable:
+                continue                     # known, but nothing can be measured: health only
             if c.utilization is not None:
                 util.add_metric(labels, c.utilization)
             used.add_metric(labels, c.memory_used_bytes)
@@ -199,7 +204,6 @@ class GpuCollector(Collector):
                 power.add_metric(labels, c.power_watts)
             if c.temperature_c is not None:
                 temp.add_metric(labels, c.temperature_c)
-            healthy.add_metric(labels, 1.0 if c.healthy else 0.0)
             split = s.splits.get(c.uuid)
             if split is None:
                 continue
@@ -223,7 +227,8 @@ class GpuCollector(Collector):
             g("stowage_gpu_memory_total_bytes", "Card memory in total, bytes.", labels=CARD_LABELS),
             g("stowage_gpu_power_watts", "Card power draw, watts.", labels=CARD_LABELS),
             g("stowage_gpu_temperature_celsius", "Card core temperature, degrees Celsius.", labels=CARD_LABELS),
-            g("stowage_gpu_healthy", "1 while the card has no fatal XID / pending reset condition, else 0.",
+            g("stowage_gpu_healthy", "1 while the card is reachable and has no fatal XID / pending reset condition "
+              "(the device plugin's rules), else 0.",
               labels=CARD_LABELS),
             g("stowage_pod_gpu_utilization_ratio",
               "Share of the card's time this container's processes kept it busy, 0..1.", labels=POD_LABELS),

@@ -2,9 +2,14 @@
 
 NVML session and health probe come from the device plugin's wrapper (``gpunode.nvml``) and
 its health state machine (``gpunode.health``), so a card is "healthy" in the exporter exactly
-when the device plugin would advertise it Healthy. A card that errors with a lost/not-found code
-mid-read is skipped for this snapshot (logged when it vanishes and when it is back); a metric a card
-does not support (power on some boards, per-process utilisation on others) is left out.
+when the device plugin would advertise it Healthy. A metric a card does not support (power on some
+boards, per-process utilisation on others) is left out.
+
+A card read before that NVML can no longer read (fallen off the bus, XID 79; not even enumerated
+after a driver reset) stays in every snapshot as an *unreachable* sample: healthy False, no
+telemetry (nothing measured is made up). It is kept until it answers again or the exporter
+restarts, because "gone" is exactly what ``stowage_gpu_healthy == 0`` alerts must see; a card
+that never answered since the start has no known UUID and cannot be reported (it is logged).
 """
 from __future__ import annotations
 
@@ -44,6 +49,9 @@ class CardSample:
     healthy: bool
     processes: tuple[ProcUsage, ...] = ()
     process_util_known: bool = False   # per-process SM utilisation was read (an empty sample counts)
+    # False: a card seen before that NVML cannot read now. Only index/uuid/model (last known) and
+    # healthy (False) mean anything; the telemetry fields are placeholders never to be served.
+    reachable: bool = True
 
 
 class CardGone(Exception):
@@ -72,7 +80,7 @@ class _ProcUtilState:
 class NvmlReader:
     """Reads every card; retries NVML initialisation (a driver installed after start) at most every ``retry_s``."""
 
-    def __init__(self, retry_s: float = 30.0, xid_events: bool = True) -> None:
+    def __init__(self, retry_s: float = 30.0, xid_events: bool = True, recovery_quiet_s: float = 120.0) -> None:
         self.nvml = Nvml()
         self.ok = False
         self.error = ""
@@ -85,6 +93,8 @@ class NvmlReader:
         self._stop = threading.Event()
         self._proc = _ProcUtilState()
         self._missing: set[str] = set()
+        self._quiet_s = recovery_quiet_s
+        self._known: dict[str, CardSample] = {}   # uuid -> last sample read of every card ever read
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def _ensure(self) -> bool:
@@ -111,7 +121,7 @@ class NvmlReader:
         self.ok = False
 
     def _start_health(self, uuids: list[str]) -> None:
-        self._health = HealthTracker(list(uuids))
+        self._health = HealthTracker(list(uuids), quiet_s=self._quiet_s)
         if not self._xid_enabled:
             return
         try:
@@ -137,7 +147,7 @@ class NvmlReader:
 
     # ---- reading -----------------------------------------------------------------------------
     def read(self) -> list[CardSample] | None:
-        """All cards readable now; None when NVML is unavailable."""
+        """Every card read before or now (unreachable ones as such); None when NVML is unavailable."""
         if not self._ensure():
             return None
         try:
@@ -147,26 +157,59 @@ class NvmlReader:
             self.nvml.shutdown()
             self.ok, self.error, self._next_try = False, f"NVML stopped answering: {exc}", 0.0
             return None
-        cards = []
+        cards: list[CardSample] = []
         present: set[str] = set()
+        why: dict[str, str] = {}              # uuid -> why it could not be read
+        failed_at: dict[int, str] = {}        # index -> why, for cards whose UUID could not be read
         for i in range(count):
-            label = f"index {i}"
+            uuid = None
             try:
                 h = pynvml.nvmlDeviceGetHandleByIndex(i)
                 uuid = _text(pynvml.nvmlDeviceGetUUID(h))
-                label = uuid
                 cards.append(self._read_card(i, uuid, h))
-                present.add(label)
+                present.add(uuid)
             except (pynvml.NVMLError, CardGone) as exc:
-                if label not in self._missing:
-                    log.warning("GPU %s vanished or cannot be read (%s); skipped until it answers again", label, exc)
-                self._missing.add(label)
-        for back in self._missing & present:
+                if uuid is None:
+                    failed_at[i] = str(exc)
+                else:
+                    why[uuid] = str(exc)
+        for c in cards:
+            self._known[c.uuid] = c
+        labels_now: set[str] = set()
+        for gone in sorted(self._known.keys() - present, key=lambda u: self._known[u].index):
+            last = self._known[gone]
+            reason = why.get(gone) or failed_at.pop(last.index, None) or "no longer listed by NVML"
+            self._log_missing(gone, reason, labels_now)
+            cards.append(self._unreachable(last, reason))
+        # Never read whole since the start: no model (maybe no UUID) to label a series with.
+        never = [(u, r) for u, r in why.items() if u not in self._known] + [(f"index {i}", r) for i, r in failed_at.items()]
+        for label, reason in never:
+            self._log_missing(label, f"{reason}; never read since the exporter started, so it has no series",
+                              labels_now)
+        for back in sorted(self._missing - labels_now):
             log.info("GPU %s answers again", back)
-        self._missing -= present
+        self._missing = labels_now
         if self._health is None and cards:
             self._start_health([c.uuid for c in cards])
         return cards
+
+    def _log_missing(self, label: str, reason: str, labels_now: set[str]) -> None:
+        """Log a card that cannot be read once when it goes, not on every snapshot."""
+        if label not in self._missing:
+            log.warning("GPU %s vanished or cannot be read (%s); reported unhealthy until it answers again",
+                        label, reason)
+        labels_now.add(label)
+
+    def _unreachable(self, last: CardSample, why: str) -> CardSample:
+        """A card read before that NVML cannot read now: its identity, unhealthy, nothing measured.
+
+        The failed reach is also fed to the health tracker as a failed probe, so once the card
+        answers again it turns healthy under the same quiet-period rule as the device plugin.
+        """
+        self._healthy(last.uuid, f"NVML cannot reach the card: {why}")
+        return CardSample(index=last.index, uuid=last.uuid, model=last.model, memory_total_bytes=0,
+                          memory_used_bytes=0, utilization=None, power_watts=None, temperature_c=None,
+                          healthy=False, reachable=False)
 
     def _read_card(self, index: int, uuid: str, h: Any) -> CardSample:
         model = _text(pynvml.nvmlDeviceGetName(h))

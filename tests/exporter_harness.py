@@ -79,7 +79,10 @@ class GpuNode:
 
 
 def make_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, cards: list | None = None,
-              driver_loaded: bool = True, kubelet: bool = True, cache_s: float = 0.0) -> Iterator[GpuNode]:
+              driver_loaded: bool = True, kubelet: bool = True, cache_s: float = 0.0,
+              **reader: Any) -> Iterator[GpuNode]:
+    """A node with the real exporter serving on a free port; ``reader`` are extra NvmlReader arguments
+    (e.g. a short ``recovery_quiet_s`` to see a card recover within a test)."""
     fake = FakeNvml(cards if cards is not None else default_cards(), driver_loaded=driver_loaded)
     fake.install(monkeypatch)
     pr = FakePodResources()
@@ -91,7 +94,7 @@ def make_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, cards: list | None
     cfg = ExporterConfig(node=NODE, pod_resources_socket=pr.sock, checkpoint_path=pr.checkpoint,
                          pod_logs_dir=pod_logs,
                          proc_root=proc, cache_s=cache_s, kubelet_timeout_s=10.0)
-    exp = Exporter(cfg, Snapshotter(cfg, NvmlReader(retry_s=0.0)))
+    exp = Exporter(cfg, Snapshotter(cfg, NvmlReader(retry_s=0.0, **reader)))
     exp.start(0, "127.0.0.1")
     try:
         yield GpuNode(fake, pr, proc, exp, pod_logs)
