@@ -11,6 +11,9 @@
      ``/proc`` access, no UID mapping) are split between the holders that got nothing measured, in
      proportion to the units each holds; processes of pods not holding the card (or of the host)
      are nobody's. Any such guess marks the card ``estimated``.
+   - several, and NVML could not list the card's processes at all: the card's own memory used and
+     utilisation are split in proportion to the units each holds (``estimated``): unknown is not
+     "idle", and false zeros would make an HPA scale down.
 """
 from __future__ import annotations
 
@@ -129,6 +132,12 @@ def split_card(card: CardSample, holders: Mapping[ContainerRef, Holding],
     card_util = card.utilization or 0.0
     if len(refs) == 1:
         return CardSplit({refs[0]: Share(float(card.memory_used_bytes), card.utilization)})
+
+    if not card.processes_known:
+        mem_w, util_w = _weights(holders, refs, "memory"), _weights(holders, refs, "core")
+        return CardSplit({r: Share(card.memory_used_bytes * mem_w[r],
+                                   None if card.utilization is None else min(max(card.utilization * util_w[r], 0.0), 1.0))
+                          for r in refs}, estimated=True)
 
     split = CardSplit({r: Share() for r in refs})
     by_pod: dict[PodKey, list[ContainerRef]] = {}

@@ -49,6 +49,9 @@ class CardSample:
     healthy: bool
     processes: tuple[ProcUsage, ...] = ()
     process_util_known: bool = False   # per-process SM utilisation was read (an empty sample counts)
+    # False: NVML could not list the card's processes (e.g. NO_PERMISSION). ``processes`` is then
+    # unknown, not "none", and a shared card is split by units held (estimated).
+    processes_known: bool = True
     # False: a card seen before that NVML cannot read now. Only index/uuid/model (last known) and
     # healthy (False) mean anything; the telemetry fields are placeholders never to be served.
     reachable: bool = True
@@ -60,6 +63,10 @@ class CardGone(Exception):
 
 def _lost(exc: pynvml.NVMLError) -> bool:
     return getattr(exc, "value", None) in LOST_ERRORS
+
+
+# A query this card or driver does not offer: its answer is "none", not "unknown".
+_UNSUPPORTED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
 
 
 def _opt(fn: Callable[..., Any], *args: Any) -> Any:
@@ -95,6 +102,7 @@ class NvmlReader:
         self._missing: set[str] = set()
         self._quiet_s = recovery_quiet_s
         self._known: dict[str, CardSample] = {}   # uuid -> last sample read of every card ever read
+        self._procs_unknown: set[str] = set()      # cards whose process list NVML refused (logged once)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def _ensure(self) -> bool:
@@ -217,14 +225,15 @@ class NvmlReader:
         util = _opt(pynvml.nvmlDeviceGetUtilizationRates, h)
         power = _opt(pynvml.nvmlDeviceGetPowerUsage, h)
         temp = _opt(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
-        procs, util_known = self._processes(uuid, h)
+        procs, util_known, procs_known = self._processes(uuid, h)
         problem = self.nvml.probe(uuid)
         return CardSample(index=index, uuid=uuid, model=model, memory_total_bytes=int(mem.total),
                           memory_used_bytes=int(mem.used),
                           utilization=None if util is None else min(max(util.gpu / 100.0, 0.0), 1.0),
                           power_watts=None if power is None else power / 1000.0,
                           temperature_c=None if temp is None else float(temp),
-                          healthy=self._healthy(uuid, problem), processes=procs, process_util_known=util_known)
+                          healthy=self._healthy(uuid, problem), processes=procs, process_util_known=util_known,
+                          processes_known=procs_known)
 
     def _healthy(self, uuid: str, problem: str | None) -> bool:
         with self._health_lock:
@@ -235,18 +244,44 @@ class NvmlReader:
                 log.warning("card %s is %s", uuid, f"unhealthy: {problem}" if problem else "healthy again")
             return tracker.cards[uuid].healthy
 
-    def _processes(self, uuid: str, h: Any) -> tuple[tuple[ProcUsage, ...], bool]:
-        """Compute, graphics and MPS client processes (merged by PID) and their SM utilisation."""
+    def _processes(self, uuid: str, h: Any) -> tuple[tuple[ProcUsage, ...], bool, bool]:
+        """Compute, graphics and MPS client processes (merged by PID), whether their SM utilisation
+        was read, and whether the list is complete.
+
+        A query the card does not support adds nothing; any other error (NO_PERMISSION, UNKNOWN…)
+        makes the list unknown: reading it as "no processes" would report every holder of a
+        shared card as idle while the card is busy, and an HPA would scale down on false zeros.
+        """
         mem: dict[int, int] = {}
+        refused: list[str] = []
         for fn_name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
                         "nvmlDeviceGetMPSComputeRunningProcesses"):
             fn = getattr(pynvml, fn_name, None)
-            listed = _opt(fn, h) if fn is not None else None
+            if fn is None:
+                continue
+            try:
+                listed = fn(h)
+            except pynvml.NVMLError as exc:
+                if _lost(exc):
+                    raise CardGone(str(exc)) from exc
+                if getattr(exc, "value", None) not in _UNSUPPORTED:
+                    refused.append(f"{fn_name}: {exc}")
+                continue
             for p in listed or ():
                 used = getattr(p, "usedGpuMemory", None)
                 mem[int(p.pid)] = max(mem.get(int(p.pid), 0), int(used) if used is not None else 0)
+        if refused:
+            if uuid not in self._procs_unknown:
+                log.warning("GPU %s: NVML cannot list its processes (%s); if shared, its pods' shares are estimated "
+                            "from the units they hold", uuid, "; ".join(refused))
+            self._procs_unknown.add(uuid)
+            return (), False, False
+        if uuid in self._procs_unknown:
+            log.info("GPU %s: its processes can be listed again", uuid)
+            self._procs_unknown.discard(uuid)
         util, known = self._process_util(uuid, h)
-        return tuple(ProcUsage(pid, m, util.get(pid, 0.0) if known else None) for pid, m in sorted(mem.items())), known
+        procs = tuple(ProcUsage(pid, m, util.get(pid, 0.0) if known else None) for pid, m in sorted(mem.items()))
+        return procs, known, True
 
     def _process_util(self, uuid: str, h: Any) -> tuple[dict[int, float], bool]:
         """Mean SM utilisation per PID over the samples NVML took since the previous snapshot."""

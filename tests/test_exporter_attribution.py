@@ -184,3 +184,18 @@ def test_a_card_without_utilisation_gives_no_pod_utilisation_rather_than_zero():
     shared = split_card(_card(60, None, [ProcUsage(1, 10)], util_known=False),
                         {a: Holding(memory_units=1), b: Holding(memory_units=1)}, {1: PodKey("ns", "a")})
     assert shared.shares[a].utilization is None and shared.shares[a].memory_bytes == 10
+
+
+def test_an_unknown_process_list_splits_the_card_itself_by_units_held():
+    import dataclasses
+    a, b = ContainerRef("ns", "a", "c"), ContainerRef("ns", "b", "c")
+    holders = {a: Holding(memory_units=1, core_units=3), b: Holding(memory_units=3, core_units=1)}
+    unknown = dataclasses.replace(_card(80, 0.4, [], util_known=False), processes_known=False)
+    s = split_card(unknown, holders, {})
+    assert s.estimated and s.shares[a].memory_bytes == 20 and s.shares[b].memory_bytes == 60
+    assert s.shares[a].utilization == pytest.approx(0.3) and s.shares[b].utilization == pytest.approx(0.1)
+    no_util = split_card(dataclasses.replace(unknown, utilization=None), holders, {})
+    assert no_util.shares[a].utilization is None and no_util.shares[a].memory_bytes == 20
+    # one holder still gets the card's own figures, measured
+    whole = split_card(unknown, {a: Holding(other=1)}, {})
+    assert not whole.estimated and whole.shares[a].memory_bytes == 80

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import logging
 
+import pynvml
 import pytest
 
-from exporter_harness import NODE, GpuNode, make_node
+from exporter_harness import NODE, GpuNode, MiB, make_node
 from fakenvml import default_cards
 from gpunode.devices import card_key
 
@@ -71,3 +72,67 @@ def test_a_card_nvml_no_longer_enumerates_stays_unhealthy_until_restart(node: Gp
     assert s.value("stowage_gpu_healthy", gpu=lost.uuid) == 0
     assert {x.labels["gpu"] for x in s.samples("stowage_gpu_healthy")} == {U0, U1, U2, U3}
     assert s.value("stowage_gpu_healthy", gpu=U2) == 1 and s.value("stowage_gpu_memory_total_bytes", gpu=U3) > 0
+
+
+# ------------------------------------------------------------ a process list NVML cannot read
+
+PROCESS_QUERIES = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
+                   "nvmlDeviceGetMPSComputeRunningProcesses")
+
+
+def _refuse(code: int):
+    def query(h):
+        raise pynvml.NVMLError(code)
+    return query
+
+
+def _two_pods_share_the_a10(node: GpuNode) -> None:
+    """a: 4 memory units, 30 core units; b: 12 memory units, 10 core units; 3000 + 2000 MiB, 80% busy."""
+    node.kubelet.add("ns", "a", UID_A, {"c": {MEM: [f"{card_key(U2)}::{i}" for i in range(4)],
+                                             CORE: [f"{card_key(U2)}::{i}" for i in range(30)]}})
+    node.kubelet.add("ns", "b", UID_B, {"c": {MEM: [f"{card_key(U2)}::{i}" for i in range(4, 16)],
+                                             CORE: [f"{card_key(U2)}::{i}" for i in range(30, 40)]}})
+    node.write_pod_logs()
+    node.pod_process(U2, 101, 3000, UID_A)
+    node.pod_process(U2, 102, 2000, UID_B)
+    node.nvml.card(U2).gpu_util = 80
+    node.nvml.add_sample(U2, 101, 50)
+    node.nvml.add_sample(U2, 102, 30)
+
+
+def test_an_unreadable_process_list_splits_the_card_by_units_and_says_estimated(node: GpuNode, monkeypatch, caplog):
+    _two_pods_share_the_a10(node)
+    s = node.scrape()
+    assert s.value("stowage_pod_gpu_memory_used_bytes", pod="a") == 3000 * MiB
+    assert s.value("stowage_gpu_attribution_estimated", gpu=U2) == 0
+    for fn in PROCESS_QUERIES:
+        monkeypatch.setattr(pynvml, fn, _refuse(pynvml.NVML_ERROR_NO_PERMISSION))
+    node.nvml.add_sample(U2, 101, 50)
+    with caplog.at_level(logging.WARNING, logger="stowage.exporter.nvml"):
+        s = node.scrape()
+        node.scrape()
+    # unknown, not "nobody": the card's own 5000 MiB and 80 % are divided by the units each pod holds
+    assert s.value("stowage_pod_gpu_memory_used_bytes", pod="a") == pytest.approx(5000 * MiB * 4 / 16, abs=1)
+    assert s.value("stowage_pod_gpu_memory_used_bytes", pod="b") == pytest.approx(5000 * MiB * 12 / 16, abs=1)
+    assert s.value("stowage_pod_gpu_utilization_ratio", pod="a") == pytest.approx(0.80 * 30 / 40)
+    assert s.value("stowage_pod_gpu_utilization_ratio", pod="b") == pytest.approx(0.80 * 10 / 40)
+    assert s.value("stowage_gpu_attribution_estimated", gpu=U2) == 1
+    assert len([r for r in caplog.records if U2 in r.getMessage() and "process" in r.getMessage()]) == 1
+
+
+def test_one_unreadable_process_query_is_enough_to_make_the_list_unknown(node: GpuNode, monkeypatch):
+    _two_pods_share_the_a10(node)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetGraphicsRunningProcesses", _refuse(pynvml.NVML_ERROR_UNKNOWN))
+    s = node.scrape()
+    assert s.value("stowage_gpu_attribution_estimated", gpu=U2) == 1
+    assert s.value("stowage_pod_gpu_memory_used_bytes", pod="b") == pytest.approx(5000 * MiB * 12 / 16, abs=1)
+
+
+def test_a_process_query_the_card_does_not_support_is_not_an_unknown_list(node: GpuNode, monkeypatch):
+    _two_pods_share_the_a10(node)      # e.g. no MPS on this driver: the compute list is complete
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMPSComputeRunningProcesses", _refuse(pynvml.NVML_ERROR_NOT_SUPPORTED))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetGraphicsRunningProcesses", _refuse(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND))
+    s = node.scrape()
+    assert s.value("stowage_gpu_attribution_estimated", gpu=U2) == 0
+    assert s.value("stowage_pod_gpu_memory_used_bytes", pod="a") == 3000 * MiB
+    assert s.value("stowage_pod_gpu_utilization_ratio", pod="b") == pytest.approx(0.30)
