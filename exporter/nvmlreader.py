@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 import pynvml
 
-from gpunode.health import HealthTracker
-from gpunode.nvml import LOST_ERRORS, Nvml, NvmlUnavailable, XidEvents, _text
+from gpunode.health import CardHealth, HealthTracker
+from gpunode.nvml import LOST_ERRORS, Nvml, NvmlUnavailable, XidEvent, XidEvents, _text
 
 log = logging.getLogger("stowage.exporter.nvml")
 
@@ -79,6 +79,28 @@ def _opt(fn: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
+class _Streak:
+    """Consecutive failures of the XID watcher: each distinct error is logged once as a warning,
+    its repeats at debug, and the end of the streak once."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self._said: set[str] = set()
+
+    def fail(self, why: str) -> int:
+        self.failures += 1
+        level = logging.DEBUG if why in self._said else logging.WARNING
+        self._said.add(why)
+        log.log(level, "%s (failure %d in a row; retrying with backoff)", why, self.failures)
+        return self.failures
+
+    def ok(self) -> None:
+        if self.failures:
+            log.info("NVML event waits work again after %d failures", self.failures)
+        self.failures = 0
+        self._said.clear()
+
+
 @dataclass
 class _ProcUtilState:
     last_ts: dict[str, int] = field(default_factory=dict)  # uuid -> newest sample timestamp seen (µs)
@@ -87,7 +109,8 @@ class _ProcUtilState:
 class NvmlReader:
     """Reads every card; retries NVML initialisation (a driver installed after start) at most every ``retry_s``."""
 
-    def __init__(self, retry_s: float = 30.0, xid_events: bool = True, recovery_quiet_s: float = 120.0) -> None:
+    def __init__(self, retry_s: float = 30.0, xid_events: bool = True, recovery_quiet_s: float = 120.0,
+                 xid_backoff_s: tuple[float, float] = (0.2, 5.0), xid_recreate_after: int = 3) -> None:
         self.nvml = Nvml()
         self.ok = False
         self.error = ""
@@ -97,6 +120,9 @@ class NvmlReader:
         self._health: HealthTracker | None = None
         self._health_lock = threading.Lock()
         self._xid_thread: threading.Thread | None = None
+        self._xid_stop = threading.Event()        # the running watcher's own stop flag
+        self._xid_backoff_s = xid_backoff_s       # (first, cap) pause after a failed event wait / set creation
+        self._xid_recreate_after = max(1, xid_recreate_after)
         self._stop = threading.Event()
         self._proc = _ProcUtilState()
         self._missing: set[str] = set()
@@ -123,35 +149,80 @@ class NvmlReader:
 
     def close(self) -> None:
         self._stop.set()
-        if self._xid_thread is not None:
-            self._xid_thread.join(timeout=5)
+        self._stop_xids()
         self.nvml.shutdown()
         self.ok = False
 
-    def _start_health(self, uuids: list[str]) -> None:
-        self._health = HealthTracker(list(uuids), quiet_s=self._quiet_s)
-        if not self._xid_enabled:
-            return
-        try:
-            events = XidEvents(uuids)
-        except pynvml.NVMLError as exc:
-            log.warning("NVML events unavailable (%s); health comes from probes only", exc)
-            return
-        self._xid_thread = threading.Thread(target=self._watch_xids, args=(events,), name="exporter-xid", daemon=True)
+    # ---- XID events --------------------------------------------------------------------------
+    def _start_xids(self) -> None:
+        """Watch XID events of the tracked cards in a new thread (NVML is initialised).
+
+        The first event set is created here, before returning, so an XID right after the first
+        snapshot is not missed; if that fails the thread keeps trying (backing off).
+        """
+        stop = threading.Event()
+        self._xid_stop = stop
+        streak = _Streak()
+        events = self._open_events(streak)
+        self._xid_thread = threading.Thread(target=self._watch_xids, args=(events, stop, streak),
+                                            name="exporter-xid", daemon=True)
         self._xid_thread.start()
 
-    def _watch_xids(self, events: XidEvents) -> None:
+    def _stop_xids(self) -> None:
+        """Stop the watcher and let it free its event set: before NVML shuts down, since an event set
+        does not outlive its session (waiting on it would fail forever, and miss every XID)."""
+        self._xid_stop.set()
+        if self._xid_thread is not None:
+            self._xid_thread.join(timeout=5)
+            self._xid_thread = None
+
+    def _open_events(self, streak: "_Streak") -> XidEvents | None:
         try:
-            while not self._stop.is_set():
+            return XidEvents(list(self._health.cards) if self._health else [])
+        except pynvml.NVMLError as exc:
+            streak.fail(f"NVML events unavailable ({exc}); health comes from probes only until they are")
+            return None
+
+    def _backoff(self, failures: int) -> float:
+        first, cap = self._xid_backoff_s
+        return min(first * 2 ** min(max(failures - 1, 0), 30), cap)
+
+    def _watch_xids(self, events: XidEvents | None, stop: threading.Event, streak: "_Streak") -> None:
+        """Feed XID events to the health tracker until ``stop``.
+
+        A failed wait counts as an event for every card (as in the device plugin and NVIDIA's: blind
+        to XIDs, no card can be vouched for), then the thread pauses, doubling up to the cap, so a
+        wait that fails at once cannot spin a core; every ``xid_recreate_after`` failures in a row
+        the event set is re-created. Once waits work again the cards heal under the usual quiet rule.
+        """
+        try:
+            while not stop.is_set():
+                if events is None:
+                    events = self._open_events(streak)
+                    if events is None:
+                        stop.wait(self._backoff(streak.failures))
+                        continue
                 ev = events.wait(200)
-                if ev is None:
+                if ev is not None and ev.xid is None and ev.uuid is None:   # the wait itself failed
+                    n = streak.fail(ev.detail or "waiting for NVML events failed")
+                    self._on_event(ev)
+                    if n % self._xid_recreate_after == 0:
+                        events.close()
+                        events = None
+                    stop.wait(self._backoff(n))
                     continue
-                with self._health_lock:
-                    changed = self._health.on_event(ev, time.monotonic()) if self._health else set()
-                for u in changed:
-                    log.warning("card %s marked unhealthy: XID %s", u, ev.xid)
+                streak.ok()
+                if ev is not None:
+                    self._on_event(ev)
         finally:
-            events.close()
+            if events is not None:
+                events.close()
+
+    def _on_event(self, ev: XidEvent) -> None:
+        with self._health_lock:
+            changed = self._health.on_event(ev, time.monotonic()) if self._health else set()
+        for u in sorted(changed):
+            log.warning("card %s marked unhealthy: %s", u, f"XID {ev.xid}" if ev.xid is not None else ev.detail)
 
     # ---- reading -----------------------------------------------------------------------------
     def read(self) -> list[CardSample] | None:
@@ -162,6 +233,7 @@ class NvmlReader:
             count = pynvml.nvmlDeviceGetCount()
         except pynvml.NVMLError as exc:
             log.error("NVML stopped answering (%s); re-initialising on the next scrape", exc)
+            self._stop_xids()
             self.nvml.shutdown()
             self.ok, self.error, self._next_try = False, f"NVML stopped answering: {exc}", 0.0
             return None
@@ -198,7 +270,13 @@ class NvmlReader:
             log.info("GPU %s answers again", back)
         self._missing = labels_now
         if self._health is None and cards:
-            self._start_health([c.uuid for c in cards])
+            self._health = HealthTracker([c.uuid for c in cards], quiet_s=self._quiet_s)
+        if self._health is not None:
+            with self._health_lock:
+                for c in cards:                   # cards that appear later are tracked (and watched) too
+                    self._health.cards.setdefault(c.uuid, CardHealth())
+            if self._xid_enabled and (self._xid_thread is None or not self._xid_thread.is_alive()):
+                self._start_xids()                # first read, after an NVML re-init, or the watcher died
         return cards
 
     def _log_missing(self, label: str, reason: str, labels_now: set[str]) -> None:

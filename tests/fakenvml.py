@@ -284,7 +284,8 @@ class FakeNvml:
     # events
     def nvmlEventSetCreate(self) -> int:
         with self._cond:
-            sid = len(self._sets) + 1
+            # never reuse the id of a freed set (as len()+1 would): a stale id must not name a new set
+            self._last_set_id = sid = getattr(self, "_last_set_id", 0) + 1
             self._sets[sid] = {"uuids": set(), "queue": []}
             return sid
 

@@ -4,6 +4,7 @@ real: the exporter serving HTTP, the fake kubelet over gRPC, scrapes parsed as P
 from __future__ import annotations
 
 import logging
+import time
 
 import pynvml
 import pytest
@@ -136,3 +137,112 @@ def test_a_process_query_the_card_does_not_support_is_not_an_unknown_list(node: 
     assert s.value("stowage_gpu_attribution_estimated", gpu=U2) == 0
     assert s.value("stowage_pod_gpu_memory_used_bytes", pod="a") == 3000 * MiB
     assert s.value("stowage_pod_gpu_utilization_ratio", pod="b") == pytest.approx(0.30)
+
+
+# ------------------------------------------------------------------------ XID event waits failing
+
+
+def _until(cond, what: str, limit_s: float = 30.0) -> None:
+    """Wait for something the exporter's XID thread does; the limit only stops a broken test."""
+    deadline = time.monotonic() + limit_s
+    while not cond():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
+
+
+class EventSets:
+    """Wraps the fake's event-set calls: counts them, and makes chosen sets fail their waits
+    (``dead``: sets of a finished NVML session; ``failing``: every wait fails with that code)."""
+
+    def __init__(self, monkeypatch, fake) -> None:
+        self.created: list[int] = []
+        self.waits_failed = 0
+        self.waits_ok = 0
+        self.ok_on: dict[int, int] = {}         # set -> waits that worked (an event or a timeout)
+        self.waits_on_dead = 0
+        self.times: list[float] = []
+        self.dead: set[int] = set()
+        self.failing: int | None = None
+        real_create, real_wait = fake.nvmlEventSetCreate, fake.nvmlEventSetWait
+
+        def create() -> int:
+            es = real_create()
+            self.created.append(es)
+            return es
+
+        def wait(es: int, timeout_ms: int):
+            if es in self.dead or self.failing is not None:
+                self.times.append(time.monotonic())
+                if es in self.dead:
+                    self.waits_on_dead += 1
+                self.waits_failed += 1
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED if es in self.dead else self.failing)
+            try:
+                return real_wait(es, timeout_ms)
+            finally:
+                self.waits_ok += 1
+                self.ok_on[es] = self.ok_on.get(es, 0) + 1
+        monkeypatch.setattr(pynvml, "nvmlEventSetCreate", create)
+        monkeypatch.setattr(pynvml, "nvmlEventSetWait", wait)
+
+
+def test_failing_event_waits_back_off_log_once_and_mark_cards_until_they_work(monkeypatch, tmp_path, caplog):
+    for node in make_node(monkeypatch, tmp_path, xid_backoff_s=(0.05, 0.4), recovery_quiet_s=3600):
+        sets = EventSets(monkeypatch, node.nvml)
+        assert node.scrape().value("stowage_gpu_healthy", gpu=U0) == 1
+        with caplog.at_level(logging.DEBUG, logger="stowage.exporter.nvml"):
+            sets.failing = pynvml.NVML_ERROR_UNKNOWN
+            _until(lambda: sets.waits_failed >= 7, "seven failed waits")
+            # blind to XIDs, as the device plugin: every card unhealthy while waits fail
+            assert {x.value for x in node.scrape().samples("stowage_gpu_healthy")} == {0.0}
+            sets.failing = None
+            _until(lambda: sets.waits_ok >= 2, "waits working again")
+        gaps = [b - a for a, b in zip(sets.times, sets.times[1:])]
+        # no spinning: each retry waits at least the backoff (0.05 s doubling, capped at 0.4 s)
+        assert all(g >= min(0.05 * 2 ** i, 0.4) * 0.9 for i, g in enumerate(gaps[:6])), gaps
+        failed = [r for r in caplog.records if "Unknown Error" in r.getMessage() and "in a row" in r.getMessage()]
+        assert len([r for r in failed if r.levelno == logging.WARNING]) == 1 and len(failed) >= 7
+        assert len([r for r in caplog.records if "work again" in r.getMessage()]) == 1
+        assert len(sets.created) >= 3      # the event set was re-created after repeated failures
+
+
+def test_an_event_set_that_keeps_failing_is_recreated_and_xids_are_seen_again(monkeypatch, tmp_path, caplog):
+    for node in make_node(monkeypatch, tmp_path, xid_backoff_s=(0.01, 0.05), recovery_quiet_s=0.0):
+        sets = EventSets(monkeypatch, node.nvml)
+        node.scrape()
+        sets.dead.update(node.nvml._sets)       # the set stops working; a new one would
+        sets.ok_on.clear()
+        _until(lambda: any(n >= 2 for es, n in sets.ok_on.items() if es not in sets.dead), "a new event set that works")
+        s = node.scrape()                        # probes pass and the quiet period is 0: all healthy again
+        assert {x.value for x in s.samples("stowage_gpu_healthy")} == {1.0}
+        with caplog.at_level(logging.WARNING, logger="stowage.exporter.nvml"):
+            node.nvml.xid(U0, 48)
+            _until(lambda: any(U0 in r.getMessage() and "XID 48" in r.getMessage() for r in caplog.records),
+                   "XID 48 seen on the new event set")
+
+
+def test_nvml_reinit_stops_the_old_event_set_first_and_watches_with_a_new_one(node: GpuNode, monkeypatch):
+    sets = EventSets(monkeypatch, node.nvml)
+    fake = node.nvml
+    real_shutdown, real_count = fake.nvmlShutdown, fake.nvmlDeviceGetCount
+    hiccup = {"left": 1}
+
+    def shutdown() -> None:                      # an event set does not outlive its NVML session
+        sets.dead.update(fake._sets)
+        real_shutdown()
+
+    def count() -> int:
+        if hiccup["left"]:
+            hiccup["left"] -= 1
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+        return real_count()
+    node.scrape()
+    monkeypatch.setattr(pynvml, "nvmlShutdown", shutdown)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", count)
+    assert node.scrape().up("nvml") == 0         # NVML stopped answering: shut down, re-initialised next time
+    s = node.scrape()
+    assert s.up("nvml") == 1 and {x.value for x in s.samples("stowage_gpu_healthy")} == {1.0}
+    assert sets.waits_on_dead == 0               # the old watcher was stopped before its session ended
+    fake.xid(U0, 48)                             # and a new one watches the new session
+    _until(lambda: node.scrape().value("stowage_gpu_healthy", gpu=U0) == 0, "XID 48 seen after re-init")
+    assert sets.waits_on_dead == 0
