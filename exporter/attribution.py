@@ -135,8 +135,9 @@ def split_card(card: CardSample, holders: Mapping[ContainerRef, Holding],
 
     if not card.processes_known:
         mem_w, util_w = _weights(holders, refs, "memory"), _weights(holders, refs, "core")
+        util = card.utilization
         return CardSplit({r: Share(card.memory_used_bytes * mem_w[r],
-                                   None if card.utilization is None else min(max(card.utilization * util_w[r], 0.0), 1.0))
+                                   None if util is None else min(max(util * util_w[r], 0.0), 1.0))
                           for r in refs}, estimated=True)
 
     split = CardSplit({r: Share() for r in refs})

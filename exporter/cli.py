@@ -7,6 +7,8 @@ import threading
 
 import click
 
+from gpunode.health import DEFAULT_IGNORED_XIDS, parse_ignored_xids
+
 from .checkpoint import DEFAULT_CHECKPOINT
 from .podlogs import DEFAULT_POD_LOGS
 
@@ -32,11 +34,20 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
               help="Where the host's /proc is visible (needs hostPID: NVML reports host PIDs).")
 @click.option("--cache-seconds", envvar="STOWAGE_EXPORTER_CACHE_SECONDS", type=click.FloatRange(min=0), default=2.0,
               help="Scrapes within this many seconds of the last reading reuse it (NVML is read at most once).")
+@click.option("--ignored-xids", envvar="STOWAGE_IGNORED_XIDS", default=None,
+              help="XIDs that do not mark a card unhealthy, comma separated; replaces the default "
+                   f"{','.join(map(str, sorted(DEFAULT_IGNORED_XIDS)))} (application faults). 'all' disables the "
+                   "XID and probe checks (a card NVML cannot read is still unhealthy). Env STOWAGE_IGNORED_XIDS, "
+                   "as for the device plugin: give both the same value and stowage_gpu_healthy says what the "
+                   "plugin advertises.")
+@click.option("--recovery-quiet-seconds", envvar="STOWAGE_RECOVERY_QUIET_SECONDS", type=click.FloatRange(min=0),
+              default=120.0, help="An unhealthy card quiet this long and passing its probe is healthy again "
+                                  "(env STOWAGE_RECOVERY_QUIET_SECONDS, as for the device plugin).")
 @click.option("--log-level", envvar="STOWAGE_LOG_LEVEL", default="INFO",
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(port: int, listen_address: str, node_name: str, pod_resources_socket: str, pod_logs_dir: str,
-         kubelet_checkpoint: str,
-         proc_root: str, cache_seconds: float, log_level: str) -> None:
+         kubelet_checkpoint: str, proc_root: str, cache_seconds: float, ignored_xids: str | None,
+         recovery_quiet_seconds: float, log_level: str) -> None:
     """Serve this node's GPU metrics on :PORT/metrics: per card (utilisation, memory used/total,
     power, temperature, health) and per pod (utilisation and memory of each container on each
     card, shared cards split by process), labelled node/gpu/model and pod/namespace/container.
@@ -45,13 +56,19 @@ def main(port: int, listen_address: str, node_name: str, pod_resources_socket: s
     Runs without a GPU or without the kubelet socket: it then serves what it can,
     stowage_exporter_up{source=...} says what is missing, and the log says why (once).
     """
+    try:
+        ignored, disabled = parse_ignored_xids(ignored_xids)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--ignored-xids") from exc
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("stowage.exporter")
     from .collector import ExporterConfig  # pynvml/grpc/stubs: only when actually running
     from .server import Exporter
 
     cfg = ExporterConfig(node=node_name, pod_resources_socket=pod_resources_socket,
-                         checkpoint_path=kubelet_checkpoint, pod_logs_dir=pod_logs_dir, proc_root=proc_root, cache_s=cache_seconds)
+                         checkpoint_path=kubelet_checkpoint, pod_logs_dir=pod_logs_dir, proc_root=proc_root,
+                         cache_s=cache_seconds, ignored_xids=ignored, health_disabled=disabled,
+                         recovery_quiet_s=recovery_quiet_seconds)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

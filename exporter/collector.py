@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -23,6 +23,7 @@ from .attribution import CardSplit, ContainerRef, Owner, holders_by_card, split_
 from .cgroups import ProcessGone, pod_of_pid
 from .checkpoint import PodKey, UidMap
 from .nvmlreader import CardSample, NvmlReader
+from gpunode.health import DEFAULT_IGNORED_XIDS
 from gpunode.podresources.client import ContainerDevices, PodResourcesError, list_devices
 
 log = logging.getLogger("stowage.exporter")
@@ -41,6 +42,16 @@ class ExporterConfig:
     proc_root: str = "/proc"
     cache_s: float = 2.0
     kubelet_timeout_s: float = 5.0
+    # the device plugin's health rules (its --ignored-xids / --recovery-quiet-seconds)
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    health_disabled: bool = False
+    recovery_quiet_s: float = 120.0
+
+
+def reader_for(cfg: ExporterConfig, **extra: Any) -> NvmlReader:
+    """The NVML reader the config asks for; ``extra``: reader options no flag sets (tests)."""
+    return NvmlReader(ignored_xids=cfg.ignored_xids, health_disabled=cfg.health_disabled,
+                      recovery_quiet_s=cfg.recovery_quiet_s, **extra)
 
 
 @dataclass
@@ -75,7 +86,7 @@ class Snapshotter:
     def __init__(self, cfg: ExporterConfig, nvml: NvmlReader | None = None,
                  list_fn: Callable[[str, float], list[ContainerDevices]] = list_devices) -> None:
         self.cfg = cfg
-        self.nvml = nvml or NvmlReader()
+        self.nvml = nvml or reader_for(cfg)
         self._list = list_fn
         self.status = _Status()
 

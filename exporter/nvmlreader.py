@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import pynvml
 
-from gpunode.health import CardHealth, HealthTracker
+from gpunode.health import DEFAULT_IGNORED_XIDS, CardHealth, HealthTracker
 from gpunode.nvml import LOST_ERRORS, Nvml, NvmlUnavailable, XidEvent, XidEvents, _text
 
 log = logging.getLogger("stowage.exporter.nvml")
@@ -110,14 +110,18 @@ class NvmlReader:
     """Reads every card; retries NVML initialisation (a driver installed after start) at most every ``retry_s``."""
 
     def __init__(self, retry_s: float = 30.0, xid_events: bool = True, recovery_quiet_s: float = 120.0,
+                 ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS, health_disabled: bool = False,
                  xid_backoff_s: tuple[float, float] = (0.2, 5.0), xid_recreate_after: int = 3) -> None:
+        """``ignored_xids``, ``health_disabled`` and ``recovery_quiet_s`` are the device plugin's health
+        options (``gpunode.health.parse_ignored_xids`` reads the flag), so both agents judge alike."""
         self.nvml = Nvml()
         self.ok = False
         self.error = ""
         self.retry_s = retry_s
         self._next_try = 0.0
-        self._xid_enabled = xid_events
-        self._health: HealthTracker | None = None
+        self._xid_enabled = xid_events and not health_disabled   # disabled: no events, as in the plugin
+        # every card read is added on its first read (so later cards follow the same rules)
+        self._health = HealthTracker([], ignored_xids, health_disabled, recovery_quiet_s)
         self._health_lock = threading.Lock()
         self._xid_thread: threading.Thread | None = None
         self._xid_stop = threading.Event()        # the running watcher's own stop flag
@@ -126,7 +130,6 @@ class NvmlReader:
         self._stop = threading.Event()
         self._proc = _ProcUtilState()
         self._missing: set[str] = set()
-        self._quiet_s = recovery_quiet_s
         self._known: dict[str, CardSample] = {}   # uuid -> last sample read of every card ever read
         self._procs_unknown: set[str] = set()      # cards whose process list NVML refused (logged once)
 
@@ -178,7 +181,9 @@ class NvmlReader:
 
     def _open_events(self, streak: "_Streak") -> XidEvents | None:
         try:
-            return XidEvents(list(self._health.cards) if self._health else [])
+            with self._health_lock:
+                uuids = list(self._health.cards)
+            return XidEvents(uuids)
         except pynvml.NVMLError as exc:
             streak.fail(f"NVML events unavailable ({exc}); health comes from probes only until they are")
             return None
@@ -220,7 +225,7 @@ class NvmlReader:
 
     def _on_event(self, ev: XidEvent) -> None:
         with self._health_lock:
-            changed = self._health.on_event(ev, time.monotonic()) if self._health else set()
+            changed = self._health.on_event(ev, time.monotonic())
         for u in sorted(changed):
             log.warning("card %s marked unhealthy: %s", u, f"XID {ev.xid}" if ev.xid is not None else ev.detail)
 
@@ -262,21 +267,16 @@ class NvmlReader:
             self._log_missing(gone, reason, labels_now)
             cards.append(self._unreachable(last, reason))
         # Never read whole since the start: no model (maybe no UUID) to label a series with.
-        never = [(u, r) for u, r in why.items() if u not in self._known] + [(f"index {i}", r) for i, r in failed_at.items()]
+        never = [(u, r) for u, r in why.items() if u not in self._known]
+        never += [(f"index {i}", r) for i, r in failed_at.items()]
         for label, reason in never:
             self._log_missing(label, f"{reason}; never read since the exporter started, so it has no series",
                               labels_now)
         for back in sorted(self._missing - labels_now):
             log.info("GPU %s answers again", back)
         self._missing = labels_now
-        if self._health is None and cards:
-            self._health = HealthTracker([c.uuid for c in cards], quiet_s=self._quiet_s)
-        if self._health is not None:
-            with self._health_lock:
-                for c in cards:                   # cards that appear later are tracked (and watched) too
-                    self._health.cards.setdefault(c.uuid, CardHealth())
-            if self._xid_enabled and (self._xid_thread is None or not self._xid_thread.is_alive()):
-                self._start_xids()                # first read, after an NVML re-init, or the watcher died
+        if self._xid_enabled and self._health.cards and (self._xid_thread is None or not self._xid_thread.is_alive()):
+            self._start_xids()                    # first read, after an NVML re-init, or the watcher died
         return cards
 
     def _log_missing(self, label: str, reason: str, labels_now: set[str]) -> None:
@@ -292,7 +292,7 @@ class NvmlReader:
         The failed reach is also fed to the health tracker as a failed probe, so once the card
         answers again it turns healthy under the same quiet-period rule as the device plugin.
         """
-        self._healthy(last.uuid, f"NVML cannot reach the card: {why}")
+        self._healthy(last.uuid, f"NVML cannot reach the card: {why}")   # even with health checks disabled: 0
         return CardSample(index=last.index, uuid=last.uuid, model=last.model, memory_total_bytes=0,
                           memory_used_bytes=0, utilization=None, power_watts=None, temperature_c=None,
                           healthy=False, reachable=False)
@@ -314,10 +314,10 @@ class NvmlReader:
                           processes_known=procs_known)
 
     def _healthy(self, uuid: str, problem: str | None) -> bool:
+        """Apply one probe result to the card's health (tracking a card on its first read)."""
         with self._health_lock:
             tracker = self._health
-            if tracker is None or uuid not in tracker.cards:
-                return problem is None
+            tracker.cards.setdefault(uuid, CardHealth())
             if tracker.on_probe(uuid, problem, time.monotonic()):
                 log.warning("card %s is %s", uuid, f"unhealthy: {problem}" if problem else "healthy again")
             return tracker.cards[uuid].healthy

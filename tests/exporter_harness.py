@@ -11,8 +11,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import ExporterConfig, Snapshotter
-from exporter.nvmlreader import NvmlReader
+from exporter.collector import ExporterConfig, Snapshotter, reader_for
 from exporter.server import Exporter
 from fakenvml import MiB, FakeNvml, default_cards
 from fakepodresources import FakePodResources, cgroup_v2_systemd, write_pod_logs, write_proc
@@ -80,9 +79,10 @@ class GpuNode:
 
 def make_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, cards: list | None = None,
               driver_loaded: bool = True, kubelet: bool = True, cache_s: float = 0.0,
-              **reader: Any) -> Iterator[GpuNode]:
-    """A node with the real exporter serving on a free port; ``reader`` are extra NvmlReader arguments
-    (e.g. a short ``recovery_quiet_s`` to see a card recover within a test)."""
+              exporter_config: dict[str, Any] | None = None, **reader: Any) -> Iterator[GpuNode]:
+    """A node with the real exporter serving on a free port. ``exporter_config``: more ExporterConfig
+    fields (what the CLI sets); ``reader``: NvmlReader arguments no flag sets (e.g. a shorter XID
+    backoff) on top of those the config gives it."""
     fake = FakeNvml(cards if cards is not None else default_cards(), driver_loaded=driver_loaded)
     fake.install(monkeypatch)
     pr = FakePodResources()
@@ -93,8 +93,8 @@ def make_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, cards: list | None
     pod_logs = str(tmp_path / "log-pods")   # absent until a test writes it
     cfg = ExporterConfig(node=NODE, pod_resources_socket=pr.sock, checkpoint_path=pr.checkpoint,
                          pod_logs_dir=pod_logs,
-                         proc_root=proc, cache_s=cache_s, kubelet_timeout_s=10.0)
-    exp = Exporter(cfg, Snapshotter(cfg, NvmlReader(retry_s=0.0, **reader)))
+                         proc_root=proc, cache_s=cache_s, kubelet_timeout_s=10.0, **(exporter_config or {}))
+    exp = Exporter(cfg, Snapshotter(cfg, reader_for(cfg, retry_s=0.0, **reader)))
     exp.start(0, "127.0.0.1")
     try:
         yield GpuNode(fake, pr, proc, exp, pod_logs)

@@ -19,13 +19,17 @@ def test_help_names_every_flag():
     out = CliRunner().invoke(stowage_main, ["exporter", "--help"])
     assert out.exit_code == 0, out.output
     for flag in ("--port", "--node-name", "--pod-resources-socket", "--proc-root", "--kubelet-checkpoint",
-                 "--log-level", "9400", "NODE_NAME"):
+                 "--log-level", "9400", "NODE_NAME", "--ignored-xids", "13,31,43,45,68,109", "STOWAGE_IGNORED_XIDS",
+                 "--recovery-quiet-seconds", "STOWAGE_RECOVERY_QUIET_SECONDS"):
         assert flag in out.output
 
 
 def test_bad_flag_values_are_refused_before_starting():
     out = CliRunner().invoke(stowage_main, ["exporter", "--port", "70000"])
     assert out.exit_code == 2 and "--port" in out.output
+    # the device plugin's parser and message: one rule for both agents
+    out = CliRunner().invoke(stowage_main, ["exporter", "--ignored-xids", "13,x"])
+    assert out.exit_code == 2 and "--ignored-xids" in out.output and "'x'" in out.output
 
 
 def _free_port() -> int:
@@ -36,7 +40,7 @@ def _free_port() -> int:
 
 def test_runs_without_kubelet_serves_and_stops_on_sigterm(tmp_path):
     port = _free_port()
-    env = dict(os.environ, NODE_NAME="node-x")
+    env = dict(os.environ, NODE_NAME="node-x", STOWAGE_IGNORED_XIDS="13 79")
     proc = subprocess.Popen([sys.executable, "-m", "stowage.cli", "exporter", "--port", str(port),
                              "--listen-address", "127.0.0.1", "--pod-resources-socket", str(tmp_path / "none.sock"),
                              "--proc-root", str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

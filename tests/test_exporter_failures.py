@@ -56,7 +56,7 @@ def test_a_card_that_falls_off_the_bus_is_reported_unhealthy_not_dropped(node: G
 
 
 def test_an_unreachable_card_recovers_after_the_quiet_period_once_it_answers(monkeypatch, tmp_path):
-    for node in make_node(monkeypatch, tmp_path, recovery_quiet_s=0.0):
+    for node in make_node(monkeypatch, tmp_path, exporter_config=dict(recovery_quiet_s=0.0)):
         node.scrape()
         node.nvml.lose(U2)
         assert node.scrape().value("stowage_gpu_healthy", gpu=U2) == 0
@@ -187,7 +187,8 @@ class EventSets:
 
 
 def test_failing_event_waits_back_off_log_once_and_mark_cards_until_they_work(monkeypatch, tmp_path, caplog):
-    for node in make_node(monkeypatch, tmp_path, xid_backoff_s=(0.05, 0.4), recovery_quiet_s=3600):
+    for node in make_node(monkeypatch, tmp_path, xid_backoff_s=(0.05, 0.4),
+                          exporter_config=dict(recovery_quiet_s=3600)):
         sets = EventSets(monkeypatch, node.nvml)
         assert node.scrape().value("stowage_gpu_healthy", gpu=U0) == 1
         with caplog.at_level(logging.DEBUG, logger="stowage.exporter.nvml"):
@@ -207,7 +208,8 @@ def test_failing_event_waits_back_off_log_once_and_mark_cards_until_they_work(mo
 
 
 def test_an_event_set_that_keeps_failing_is_recreated_and_xids_are_seen_again(monkeypatch, tmp_path, caplog):
-    for node in make_node(monkeypatch, tmp_path, xid_backoff_s=(0.01, 0.05), recovery_quiet_s=0.0):
+    for node in make_node(monkeypatch, tmp_path, xid_backoff_s=(0.01, 0.05),
+                           exporter_config=dict(recovery_quiet_s=0.0)):
         sets = EventSets(monkeypatch, node.nvml)
         node.scrape()
         sets.dead.update(node.nvml._sets)       # the set stops working; a new one would
@@ -246,3 +248,33 @@ def test_nvml_reinit_stops_the_old_event_set_first_and_watches_with_a_new_one(no
     fake.xid(U0, 48)                             # and a new one watches the new session
     _until(lambda: node.scrape().value("stowage_gpu_healthy", gpu=U0) == 0, "XID 48 seen after re-init")
     assert sets.waits_on_dead == 0
+
+
+# ------------------------------------------------------------- the device plugin's health options
+
+
+def test_ignored_xids_replace_the_default_set_as_in_the_device_plugin(monkeypatch, tmp_path):
+    for node in make_node(monkeypatch, tmp_path, exporter_config=dict(ignored_xids=frozenset({79}))):
+        node.scrape()
+        node.nvml.xid(U0, 79)        # ignored here
+        node.nvml.xid(U1, 13)        # no longer ignored: the list replaces the default
+        _until(lambda: node.scrape().value("stowage_gpu_healthy", gpu=U1) == 0, "XID 13 seen")
+        assert node.scrape().value("stowage_gpu_healthy", gpu=U0) == 1   # 79 came first, one queue
+
+
+def test_all_disables_xid_and_probe_health_but_not_unreachable(monkeypatch, tmp_path):
+    for node in make_node(monkeypatch, tmp_path, exporter_config=dict(health_disabled=True)):
+        node.nvml.card(U1).retired_pages_pending = True
+        s = node.scrape()
+        assert {x.value for x in s.samples("stowage_gpu_healthy")} == {1.0}
+        assert node.nvml._sets == {}                  # no XID events watched at all
+        node.nvml.lose(U2)                            # a card that cannot be read is still 0
+        assert node.scrape().value("stowage_gpu_healthy", gpu=U2) == 0
+
+
+def test_recovery_quiet_seconds_come_from_the_config(monkeypatch, tmp_path):
+    for node in make_node(monkeypatch, tmp_path, exporter_config=dict(recovery_quiet_s=0.0)):
+        node.nvml.card(U1).retired_pages_pending = True
+        assert node.scrape().value("stowage_gpu_healthy", gpu=U1) == 0
+        node.nvml.card(U1).retired_pages_pending = False
+        assert node.scrape().value("stowage_gpu_healthy", gpu=U1) == 1
