@@ -6,6 +6,11 @@ Pure parsing plus one small read. Handles the kubelet's cgroup layouts under cgr
   cri-containerd-<container id>.scope`` (also ``docker-``, ``crio-``)
 - paths seen through a cgroup namespace (``/../../kubepods-…``) or nested (kind: ``/kubelet.slice/…``).
 Static pods have a 32-hex-digit UID without dashes; both forms are recognised.
+
+The FIRST ``pod<uid>`` level of a path is the pod: it is the kubelet's own level, and everything
+below it (the container's scope and any child cgroup a container with a writable cgroupfs makes)
+is the workload's doing. A container could name a child ``pod<uid of another pod>``; taking the
+last match would credit its processes, and its GPU use, to that other pod.
 """
 from __future__ import annotations
 
@@ -26,9 +31,7 @@ class PodCgroup:
 
 def parse_cgroup_path(path: str) -> PodCgroup | None:
     """The pod of one cgroup path, or None when the path is not a pod's cgroup."""
-    m = None
-    for m in _POD.finditer(path):
-        pass
+    m = _POD.search(path)             # the first: the kubelet's level (see the module docstring)
     if m is None:
         return None
     uid = m.group(1).lower().replace("_", "-")

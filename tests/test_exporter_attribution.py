@@ -32,6 +32,27 @@ def test_cgroup_layouts_name_the_pod_and_container(path):
     assert parse_cgroup_path(path) == PodCgroup(UID, CID)
 
 
+OTHER = "0f6c3b1e-8d2a-4c5e-9b7f-1a2b3c4d5e0b"
+
+
+@pytest.mark.parametrize("path", [
+    # cgroup v2, systemd driver: a child cgroup the container made, named like another pod's
+    f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice/"
+    f"cri-containerd-{CID}.scope/pod{OTHER}",
+    f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice/"
+    f"cri-containerd-{CID}.scope/kubepods-pod{OTHER.replace('-', '_')}.slice/{'cd' * 32}",
+    # cgroup v1 / cgroupfs driver
+    f"/kubepods/burstable/pod{UID}/{CID}/pod{OTHER}",
+    f"/kubepods/pod{UID}/{CID}/x/pod{OTHER}/{'cd' * 32}",
+    # seen through a cgroup namespace
+    f"/../../kubepods-besteffort-pod{UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope/pod{OTHER}",
+])
+def test_a_pod_named_cgroup_below_a_container_does_not_move_its_processes_to_that_pod(path):
+    # the kubelet's level comes first; anything below it is the container's own doing
+    assert parse_cgroup_path(path) == PodCgroup(UID, CID)
+    assert parse_proc_cgroup(f"11:memory:{path}\n0::/\n") == PodCgroup(UID, CID)
+
+
 def test_static_pod_uids_and_pod_level_cgroups():
     assert parse_cgroup_path("/kubepods/burstable/pod" + "c" * 32 + "/" + CID) == PodCgroup("c" * 32, CID)
     assert parse_cgroup_path(f"/kubepods/burstable/pod{UID.upper()}") == PodCgroup(UID, "")
