@@ -127,7 +127,7 @@ class NvmlReader:
         self._xid_stop = threading.Event()        # the running watcher's own stop flag
         self._xid_backoff_s = xid_backoff_s       # (first, cap) pause after a failed event wait / set creation
         self._xid_recreate_after = max(1, xid_recreate_after)
-        self._stop = threading.Event()
+        self._stop = threading.Event()           # closed: no new watcher
         self._proc = _ProcUtilState()
         self._missing: set[str] = set()
         self._known: dict[str, CardSample] = {}   # uuid -> last sample read of every card ever read
@@ -275,7 +275,8 @@ class NvmlReader:
         for back in sorted(self._missing - labels_now):
             log.info("GPU %s answers again", back)
         self._missing = labels_now
-        if self._xid_enabled and self._health.cards and (self._xid_thread is None or not self._xid_thread.is_alive()):
+        watching = self._xid_thread is not None and self._xid_thread.is_alive()
+        if self._xid_enabled and self._health.cards and not watching and not self._stop.is_set():
             self._start_xids()                    # first read, after an NVML re-init, or the watcher died
         return cards
 
