@@ -34,6 +34,7 @@ log = logging.getLogger("stowage.extender")
 
 REQ = struct.Struct("!BBHI")
 ANS = struct.Struct("!HHI")
+MAX_ANSWER_BYTES = (1 << 32) - 1   # the answer's length field
 OPS = {"filter": 1, "prioritize": 2, "bind": 3, "preempt": 5}
 VERB_OF = {v: k for k, v in OPS.items()}
 OP_OTHER = 4
@@ -302,6 +303,12 @@ class RelayServer:
             self._wake()
 
     def _reply(self, conn: socket.socket, reply: Reply) -> bool:
+        if len(reply.body) > MAX_ANSWER_BYTES:
+            # Not framable (the length is 32 bits): this request's 500, not a struct.error that
+            # would end the reading thread and leave every later request without an answer.
+            log.error("relay: an answer of %d bytes is too large to pass on", len(reply.body))
+            reply = json_reply({"Error": f"Stowage extender internal error: answer too large "
+                                         f"({len(reply.body)} bytes)"}, 500, "internal_error")
         ctype = reply.content_type.encode()
         try:
             conn.sendall(ANS.pack(reply.status, len(ctype), len(reply.body)) + ctype + reply.body)
