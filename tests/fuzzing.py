@@ -78,11 +78,28 @@ def _set(obj: Any, path: tuple, value: Any) -> Any:
     return obj
 
 
+DEEP_MARK = "\u0001deep-"   # stands for a value nested too deep for json.dumps; expanded in the text
+
+
 def _deep(depth: int) -> Any:
+    if depth > 400:   # json.dumps itself recurses: the text is made by hand (_expand_deep)
+        return f"{DEEP_MARK}{depth}"
     v: Any = "x"
     for _ in range(depth):
         v = {"a": v}
     return v
+
+
+def _expand_deep(text: str) -> str:
+    """Replace each deep marker by ``{"a":{"a":...}}`` nested that many levels (below orjson's
+    limit of 1,024, so it reaches the extender's code rather than the decoder's refusal)."""
+    quoted = json.dumps(DEEP_MARK)[:-1]          # the marker as json.dumps writes it, without its end quote
+    while quoted in text:
+        start = text.index(quoted)
+        end = text.index('"', start + len(quoted))
+        depth = int(text[start + len(quoted):end])
+        text = text[:start] + '{"a":' * depth + '"x"' + "}" * depth + text[end + 1:]
+    return text
 
 
 def mutate_pod(rng: random.Random, pod: dict) -> Any:
@@ -120,7 +137,7 @@ def mutate_pod(rng: random.Random, pod: dict) -> Any:
             except (KeyError, IndexError, TypeError):
                 pass
         else:
-            pod = _set(pod, rng.choice(leaves), _deep(rng.choice([10, 100, 400])))
+            pod = _set(pod, rng.choice(leaves), _deep(rng.choice([10, 100, 400, 1000])))
     return pod
 
 
@@ -174,7 +191,7 @@ def body_for(rng: random.Random, verb: str, pods: list[dict]) -> bytes:
         body = {"Pod": mutate_pod(rng, rng.choice(pods)), "Nodes": None, "NodeNames": node_names(rng)}
         if rng.random() < 0.1:
             body["Nodes"] = hostile(rng, [{"items": [{"metadata": {"name": rng.choice(NODES)}}]}])
-    text = json.dumps(body, ensure_ascii=rng.random() < 0.5)
+    text = _expand_deep(json.dumps(body, ensure_ascii=rng.random() < 0.5))
     if rng.random() < 0.05:
         text = text[: rng.randint(0, len(text))]
     return text.encode("utf-8", "surrogatepass")
