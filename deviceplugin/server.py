@@ -375,34 +375,27 @@ class HealthMonitor:
     def _run(self) -> None:
         cfg = self.cfg
         watch = None
-        if not cfg.health_disabled:
-            try:
-                watch = XidWatch(list(self.tracker.cards), self._stop, cfg.event_retry_first_s,
-                                 cfg.event_retry_max_s, cfg.event_recreate_after)
-            except Exception as exc:
-                log.warning("NVML event set unavailable (%s); health relies on periodic probes", exc)
+        if not cfg.health_disabled:   # an event set NVML cannot make yet is retried by the watch
+            watch = XidWatch(list(self.tracker.cards), self._stop, cfg.event_retry_first_s,
+                             cfg.event_retry_max_s, cfg.event_recreate_after)
         next_probe = time.monotonic() + cfg.probe_interval_s
         try:
             while not self._stop.is_set():
+                changed: set[str] = set()
                 if watch is None:
-                    ev = None
                     self._stop.wait(cfg.event_wait_ms / 1000)
+                    now = time.monotonic()
                 else:
                     ev = watch.wait(cfg.event_wait_ms)   # backs off by itself while the channel is broken
-                now = time.monotonic()
-                changed: set[str] = set()
-                if ev is not None and ev.wait_failed:   # logged by the watch, once
-                    hit = self.tracker.on_watch_failed(watch.watched, ev.detail, now)  # type: ignore[union-attr]
-                    if hit:
-                        log.warning("unhealthy while their XID events cannot be watched: %s", ", ".join(sorted(hit)))
-                    changed |= hit
-                elif ev is not None:
-                    hit = self.tracker.on_event(ev, now)
-                    log.warning("NVML event: XID %s on %s%s", ev.xid, ev.uuid or "an unknown card",
-                                f" -> unhealthy: {', '.join(sorted(hit))}" if hit else " (ignored)")
-                    changed |= hit
-                if watch is not None and not watch.broken and self.tracker.blind:
-                    self.tracker.on_watch_restored(now)   # their quiet period starts now; probes heal them
+                    now = time.monotonic()
+                    changed = self.tracker.on_wait(ev, watch.watched, watch.broken, now)
+                    if ev is not None and ev.wait_failed:   # the failure itself is logged by the watch, once
+                        if changed:
+                            log.warning("unhealthy while their XID events cannot be watched: %s",
+                                        ", ".join(sorted(changed)))
+                    elif ev is not None:
+                        log.warning("NVML event: XID %s on %s%s", ev.xid, ev.uuid or "an unknown card",
+                                    f" -> unhealthy: {', '.join(sorted(changed))}" if changed else " (ignored)")
                 if now >= next_probe and not cfg.health_disabled:
                     next_probe = now + cfg.probe_interval_s
                     for uuid in self.tracker.cards:

@@ -1,7 +1,7 @@
 """Per-card NVML telemetry: one pass over the cards per snapshot, plus XID health in the background.
 
-NVML session and health probe come from the device plugin's wrapper (``gpunode.nvml``) and
-its health state machine (``gpunode.health``), so a card is "healthy" in the exporter exactly
+NVML session, XID watch and health probe come from the device plugin's wrapper (``gpunode.nvml``)
+and its health state machine (``gpunode.health``), so a card is "healthy" in the exporter exactly
 when the device plugin would advertise it Healthy. A metric a card does not support (power on some
 boards, per-process utilisation on others) is left out.
 
@@ -22,7 +22,7 @@ from typing import Any, Callable
 import pynvml
 
 from gpunode.health import DEFAULT_IGNORED_XIDS, CardHealth, HealthTracker
-from gpunode.nvml import LOST_ERRORS, Nvml, NvmlUnavailable, XidEvent, XidEvents, _text
+from gpunode.nvml import LOST_ERRORS, Nvml, NvmlUnavailable, XidWatch, _text
 
 log = logging.getLogger("stowage.exporter.nvml")
 
@@ -79,28 +79,6 @@ def _opt(fn: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
-class _Streak:
-    """Consecutive failures of the XID watcher: each distinct error is logged once as a warning,
-    its repeats at debug, and the end of the streak once."""
-
-    def __init__(self) -> None:
-        self.failures = 0
-        self._said: set[str] = set()
-
-    def fail(self, why: str) -> int:
-        self.failures += 1
-        level = logging.DEBUG if why in self._said else logging.WARNING
-        self._said.add(why)
-        log.log(level, "%s (failure %d in a row; retrying with backoff)", why, self.failures)
-        return self.failures
-
-    def ok(self) -> None:
-        if self.failures:
-            log.info("NVML event waits work again after %d failures", self.failures)
-        self.failures = 0
-        self._said.clear()
-
-
 @dataclass
 class _ProcUtilState:
     last_ts: dict[str, int] = field(default_factory=dict)  # uuid -> newest sample timestamp seen (µs)
@@ -111,9 +89,11 @@ class NvmlReader:
 
     def __init__(self, retry_s: float = 30.0, xid_events: bool = True, recovery_quiet_s: float = 120.0,
                  ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS, health_disabled: bool = False,
-                 xid_backoff_s: tuple[float, float] = (0.2, 5.0), xid_recreate_after: int = 3) -> None:
+                 xid_backoff_s: tuple[float, float] | None = None, xid_recreate_after: int | None = None) -> None:
         """``ignored_xids``, ``health_disabled`` and ``recovery_quiet_s`` are the device plugin's health
-        options (``gpunode.health.parse_ignored_xids`` reads the flag), so both agents judge alike."""
+        options (``gpunode.health.parse_ignored_xids`` reads the flag), so both agents judge alike.
+        ``xid_backoff_s`` (first, cap) and ``xid_recreate_after`` pace the :class:`gpunode.nvml.XidWatch`
+        on a broken event channel; unset, it paces as in the device plugin (no flag sets them)."""
         self.nvml = Nvml()
         self.ok = False
         self.error = ""
@@ -125,8 +105,11 @@ class NvmlReader:
         self._health_lock = threading.Lock()
         self._xid_thread: threading.Thread | None = None
         self._xid_stop = threading.Event()        # the running watcher's own stop flag
-        self._xid_backoff_s = xid_backoff_s       # (first, cap) pause after a failed event wait / set creation
-        self._xid_recreate_after = max(1, xid_recreate_after)
+        self._xid_pace: dict[str, Any] = {}      # XidWatch arguments; none: its own defaults
+        if xid_backoff_s is not None:
+            self._xid_pace.update(first_retry_s=xid_backoff_s[0], max_retry_s=xid_backoff_s[1])
+        if xid_recreate_after is not None:
+            self._xid_pace.update(recreate_after=xid_recreate_after)
         self._stop = threading.Event()           # closed: no new watcher
         self._proc = _ProcUtilState()
         self._missing: set[str] = set()
@@ -160,14 +143,16 @@ class NvmlReader:
     def _start_xids(self) -> None:
         """Watch XID events of the tracked cards in a new thread (NVML is initialised).
 
-        The first event set is created here, before returning, so an XID right after the first
-        snapshot is not missed; if that fails the thread keeps trying (backing off).
+        The event set is made here, before returning, so an XID right after the first snapshot is not
+        missed; a failing channel (the set cannot be made, waits fail) is backed off, re-created and
+        logged by :class:`gpunode.nvml.XidWatch`, as in the device plugin.
         """
         stop = threading.Event()
+        with self._health_lock:
+            uuids = list(self._health.cards)
+        watch = XidWatch(uuids, stop, **self._xid_pace)
         self._xid_stop = stop
-        streak = _Streak()
-        events = self._open_events(streak)
-        self._xid_thread = threading.Thread(target=self._watch_xids, args=(events, stop, streak),
+        self._xid_thread = threading.Thread(target=self._watch_xids, args=(watch, stop),
                                             name="exporter-xid", daemon=True)
         self._xid_thread.start()
 
@@ -179,55 +164,21 @@ class NvmlReader:
             self._xid_thread.join(timeout=5)
             self._xid_thread = None
 
-    def _open_events(self, streak: "_Streak") -> XidEvents | None:
-        try:
-            with self._health_lock:
-                uuids = list(self._health.cards)
-            return XidEvents(uuids)
-        except pynvml.NVMLError as exc:
-            streak.fail(f"NVML events unavailable ({exc}); health comes from probes only until they are")
-            return None
-
-    def _backoff(self, failures: int) -> float:
-        first, cap = self._xid_backoff_s
-        return min(first * 2 ** min(max(failures - 1, 0), 30), cap)
-
-    def _watch_xids(self, events: XidEvents | None, stop: threading.Event, streak: "_Streak") -> None:
-        """Feed XID events to the health tracker until ``stop``.
-
-        A failed wait counts as an event for every card (as in the device plugin and NVIDIA's: blind
-        to XIDs, no card can be vouched for), then the thread pauses, doubling up to the cap, so a
-        wait that fails at once cannot spin a core; every ``xid_recreate_after`` failures in a row
-        the event set is re-created. Once waits work again the cards heal under the usual quiet rule.
-        """
+    def _watch_xids(self, watch: XidWatch, stop: threading.Event) -> None:
+        """Feed the watch's events to the health tracker until ``stop``, by the device plugin's rule
+        (:meth:`gpunode.health.HealthTracker.on_wait`): while waits fail, the cards registered for
+        events are unhealthy (their XIDs go unseen); once waits work again they heal under the usual
+        quiet rule. Cards that never registered for events keep what their probes say."""
         try:
             while not stop.is_set():
-                if events is None:
-                    events = self._open_events(streak)
-                    if events is None:
-                        stop.wait(self._backoff(streak.failures))
-                        continue
-                ev = events.wait(200)
-                if ev is not None and ev.xid is None and ev.uuid is None:   # the wait itself failed
-                    n = streak.fail(ev.detail or "waiting for NVML events failed")
-                    self._on_event(ev)
-                    if n % self._xid_recreate_after == 0:
-                        events.close()
-                        events = None
-                    stop.wait(self._backoff(n))
-                    continue
-                streak.ok()
-                if ev is not None:
-                    self._on_event(ev)
+                ev = watch.wait(200)
+                with self._health_lock:
+                    changed = self._health.on_wait(ev, watch.watched, watch.broken, time.monotonic())
+                    reasons = {u: self._health.cards[u].reason for u in changed}
+                for u in sorted(changed):
+                    log.warning("card %s marked unhealthy: %s", u, reasons[u])
         finally:
-            if events is not None:
-                events.close()
-
-    def _on_event(self, ev: XidEvent) -> None:
-        with self._health_lock:
-            changed = self._health.on_event(ev, time.monotonic())
-        for u in sorted(changed):
-            log.warning("card %s marked unhealthy: %s", u, f"XID {ev.xid}" if ev.xid is not None else ev.detail)
+            watch.close()
 
     # ---- reading -----------------------------------------------------------------------------
     def read(self) -> list[CardSample] | None:

@@ -100,6 +100,22 @@ class HealthTracker:
             self.cards[u].since = now
         self.blind.clear()
 
+    def on_wait(self, ev: XidEvent | None, watched: list[str], broken: bool, now: float) -> set[str]:
+        """Apply one result of :meth:`gpunode.nvml.XidWatch.wait`; returns the cards whose health changed.
+
+        ``watched`` and ``broken`` are the watch's after that wait. This is the one rule both agents
+        follow (the device plugin's health thread and the exporter's XID watcher call it alike): a
+        failed wait blinds the cards of the event set (:meth:`on_watch_failed`), an event marks its
+        card (:meth:`on_event`), and the first wait that works again starts the blind cards' quiet
+        period (:meth:`on_watch_restored`), after which probes heal them.
+        """
+        if ev is not None and ev.wait_failed:
+            return self.on_watch_failed(watched, ev.detail, now)
+        changed = self.on_event(ev, now) if ev is not None else set()
+        if not broken and self.blind:
+            self.on_watch_restored(now)
+        return changed
+
     def due_for_recovery(self, now: float) -> list[str]:
         return [u for u, c in self.cards.items()
                 if not c.healthy and u not in self.blind and now - c.since >= self.quiet_s]

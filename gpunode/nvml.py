@@ -222,6 +222,10 @@ class XidWatch:
     error once (repeats at debug) and once more when waits work again. ``broken`` is true from a
     failed wait until the next wait that works (an event or a quiet timeout); ``watched`` names the
     cards of the last event set that was made, i.e. the cards whose XIDs go unseen while broken.
+
+    An event set that cannot be made at all (``nvmlEventSetCreate`` failing, at start or on a
+    re-creation) is a failure like a failed wait: retried with the same back-off, so a driver that
+    gets its event support back later is watched again without a restart of either agent.
     """
 
     def __init__(self, uuids: list[str], stop: threading.Event | None = None, first_retry_s: float = 0.1,
@@ -232,8 +236,13 @@ class XidWatch:
         self.recreate_after = max(1, recreate_after)
         self._stop = stop if stop is not None else threading.Event()
         self._backoff = Backoff(first_retry_s, max_retry_s, clock)
-        self._events: XidEvents | None = XidEvents(self.uuids)   # NVMLError here: no event sets at all
-        self.watched = list(self._events.watched)
+        self._events: XidEvents | None = None
+        self._made = False       # an event set was made once: a later one is a re-creation
+        self.watched: list[str] = []
+        try:   # made here, before the first wait, so an XID right after construction is not missed
+            self._open(quiet=False)
+        except pynvml.NVMLError as exc:
+            self._failed(self._not_made(exc))
 
     @property
     def broken(self) -> bool:
@@ -250,14 +259,14 @@ class XidWatch:
         if left > 0:
             self._stop.wait(min(left, timeout_ms / 1000))
             return None
-        if self._events is None:
+        events = self._events
+        if events is None:
             try:
-                self._events = XidEvents(self.uuids, quiet=True)
+                events = self._open(quiet=True)
             except pynvml.NVMLError as exc:
-                return self._failed(f"re-creating the NVML event set failed: {exc}")
-            self.watched = list(self._events.watched)
+                return self._failed(self._not_made(exc))
             log.debug("NVML event set re-created (%d of %d cards registered)", len(self.watched), len(self.uuids))
-        ev = self._events.wait(timeout_ms)
+        ev = events.wait(timeout_ms)
         if ev is not None and ev.wait_failed:
             return self._failed(ev.detail)
         ended = self._backoff.succeeded()
@@ -265,11 +274,21 @@ class XidWatch:
             log.warning("NVML XID events are watched again, after %d failed waits", ended)
         return ev
 
+    def _open(self, quiet: bool) -> XidEvents:
+        """Make the event set; ``watched`` follows it. Raises NVMLError when NVML cannot make one."""
+        self._events = XidEvents(self.uuids, quiet=quiet)
+        self.watched, self._made = list(self._events.watched), True
+        return self._events
+
+    def _not_made(self, exc: pynvml.NVMLError) -> str:
+        """The same words for every try of one outage, so it is logged once."""
+        return f"{'re-' if self._made else ''}creating the NVML event set failed: {exc}"
+
     def _failed(self, detail: str) -> XidEvent:
         delay, new = self._backoff.failed(detail)
         if new:
             log.warning("%s; XIDs of %s go unseen; retrying with back-off up to %g s (repeats logged at debug)",
-                        detail, ", ".join(self.watched) or "no card", self.max_retry_s)
+                        detail, ", ".join(self.watched or self.uuids) or "no card", self.max_retry_s)
         else:
             log.debug("%s (failure %d in a row; next try in %.2f s)", detail, self.failures, delay)
         if self.failures % self.recreate_after == 0 and self._events is not None:

@@ -140,6 +140,37 @@ def test_watch_retries_a_failed_recreation_with_back_off(monkeypatch):
     pynvml.nvmlShutdown()
 
 
+def test_watch_without_an_event_set_at_first_keeps_trying_to_make_one(monkeypatch, caplog):
+    """NVML that cannot make an event set at start (both agents): no card is registered, so none is
+    blinded; the watch backs off and tries again, logs once, and watches XIDs once NVML can."""
+    fake = FakeNvml(default_cards())
+    fake.install(monkeypatch)
+    pynvml.nvmlInit()
+
+    def no_sets() -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+    monkeypatch.setattr(pynvml, "nvmlEventSetCreate", no_sets)
+    clock = Clock()
+    caplog.set_level(logging.DEBUG, logger="stowage.gpunode.nvml")
+    watch = XidWatch([c.uuid for c in fake.cards], Sleeper(clock), first_retry_s=0.1, max_retry_s=1.0,
+                     recreate_after=2, clock=clock)
+    assert watch.broken and watch.watched == []
+    fails = [e for e in (watch.wait(10_000) for _ in range(6)) if e is not None]
+    assert [e.wait_failed for e in fails] == [True] * 3
+    assert all(e.detail.startswith("creating the NVML event set failed") for e in fails)
+    assert clock.sleeps == [0.1, 0.2, 0.4]        # the failure at start counts: no try without a pause
+    said = [r for r in caplog.records if "creating the NVML event set failed" in r.getMessage()]
+    assert [r.levelno for r in said].count(logging.WARNING) == 1 and len(said) == 4
+    monkeypatch.setattr(pynvml, "nvmlEventSetCreate", fake.nvmlEventSetCreate)
+    while watch.broken:
+        assert watch.wait(1) is None
+    assert watch.watched == [c.uuid for c in fake.cards[:3]]
+    fake.xid(fake.cards[2].uuid, 48)
+    assert watch.wait(1000) == XidEvent(fake.cards[2].uuid, 48)
+    watch.close()
+    pynvml.nvmlShutdown()
+
+
 def test_tracker_keeps_blind_cards_unhealthy_and_recovers_them_after_the_quiet_period():
     t = HealthTracker(["a", "b", "c"], quiet_s=10)
     assert t.on_event(XidEvent("c", 79), now=0) == {"c"}
@@ -155,6 +186,16 @@ def test_tracker_keeps_blind_cards_unhealthy_and_recovers_them_after_the_quiet_p
     assert t.snapshot() == {"a": True, "b": True, "c": True}
     off = HealthTracker(["a"], disabled=True)
     assert off.on_watch_failed(["a"], "x", 0) == set() and off.snapshot() == {"a": True}
+
+
+def test_tracker_on_wait_is_the_rule_both_agents_apply_to_a_watch():
+    t = HealthTracker(["a", "b", "c"], quiet_s=10)
+    failed = XidEvent(None, None, "waiting for NVML events failed: Unknown Error", wait_failed=True)
+    assert t.on_wait(failed, ["a", "b"], True, now=0) == {"a", "b"}    # c never registered for events
+    assert t.on_wait(None, ["a", "b"], True, now=5) == set() and t.blind == {"a", "b"}   # backing off
+    assert t.on_wait(None, ["a", "b"], False, now=30) == set() and t.blind == set()      # waits work
+    assert t.on_probe("a", None, now=39) is False and t.on_probe("a", None, now=40) is True
+    assert t.on_wait(XidEvent("c", 79), ["a", "b"], False, now=41) == {"c"}
 
 
 def _healthy(r: Any) -> dict[str, bool]:

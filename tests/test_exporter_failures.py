@@ -4,6 +4,7 @@ real: the exporter serving HTTP, the fake kubelet over gRPC, scrapes parsed as P
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import pynvml
@@ -186,24 +187,35 @@ class EventSets:
         monkeypatch.setattr(pynvml, "nvmlEventSetWait", wait)
 
 
+def _healthy(s) -> dict[str, float]:
+    return {x.labels["gpu"]: x.value for x in s.samples("stowage_gpu_healthy")}
+
+
 def test_failing_event_waits_back_off_log_once_and_mark_cards_until_they_work(monkeypatch, tmp_path, caplog):
-    for node in make_node(monkeypatch, tmp_path, xid_backoff_s=(0.05, 0.4),
-                          exporter_config=dict(recovery_quiet_s=3600)):
+    for node in make_node(monkeypatch, tmp_path, xid_backoff_s=(0.05, 0.4), xid_recreate_after=3,
+                          exporter_config=dict(recovery_quiet_s=0.0)):
         sets = EventSets(monkeypatch, node.nvml)
         assert node.scrape().value("stowage_gpu_healthy", gpu=U0) == 1
-        with caplog.at_level(logging.DEBUG, logger="stowage.exporter.nvml"):
+        # the back-off, re-creation and its log are gpunode.nvml.XidWatch's, shared with the device plugin
+        with caplog.at_level(logging.DEBUG, logger="stowage.gpunode.nvml"):
             sets.failing = pynvml.NVML_ERROR_UNKNOWN
             _until(lambda: sets.waits_failed >= 7, "seven failed waits")
-            # blind to XIDs, as the device plugin: every card unhealthy while waits fail
-            assert {x.value for x in node.scrape().samples("stowage_gpu_healthy")} == {0.0}
+            # the device plugin's rule: blind to their XIDs, the cards registered for events are
+            # unhealthy (probes pass and the quiet period is 0, yet they stay so while waits fail);
+            # the T4, never registered for events, keeps what its probes say
+            assert _healthy(node.scrape()) == {U0: 0, U1: 0, U2: 0, U3: 1}
+            sets.waits_ok = 0
             sets.failing = None
             _until(lambda: sets.waits_ok >= 2, "waits working again")
+        # events flow again: the quiet period (0 here) starts, and the next probes heal the cards
+        assert _healthy(node.scrape()) == {U0: 1, U1: 1, U2: 1, U3: 1}
         gaps = [b - a for a, b in zip(sets.times, sets.times[1:])]
         # no spinning: each retry waits at least the backoff (0.05 s doubling, capped at 0.4 s)
         assert all(g >= min(0.05 * 2 ** i, 0.4) * 0.9 for i, g in enumerate(gaps[:6])), gaps
-        failed = [r for r in caplog.records if "Unknown Error" in r.getMessage() and "in a row" in r.getMessage()]
+        said = [r for r in caplog.records if r.name == "stowage.gpunode.nvml"]
+        failed = [r for r in said if "Unknown Error" in r.getMessage()]
         assert len([r for r in failed if r.levelno == logging.WARNING]) == 1 and len(failed) >= 7
-        assert len([r for r in caplog.records if "work again" in r.getMessage()]) == 1
+        assert len([r for r in said if "watched again" in r.getMessage()]) == 1
         assert len(sets.created) >= 3      # the event set was re-created after repeated failures
 
 
@@ -248,6 +260,40 @@ def test_nvml_reinit_stops_the_old_event_set_first_and_watches_with_a_new_one(no
     fake.xid(U0, 48)                             # and a new one watches the new session
     _until(lambda: node.scrape().value("stowage_gpu_healthy", gpu=U0) == 0, "XID 48 seen after re-init")
     assert sets.waits_on_dead == 0
+
+
+def test_an_event_set_nvml_cannot_make_at_first_is_retried_and_xids_are_seen_once_it_can(
+        monkeypatch, tmp_path, caplog):
+    for node in make_node(monkeypatch, tmp_path, xid_backoff_s=(0.01, 0.05)):
+        sets = EventSets(monkeypatch, node.nvml)
+        create = pynvml.nvmlEventSetCreate       # EventSets' counting wrapper
+        refused: list[int] = []
+
+        def refuse() -> int:
+            refused.append(1)
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+        monkeypatch.setattr(pynvml, "nvmlEventSetCreate", refuse)
+        with caplog.at_level(logging.WARNING):
+            s = node.scrape()
+            _until(lambda: len(refused) >= 3, "event set creation retried")
+        # no event set, so no card was registered for events: nothing blinded, probes decide
+        assert _healthy(s) == {U0: 1, U1: 1, U2: 1, U3: 1} and _healthy(node.scrape()) == _healthy(s)
+        assert len([r for r in caplog.records if "creating the NVML event set failed" in r.getMessage()]) == 1
+        monkeypatch.setattr(pynvml, "nvmlEventSetCreate", create)
+        _until(lambda: sets.created, "the event set made at last")
+        node.nvml.xid(U2, 48)
+        _until(lambda: node.scrape().value("stowage_gpu_healthy", gpu=U2) == 0, "XID 48 seen")
+        assert _healthy(node.scrape()) == {U0: 1, U1: 1, U2: 0, U3: 1}
+
+
+def test_a_snapshot_after_close_starts_no_xid_watcher(node: GpuNode):
+    node.scrape()
+    assert node.nvml._sets                       # watched while open
+    node.exporter.snapshotter.close()            # its watcher stopped, its event set freed
+    assert node.nvml._sets == {}
+    assert node.scrape().up("nvml") == 1         # a late scrape still reads the cards ...
+    assert node.nvml._sets == {}                 # ... but starts no watcher that nothing would stop
+    assert not [t for t in threading.enumerate() if t.name == "exporter-xid"]
 
 
 # ------------------------------------------------------------- the device plugin's health options
