@@ -68,14 +68,19 @@ class HealthTracker:
         c.healthy, c.reason, c.since = False, reason, now
         return changed
 
-    def on_event(self, ev: XidEvent, now: float) -> set[str]:
-        """Apply one NVML event; returns the cards whose health changed."""
+    def on_event(self, ev: XidEvent, now: float, among: list[str] | None = None) -> set[str]:
+        """Apply one NVML event; returns the cards whose health changed.
+
+        An event that names no known card counts for every card it may be about (conservative, as
+        NVIDIA's plugin): ``among``, the cards registered for the events, or else every card.
+        """
         if self.disabled:
             return set()
         if ev.xid is not None and ev.xid in self.ignored_xids:
             return set()
         reason = f"XID {ev.xid}" if ev.xid is not None else (ev.detail or "NVML event error")
-        targets = [ev.uuid] if ev.uuid in self.cards else list(self.cards)  # unknown card: all (as NVIDIA does)
+        pool = self.cards if among is None else among
+        targets = [ev.uuid] if ev.uuid in self.cards else [u for u in pool if u in self.cards]
         return {u for u in targets if self._mark_bad(u, reason, now)}
 
     def on_watch_failed(self, uuids: list[str], reason: str, now: float) -> set[str]:
@@ -106,12 +111,13 @@ class HealthTracker:
         ``watched`` and ``broken`` are the watch's after that wait. This is the one rule both agents
         follow (the device plugin's health thread and the exporter's XID watcher call it alike): a
         failed wait blinds the cards of the event set (:meth:`on_watch_failed`), an event marks its
-        card (:meth:`on_event`), and the first wait that works again starts the blind cards' quiet
-        period (:meth:`on_watch_restored`), after which probes heal them.
+        card (an event naming no known card: every card of the event set, :meth:`on_event`), and the
+        first wait that works again starts the blind cards' quiet period (:meth:`on_watch_restored`),
+        after which probes heal them.
         """
         if ev is not None and ev.wait_failed:
             return self.on_watch_failed(watched, ev.detail, now)
-        changed = self.on_event(ev, now) if ev is not None else set()
+        changed = self.on_event(ev, now, among=watched) if ev is not None else set()
         if not broken and self.blind:
             self.on_watch_restored(now)
         return changed

@@ -7,12 +7,13 @@ expected ones (no driver, not supported, GPU lost) into values and log lines, ne
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import pynvml
 
@@ -73,6 +74,19 @@ def _optional(fn: Any, *args: Any, default: Any = None) -> Any:
         return fn(*args)
     except pynvml.NVMLError:
         return default
+
+
+def _handle_key(handle: Any) -> Hashable:
+    """What names one device handle across NVML calls.
+
+    pynvml's handles are ctypes pointers (``c_nvmlDevice_t``): NVML hands out one address per card,
+    but every read of ``c_nvmlEventData_t.device`` makes a new pointer object, and ctypes pointers
+    compare and hash as objects, so the address is the key (None for a NULL device). Any other
+    handle (a test's fake) is its own key.
+    """
+    if isinstance(handle, ctypes._Pointer):
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    return handle
 
 
 class NvmlUnavailable(RuntimeError):
@@ -174,23 +188,32 @@ class Nvml:
 
 
 class XidEvents:
-    """The NVML event set for critical XID errors of the given cards."""
+    """The NVML event set for critical XID errors of the given cards.
+
+    An event names its card by device handle, and the card an XID is about may be past answering
+    any query (XID 79: fallen off the bus), reading its UUID from the handle included; so each
+    card's handle is mapped to its UUID when it registers, while it answers, and an event is
+    matched to its card without asking NVML anything.
+    """
 
     def __init__(self, uuids: list[str], quiet: bool = False) -> None:
         """``quiet``: say at debug level which cards do not register (a re-creation said it before)."""
         self._set = pynvml.nvmlEventSetCreate()
         self.watched: list[str] = []
+        self._uuid_of: dict[Hashable, str] = {}   # _handle_key(device handle) -> UUID, of watched cards
         for uuid in uuids:
             try:
                 h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
                 pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, self._set)
                 self.watched.append(uuid)
+                self._uuid_of[_handle_key(h)] = uuid
             except pynvml.NVMLError as exc:
                 log.log(logging.DEBUG if quiet else logging.WARNING,
                         "card %s does not report XID events (%s); only periodic probes watch it", uuid, exc)
 
     def wait(self, timeout_ms: int) -> XidEvent | None:
-        """The next event, or None when ``timeout_ms`` passed quietly."""
+        """The next event, or None when ``timeout_ms`` passed quietly. An event whose device is not
+        one of the watched cards' handles names no card (``uuid`` None)."""
         try:
             data = pynvml.nvmlEventSetWait(self._set, timeout_ms)
         except pynvml.NVMLError as exc:
@@ -199,11 +222,7 @@ class XidEvents:
             return XidEvent(uuid=None, xid=None, detail=f"waiting for NVML events failed: {exc}", wait_failed=True)
         if data.eventType != pynvml.nvmlEventTypeXidCriticalError:
             return None
-        try:
-            uuid: str | None = _text(pynvml.nvmlDeviceGetUUID(data.device))
-        except pynvml.NVMLError:
-            uuid = None
-        return XidEvent(uuid=uuid, xid=int(data.eventData))
+        return XidEvent(uuid=self._uuid_of.get(_handle_key(data.device)), xid=int(data.eventData))
 
     def close(self) -> None:
         _optional(pynvml.nvmlEventSetFree, self._set)

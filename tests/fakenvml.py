@@ -11,12 +11,19 @@ Usage::
     fake.xid(fake.cards[0].uuid, 79)    # a critical XID event
     fake.lose(fake.cards[1].uuid)       # the card falls off the bus
 
+``FakeNvml(ctypes_handles=True)`` hands out pynvml's own device handles (``c_nvmlDevice_t``, one
+address per card) and event data (``c_nvmlEventData_t``) instead of :class:`Handle` values: like
+the real library's, two reads of one card's handle are different objects that neither compare
+equal nor hash, so code that must match handles (e.g. an event's device to a card) is tested as
+it runs against NVML.
+
 Extending (e.g. for the exporter): add fields to :class:`FakeCard` and a method named like the
 pynvml function to :class:`FakeNvml`; :meth:`FakeNvml.install` patches every public
 ``nvml*`` method of the class onto ``pynvml``.
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -91,9 +98,12 @@ def default_cards() -> list[FakeCard]:
 
 
 class FakeNvml:
-    def __init__(self, cards: list[FakeCard] | None = None, driver_loaded: bool = True) -> None:
+    def __init__(self, cards: list[FakeCard] | None = None, driver_loaded: bool = True,
+                 ctypes_handles: bool = False) -> None:
         self.cards = list(cards if cards is not None else default_cards())
         self.driver_loaded = driver_loaded
+        self.ctypes_handles = ctypes_handles
+        self._devices: dict[str, Any] = {}     # uuid -> the struct its ctypes handles point at
         self.initialised = 0
         self.calls: dict[str, int] = {}
         self._cond = threading.Condition()
@@ -145,12 +155,28 @@ class FakeNvml:
         with self._lock:
             self.calls[name] = self.calls.get(name, 0) + 1
 
+    def _handle(self, uuid: str) -> Any:
+        """The handle NVML gives out for a card: a :class:`Handle`, or a new ctypes pointer to the
+        card's one device struct (``ctypes_handles``)."""
+        if not self.ctypes_handles:
+            return Handle(uuid)
+        return ctypes.pointer(self._devices.setdefault(uuid, pynvml.struct_c_nvmlDevice_t()))
+
+    def _uuid_of(self, handle: Any) -> str | None:
+        if isinstance(handle, Handle):
+            return handle.uuid
+        if self.ctypes_handles and isinstance(handle, pynvml.c_nvmlDevice_t):
+            address = ctypes.cast(handle, ctypes.c_void_p).value
+            return next((u for u, d in self._devices.items() if ctypes.addressof(d) == address), None)
+        return None
+
     def _live(self, handle: Any) -> FakeCard:
         if not self.initialised:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
-        if not isinstance(handle, Handle):
+        uuid = self._uuid_of(handle)
+        if uuid is None:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        c = self.card(handle.uuid)
+        c = self.card(uuid)
         if c.lost:
             raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
         return c
@@ -180,7 +206,7 @@ class FakeNvml:
         c = self.cards[index]
         if c.lost:
             raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
-        return Handle(c.uuid)
+        return self._handle(c.uuid)
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Handle:
         if not self.initialised:
@@ -191,7 +217,7 @@ class FakeNvml:
             raise _err(pynvml.NVML_ERROR_NOT_FOUND) from None
         if c.lost:
             raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
-        return Handle(c.uuid)
+        return self._handle(c.uuid)
 
     def nvmlDeviceGetUUID(self, h: Any) -> str:
         return self._live(h).uuid
@@ -306,6 +332,12 @@ class FakeNvml:
             if not s["queue"]:
                 raise _err(pynvml.NVML_ERROR_TIMEOUT)
             uuid, xid = s["queue"].pop(0)
+        if self.ctypes_handles:   # the real struct: a NULL device when NVML cannot say which card
+            data = pynvml.c_nvmlEventData_t(eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid,
+                                            gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+            if uuid:
+                data.device = self._handle(uuid)
+            return data
         return SimpleNamespace(device=Handle(uuid) if uuid else None, eventType=pynvml.nvmlEventTypeXidCriticalError,
                                eventData=xid, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
 

@@ -196,6 +196,8 @@ def test_tracker_on_wait_is_the_rule_both_agents_apply_to_a_watch():
     assert t.on_wait(None, ["a", "b"], False, now=30) == set() and t.blind == set()      # waits work
     assert t.on_probe("a", None, now=39) is False and t.on_probe("a", None, now=40) is True
     assert t.on_wait(XidEvent("c", 79), ["a", "b"], False, now=41) == {"c"}
+    fresh = HealthTracker(["a", "b", "c"])   # an XID naming no known card: every card of the event set
+    assert fresh.on_wait(XidEvent(None, 48), ["a", "b"], False, now=0) == {"a", "b"}
 
 
 def _healthy(r: Any) -> dict[str, bool]:

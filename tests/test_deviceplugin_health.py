@@ -59,6 +59,31 @@ def test_xid_marks_card_unhealthy_in_all_resources_then_recovers(monkeypatch):
         assert r.kube.wait_for(lambda: _inventory_health(r) == [True] * 4)
 
 
+def test_xid_79_on_a_card_that_fell_off_the_bus_marks_only_that_card(monkeypatch):
+    """XID 79: the card has fallen off the bus and every query on it fails, also reading its UUID
+    from the event's device handle. The event still names the card (its handle was mapped to its
+    UUID when it registered for events), so the other three stay Healthy. Probes are off here, so
+    only the event can change health."""
+    with rig(monkeypatch, probe_interval_s=3600, recovery_quiet_s=3600) as r:
+        assert r.registered()
+        u1 = r.uuid(1)
+        r.nvml.lose(u1)
+        r.nvml.xid(u1, 79)
+        assert r.kubelet.wait_for(lambda: all(_unhealthy_cards(r, res) == {u1} for res in GPU_RESOURCES))
+        assert r.kubelet.allocatable(RESOURCE_GPU) == 3
+
+
+def test_an_xid_naming_no_known_card_counts_for_every_card_registered_for_events(monkeypatch):
+    """Conservative: an event whose card cannot be told apart may be about any card of the event
+    set. The T4, never registered for events, cannot be its subject and keeps its probes' word."""
+    with rig(monkeypatch, probe_interval_s=3600, recovery_quiet_s=3600) as r:
+        assert r.registered()
+        r.nvml.xid(None, 48)
+        assert r.kubelet.wait_for(lambda: all(_unhealthy_cards(r, res) == {r.uuid(i) for i in range(3)}
+                                              for res in GPU_RESOURCES))
+        assert r.kubelet.allocatable(RESOURCE_GPU) == 1
+
+
 def test_ignored_xid_does_not_flip(monkeypatch):
     with rig(monkeypatch, ignored_xids=frozenset({79})) as r:
         assert r.registered()

@@ -10,7 +10,7 @@ import time
 import pynvml
 import pytest
 
-from exporter_harness import NODE, GpuNode, MiB, make_node
+from exporter_harness import NODE, GpuNode, MiB, Scrape, make_node
 from fakenvml import default_cards
 from gpunode.devices import card_key
 
@@ -21,6 +21,10 @@ UID_B = "0f6c3b1e-8d2a-4c5e-9b7f-1a2b3c4d5e02"
 GPU, MEM, CORE = "nvidia.com/gpu", "nvidia.com/gpu-memory", "nvidia.com/gpu-core"
 TELEMETRY = ("stowage_gpu_utilization_ratio", "stowage_gpu_memory_used_bytes", "stowage_gpu_memory_total_bytes",
              "stowage_gpu_power_watts", "stowage_gpu_temperature_celsius")
+
+
+def _healthy(s: Scrape) -> dict[str, float]:
+    return {x.labels["gpu"]: x.value for x in s.samples("stowage_gpu_healthy")}
 
 
 @pytest.fixture
@@ -51,9 +55,20 @@ def test_a_card_that_falls_off_the_bus_is_reported_unhealthy_not_dropped(node: G
         assert scrape.samples("stowage_gpu_attribution_estimated", gpu=U1) == []
         assert {x.labels["gpu"] for x in scrape.samples("stowage_gpu_memory_total_bytes")} == {U0, U2, U3}
         assert scrape.up("nvml") == 1
-        # (the other cards' health is not asserted: gpunode.nvml.XidEvents cannot name a lost card
-        # in its XID event, so the event may count for every card, as NVIDIA's plugin does)
     assert len([r for r in caplog.records if U1 in r.getMessage() and "cannot be read" in r.getMessage()]) == 1
+
+
+def test_xid_79_on_a_card_that_fell_off_the_bus_marks_only_that_card(node: GpuNode, caplog):
+    """Every query on a card off the bus fails, also reading its UUID from the XID event's device
+    handle; the event still names the card (mapped when it registered), so the others stay 1."""
+    assert set(_healthy(node.scrape()).values()) == {1}
+    node.nvml.lose(U1)
+    with caplog.at_level(logging.WARNING, logger="stowage.exporter.nvml"):
+        node.nvml.xid(U1, 79)      # no scrape in between: only the event can mark a card so far
+        _until(lambda: any("XID 79" in r.getMessage() for r in caplog.records), "XID 79 seen")
+    assert _healthy(node.scrape()) == {U0: 1, U1: 0, U2: 1, U3: 1}
+    assert [r.getMessage() for r in caplog.records if "XID 79" in r.getMessage()] == [
+        f"card {U1} marked unhealthy: XID 79"]
 
 
 def test_an_unreachable_card_recovers_after_the_quiet_period_once_it_answers(monkeypatch, tmp_path):
@@ -185,10 +200,6 @@ class EventSets:
                 self.ok_on[es] = self.ok_on.get(es, 0) + 1
         monkeypatch.setattr(pynvml, "nvmlEventSetCreate", create)
         monkeypatch.setattr(pynvml, "nvmlEventSetWait", wait)
-
-
-def _healthy(s) -> dict[str, float]:
-    return {x.labels["gpu"]: x.value for x in s.samples("stowage_gpu_healthy")}
 
 
 def test_failing_event_waits_back_off_log_once_and_mark_cards_until_they_work(monkeypatch, tmp_path, caplog):
