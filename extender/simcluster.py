@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from stowage.inventory import (GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, INVENTORY_ANNOTATION, Card, Inventory,
+from stowage.inventory import (MAX_CARDS_PER_NODE, GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, INVENTORY_ANNOTATION, Card, Inventory,
                                encode_inventory)
 from stowage.resources import (DEFAULT_MEMORY_UNIT_MIB, RESOURCE_GPU, RESOURCE_GPU_MEMORY, RequestError,
                                quantity_to_mib, quantity_to_milli)
@@ -30,7 +30,6 @@ from packing.model import ClusterModel
 BUILTIN = "builtin"
 _UUID_NS = uuid.UUID("6f1d3a52-5b7e-4c1e-9d5f-2a8b7c6e4d30")
 MAX_NODES = 100_000
-MAX_CARDS_PER_NODE = 64
 
 
 class SimClusterError(ValueError):

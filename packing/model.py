@@ -281,7 +281,15 @@ class ClusterModel:
 
     def _apply(self, i: int, alloc: PodAllocation, sign: int) -> None:
         self._touch(i)
-        book(self.a, i, alloc.cards, alloc.mem_mib, alloc.core_milli, alloc.cpu_milli, alloc.host_mem_mib, sign)
+        mems = alloc.mem_mib
+        if alloc.whole:
+            # A card held whole is held whole whatever its record says it held: all the memory it
+            # has now. A record written when the card's memory was unknown (0) or smaller (a GFD
+            # label that grew, a forged record) once left memory free on it, and a memory-only
+            # share fit there: two pods on one card.
+            a = self.a
+            mems = tuple(int(a.mem_total[i, k]) if k < a.shape[1] else 0 for k in alloc.cards)
+        book(self.a, i, alloc.cards, mems, alloc.core_milli, alloc.cpu_milli, alloc.host_mem_mib, sign)
         alloc.applied = sign > 0
 
     def remove_node(self, name: str) -> None:

@@ -72,7 +72,10 @@ def encode_inventory(cards: list[Card] | tuple[Card, ...], memory_unit_mib: int 
                       separators=(",", ":"), sort_keys=True)
 
 
-MAX_CARDS_PER_NODE = 1024     # cards one inventory may list (indices 0..1023)
+# Cards one node may have (indices 0..63): real nodes have at most 16. Why bounded this tightly:
+# the model's card axis is as wide as the widest node, for every node (and its NVLink table is
+# that squared), so one node claiming card 1023 cost every filter's arrays 64 times their size.
+MAX_CARDS_PER_NODE = 64
 MAX_NUMA_NODE = 4095
 MAX_MEMORY_UNIT_MIB = 1 << 20
 
@@ -150,12 +153,12 @@ def inventory_from_node(node: Mapping[str, Any]) -> Inventory:
         alloc_gpus = quantity_to_int(allocatable.get(RESOURCE_GPU, 0), f"{name} allocatable {RESOURCE_GPU}")
     except RequestError as exc:
         raise InventoryError(str(exc)) from exc
+    if alloc_gpus > MAX_CARDS_PER_NODE:
+        raise InventoryError(f"node {name}: allocatable {RESOURCE_GPU} {alloc_gpus} is more than the "
+                             f"{MAX_CARDS_PER_NODE} cards a node may have")
     if GFD_COUNT in labels:
-        try:
-            count = int(labels[GFD_COUNT])
-            mem = int(labels.get(GFD_MEMORY, 0) or 0)
-        except ValueError as exc:
-            raise InventoryError(f"node {name}: bad GPU Feature Discovery label ({exc})") from exc
+        count = _label_int(labels, GFD_COUNT, MAX_CARDS_PER_NODE, name)
+        mem = _label_int(labels, GFD_MEMORY, MAX_CARD_MEMORY_MIB, name) if labels.get(GFD_MEMORY) else 0
         model = labels.get(GFD_PRODUCT) or UNKNOWN_MODEL
         # Allocatable below the label count means the device plugin reports unhealthy cards.
         healthy_n = min(count, alloc_gpus) if RESOURCE_GPU in allocatable else count
@@ -164,6 +167,16 @@ def inventory_from_node(node: Mapping[str, Any]) -> Inventory:
         return Inventory(cards=cards, source="gfd-labels", whole_only=mem <= 0)
     cards = tuple(Card(index=i, uuid=f"{name}/gpu{i}", model=UNKNOWN_MODEL, memory_mib=0) for i in range(alloc_gpus))
     return Inventory(cards=cards, source="allocatable", whole_only=True)
+
+
+def _label_int(labels: Mapping[str, Any], key: str, hi: int, node: str) -> int:
+    """A GPU Feature Discovery label as a whole number in [0, hi] (plain ASCII digits: ``int()``
+    would also take ``1_000`` and 20-digit values that overflow the model's arrays)."""
+    v = str(labels.get(key, ""))
+    if not (v.isascii() and v.isdigit()) or int(v) > hi:
+        raise InventoryError(f"node {node}: GPU Feature Discovery label {key}={v[:40]!r} is not a whole number "
+                             f"from 0 to {hi}")
+    return int(v)
 
 
 _PREFIXES = ("nvidia-", "tesla-", "geforce-", "quadro-")
