@@ -36,7 +36,7 @@ from stowage.allocation import AllocationRecord, RecordTrust
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request
 
 from .errors import KubeConfigError
-from .kube_objects import assign_args, meta, node_into_model, node_view, pod_view, resource_version
+from .kube_objects import assign_args, meta, node_into_model, node_view, pod_view, record_by_uuid, resource_version
 from packing.model import ClusterModel
 
 try:  # orjson is a declared dependency; fall back to json only so the module never fails to import
@@ -570,10 +570,31 @@ class KubeFeeder:
                 self._node_fp[v.name] = v.fingerprint()
             if not unchanged:
                 node_into_model(self.model, v)
+                self._replace_records(v.name)
                 if self.on_cards_freed is not None:
                     self.on_cards_freed(self.model.generation)
         except Exception:  # never let one odd object stop the feed
             log.exception("node %s could not be applied", meta(node).get("name"))
+
+    def _placed(self, record: Any) -> Any:
+        """The record with its cards where their uuids are on the node now (:func:`record_by_uuid`)."""
+        with self.model.lock:
+            meta = self.model.meta.get(record.node)
+            uuids = dict(meta.uuids) if meta is not None else {}
+        return record_by_uuid(record, uuids) if uuids else record
+
+    def _replace_records(self, node: str) -> None:
+        """The node's inventory changed: put every recorded pod on it back on its cards by uuid
+        (their indices may have shifted)."""
+        with self._lock:
+            records = [(uid, rec) for uid, rec in self._records.items() if rec.node == node]
+        for uid, rec in records:
+            placed = self._placed(rec)
+            alloc = self.model.allocations.get(uid)
+            if alloc is not None and alloc.node == node and tuple(c.index for c in placed.cards) != alloc.cards:
+                log.warning("node %s: pod %s's card(s) %s now have index(es) %s (the node's cards were renumbered)",
+                            node, alloc.name, [c.uuid for c in rec.cards], [c.index for c in placed.cards])
+                self.model.assign(uid, alloc.name, **assign_args(placed, alloc.cpu_milli, alloc.host_mem_mib))
 
     def _remove_node(self, name: str) -> None:
         with self._lock:
@@ -653,7 +674,7 @@ class KubeFeeder:
         if v.record is not None:
             if known == v.record:
                 return  # nothing new for the model (status updates, our own bind echo)
-            self.model.assign(v.uid, v.key, **assign_args(v.record, v.cpu_milli, v.host_mem_mib))
+            self.model.assign(v.uid, v.key, **assign_args(self._placed(v.record), v.cpu_milli, v.host_mem_mib))
             with self._lock:
                 self._records[v.uid] = v.record
                 self._unrecorded.pop(v.uid, None)

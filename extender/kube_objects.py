@@ -5,7 +5,7 @@ so the rules ("which node is schedulable", "which pod holds cards") are testable
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from stowage.allocation import (ALLOCATION_ANNOTATION, AllocationError, AllocationRecord, RecordTrust,
@@ -174,6 +174,20 @@ def record_problem(record: AllocationRecord) -> str:
     if any(c.memory_mib < 0 or c.core_milli < 0 for c in record.cards):
         return f"{ALLOCATION_ANNOTATION} has a negative memory or core share"
     return ""
+
+
+def record_by_uuid(record: AllocationRecord, uuids: Mapping[int, str]) -> AllocationRecord:
+    """``record`` with each card at the index its uuid has on the node now (``uuids``: the node's
+    index -> uuid). Why: the device plugin numbers cards in NVML order, so after it restarts with
+    a card missing the later cards' indices shift down, while a running pod keeps its physical
+    card, which its record names by uuid. A card whose uuid the node does not list keeps its
+    index (the node's inventory may come from another source than when the record was written);
+    if that would put two cards on one index, the record is replayed as written."""
+    where = {u: k for k, u in uuids.items()}
+    cards = tuple(replace(c, index=where.get(c.uuid, c.index)) for c in record.cards)
+    if cards == record.cards or len({c.index for c in cards}) != len(cards):
+        return record
+    return replace(record, cards=cards)
 
 
 def assign_args(record: AllocationRecord, cpu_milli: int = 0, host_mem_mib: float = 0) -> dict[str, Any]:
