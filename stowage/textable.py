@@ -2,6 +2,7 @@
 right-aligned, no dependency — output that reads well in a terminal and diffs well in a ticket."""
 from __future__ import annotations
 
+import unicodedata
 from typing import Any, Sequence
 
 
@@ -9,13 +10,24 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+MAX_ALIGNED = 60   # characters: a longer cell overflows its own line instead of widening its column
+
+
+def _printable(text: str) -> str:
+    """The cell as the terminal should get it: control characters (escape sequences, carriage
+    returns, new lines a node's owner or a pod author may have written) shown as '?'."""
+    return "".join("?" if unicodedata.category(ch) == "Cc" else ch for ch in text)
+
+
 def render(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, indent: str = "") -> str:
-    """The table as one string; ``None`` cells print as '-'."""
-    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    """The table as one string; ``None`` cells print as '-'. A cell over :data:`MAX_ALIGNED`
+    characters does not set its column's width (one 100 KB model name padded every row to it)."""
+    cells = [[("-" if v is None else _printable(str(v))) for v in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         for j, c in enumerate(row):
-            widths[j] = max(widths[j], len(c))
+            if len(c) <= MAX_ALIGNED:
+                widths[j] = max(widths[j], len(c))
     numeric = [all(_is_num(r[j]) for r in rows if r[j] is not None) and any(r[j] is not None for r in rows)
                for j in range(len(headers))]
 
