@@ -219,17 +219,19 @@ def load_api_client(kubeconfig: str | None = None, in_cluster: bool = False,
                 raise KubeConfigError("cannot use the in-cluster Kubernetes configuration: " + "; ".join(tried)) from exc
     path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
     advice = "" if kubeconfig else " Pass --kubeconfig, or run in a pod with a service account."
+
+    def unusable(why: str) -> KubeConfigError:
+        tried.append(why)
+        return KubeConfigError("no usable Kubernetes configuration: " + "; ".join(tried) + "." + advice)
+
     if os.pathsep not in path and not os.path.exists(path):
-        tried.append(f"kubeconfig {path} does not exist")
-        raise KubeConfigError("no usable Kubernetes configuration: " + "; ".join(tried) + "." + advice)
+        raise unusable(f"kubeconfig {path} does not exist")
     try:
         kconfig.load_kube_config(config_file=path, context=context, client_configuration=cfg, persist_config=False)
     except (TypeError, AttributeError) as exc:   # YAML, but not a kubeconfig's mappings
-        tried.append(f"{path} is not a kubeconfig (YAML with clusters, users and contexts)")
-        raise KubeConfigError("no usable Kubernetes configuration: " + "; ".join(tried) + "." + advice) from exc
+        raise unusable(f"{path} is not a kubeconfig (YAML with clusters, users and contexts)") from exc
     except (kconfig.ConfigException, OSError, ValueError, yaml.YAMLError) as exc:
-        tried.append(f"kubeconfig {path}: {exc}")
-        raise KubeConfigError("no usable Kubernetes configuration: " + "; ".join(tried) + "." + advice) from exc
+        raise unusable(f"kubeconfig {path}: {exc}") from exc
     return kubernetes.client.ApiClient(cfg)
 
 
@@ -569,18 +571,24 @@ class KubeFeeder:
                 unchanged = self._node_fp.get(v.name) == v.fingerprint() and v.name in self.model.index
                 self._node_fp[v.name] = v.fingerprint()
             if not unchanged:
+                before = self._uuids_of(v.name)
                 node_into_model(self.model, v)
-                self._replace_records(v.name)
+                if self._uuids_of(v.name) != before:   # renumbered cards: not a cordon or a Ready flip
+                    self._replace_records(v.name)
                 if self.on_cards_freed is not None:
                     self.on_cards_freed(self.model.generation)
         except Exception:  # never let one odd object stop the feed
             log.exception("node %s could not be applied", meta(node).get("name"))
 
+    def _uuids_of(self, node: str) -> dict[int, str]:
+        """The node's card index -> uuid as the model has it now (empty when unknown)."""
+        with self.model.lock:
+            meta = self.model.meta.get(node)
+            return dict(meta.uuids) if meta is not None else {}
+
     def _placed(self, record: Any) -> Any:
         """The record with its cards where their uuids are on the node now (:func:`record_by_uuid`)."""
-        with self.model.lock:
-            meta = self.model.meta.get(record.node)
-            uuids = dict(meta.uuids) if meta is not None else {}
+        uuids = self._uuids_of(record.node)
         return record_by_uuid(record, uuids) if uuids else record
 
     def _replace_records(self, node: str) -> None:
