@@ -46,3 +46,19 @@ def number_list(minimum: int) -> Callable[[str], list[int]]:
         return values
     parse.__name__ = "number list"
     return parse
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``--help`` for the benchmark commands: descriptions and epilogs as written, and every option
+    with a default says it (``(default: 600)``) unless its help already names one; flags (off by
+    default) and options whose default is "none given" say nothing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        nothing = default is None or default is False or default == argparse.SUPPRESS or (
+            isinstance(default, (str, list, tuple)) and not default)
+        if not action.option_strings or nothing or "default" in text or isinstance(action, argparse._StoreConstAction):
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, (tuple, list)) else "%(default)s"
+        return f"{text} (default: {shown})"

@@ -69,3 +69,14 @@ def test_runs_store_resumes_and_replays_only_what_is_missing(tmp_path):
     assert [r["seconds"] for r in b["rows"] if r["policy"] == "bestfit"] == \
         [r["seconds"] for r in a["rows"] if r["policy"] == "bestfit"]
     assert (runs / "default@stride6" / "random" / "seed42.npz").is_file()
+
+
+@pytest.mark.skipif(not (DATA / "openb_pod_list_default.csv").is_file(), reason="openb trace not present")
+def test_quick_keeps_the_seeds_asked_for_and_logs_progress_as_lines(tmp_path):
+    """--quick --seeds 43 replays seed 43 (it silently replayed 42); progress in a file is lines."""
+    runs = tmp_path / "runs"
+    r = run("--quick", "--seeds", "43", "--trace", "default", "--policies", "random", "--jobs", "1",
+            "--data-dir", str(DATA), "--runs", str(runs), "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in runs.rglob("*.npz")) == ["seed43.npz"]
+    assert "\r" not in r.stderr and "replays" in r.stderr

@@ -28,6 +28,7 @@ import numpy as np
 
 from stowage.resources import GpuRequest
 
+from ..cliargs import HelpFormatter
 from .replay import INFLATE, arrival_order, build_cluster, replay
 from .trace import Nodes, Pods, TraceError, data_dir, load_nodes
 from .variants import load_trace
@@ -161,7 +162,7 @@ def anatomy(nodes: Nodes, pods: Pods, policy: str, seed: int, arrived_pct: float
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.binpack.anatomy", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.binpack.anatomy", formatter_class=HelpFormatter, description=__doc__.split("\n\n")[0])
     p.add_argument("--trace", default="default", help="trace name, generated variant or CSV path (default: default)")
     p.add_argument("--policy", default="stowage", help="placer name (default: stowage)")
     p.add_argument("--seed", type=int, default=42, help="seed (default: 42)")

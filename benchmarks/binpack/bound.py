@@ -32,6 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..cliargs import HelpFormatter
 from .replay import SEEDS, arrival_order
 from .trace import DEFAULT_TRACE, Nodes, Pods, TraceError, available_traces, data_dir, load_nodes
 from .variants import load_trace
@@ -132,12 +133,11 @@ def lp_waste_pct(slices: Sequence[int] | np.ndarray, capacity_milli: int, card: 
 def lp_report(nodes: Nodes, pods: Pods, policy: str, seeds: Sequence[int], progress: bool = True) -> str:
     """Per seed: what ``policy`` leaves idle at 100 % arrived, of it on its slice cards, and the
     LP bound for the same slices; then the medians (one line per seed and a median line)."""
-    from tqdm import tqdm
-
+    from ..progress import progress_bar
     from .anatomy import anatomy
 
     lines, rows = [], []
-    for seed in tqdm(list(seeds), desc=f"{pods.name} {policy}", unit="seed", disable=not progress, leave=False):
+    for seed in progress_bar(list(seeds), desc=f"{pods.name} {policy}", unit="seed", disable=not progress, leave=False):
         an = anatomy(nodes, pods, policy, seed)
         bound = lp_waste_pct(an.slices, an.capacity_milli)
         rows.append((an.pct(an.idle_milli), an.pct(an.gap_milli), bound))
@@ -152,7 +152,7 @@ def lp_report(nodes: Nodes, pods: Pods, policy: str, seeds: Sequence[int], progr
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.binpack.bound", description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="examples:\n"
                "  python -m benchmarks.binpack.bound                          # best fit decreasing, every openb trace\n"
                "  python -m benchmarks.binpack.bound --lp --trace default multigpu40   # the LP bound of Stowage's slices, 10 seeds")

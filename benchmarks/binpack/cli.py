@@ -10,9 +10,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
-
-from ..cliargs import whole_number
+from ..cliargs import HelpFormatter, whole_number
+from ..progress import progress_bar
 
 from .replay import SEEDS, binned, replay
 from . import runstore
@@ -77,17 +76,18 @@ def _task(args: tuple) -> tuple:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.binpack", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.binpack", formatter_class=HelpFormatter, description=__doc__)
     p.add_argument("--trace", nargs="+", default=None,
                    help="trace names (default, gpushare40, ...), generated variants (specX: X %% of GPU pods "
                         "limited to GPU models; multigpuX: multi-GPU pods X %% of the GPU request; see "
                         "benchmarks/binpack/variants.py) or CSV paths; default: every trace in the data dir, "
                         f"then {', '.join(DEFAULT_VARIANTS)}")
-    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated placer names")
-    p.add_argument("--seeds", type=parse_seeds, default=SEEDS, help="10 (= 42..51), 42 (that seed), 42,43 or 42-51")
-    p.add_argument("--out", default="results/binpack", help="output directory (CSV, JSON, PNG)")
+    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated placer names (default: %(default)s)")
+    p.add_argument("--seeds", type=parse_seeds, default=None, help="10 (= 42..51), 42 (that seed), 42,43 or 42-51 (default: 10, or 42 with --quick)")
+    p.add_argument("--out", default="results/binpack", help="output directory (CSV, JSON, PNG; default: %(default)s)")
     p.add_argument("--data-dir", default=None, help="folder with the openb CSVs (default ../shared/openb, or $STOWAGE_OPENB)")
-    p.add_argument("--jobs", type=whole_number(1), default=min(2, os.cpu_count() or 1), help="worker processes")
+    p.add_argument("--jobs", type=whole_number(1), default=min(2, os.cpu_count() or 1),
+                   help="worker processes (default: %(default)s, the cores here up to 2)")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 seed on a 1/6 node subset")
     p.add_argument("--runs", default=None, metavar="DIR",
                    help="keep every replayed seed in DIR and reuse the ones already there (resume a long "
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         traces = args.trace or default_traces(available_traces(directory), directory) or [DEFAULT_TRACE]
         stride = QUICK_NODE_STRIDE if args.quick else 1
-        seeds = QUICK_SEEDS if args.quick else args.seeds
+        seeds = args.seeds if args.seeds is not None else QUICK_SEEDS if args.quick else SEEDS
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         from packing.registry import get_placer
         for pol in policies:
@@ -149,10 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     if args.jobs > 1 and len(tasks) > 1:
         with mp.get_context("fork").Pool(args.jobs) as pool:
-            for r in tqdm(pool.imap_unordered(_task, tasks), total=len(tasks), desc="replays", unit="seed"):
+            for r in progress_bar(pool.imap_unordered(_task, tasks), total=len(tasks), desc="replays", unit="seed"):
                 keep(r)
     else:
-        for task in tqdm(tasks, desc="replays", unit="seed"):
+        for task in progress_bar(tasks, desc="replays", unit="seed"):
             keep(_task(task))
     results = []
     for t in traces:

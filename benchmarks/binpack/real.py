@@ -61,7 +61,6 @@ from typing import Any, Iterator
 
 import numpy as np
 import yaml
-from tqdm import tqdm
 
 from benchmarks.localk8s import (ApiSession, ExtenderProc, FloorExtenderProc, LocalK8s, SCHEDULER_CONFIG,
                                  free_port, missing_for_control_plane, scheduler_config_for_test, wait_until)
@@ -69,7 +68,8 @@ from extender.split import DECIDER_NAME, HTTP_WORKER_NAME
 from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
 from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
 
-from ..cliargs import positive_number, whole_number
+from ..cliargs import HelpFormatter, positive_number, whole_number
+from ..progress import progress_bar
 from .cli import load_replay, parse_seeds
 from .runstore import code_version
 from .replay import CARD_MEMORY, INFLATE, SeedRun, arrival_order, binned, replay
@@ -342,7 +342,7 @@ class Cluster:
                 if not (got.get("status") or {}).get("allocatable"):
                     self.api.merge_patch(f"/api/v1/nodes/{body['metadata']['name']}/status", {"status": body["status"]})
         with ThreadPoolExecutor(self.opts.threads) as ex:
-            list(tqdm(ex.map(one, range(len(self.nodes.names))), total=len(self.nodes.names), desc="nodes",
+            list(progress_bar(ex.map(one, range(len(self.nodes.names))), total=len(self.nodes.names), desc="nodes",
                       unit="node", leave=False, disable=not self.opts.progress))
 
     def wait_extender_knows_nodes(self) -> None:
@@ -412,7 +412,7 @@ def replay_real(nodes: Nodes, pods: Pods, mode: str, seed: int, opts: RunOptions
         watch = PodWatch(cl.api, NAMESPACE)
         try:
             t0 = time.monotonic()
-            bar = tqdm(total=len(order), desc=f"{mode} seed {seed}", unit="pod", disable=not opts.progress,
+            bar = progress_bar(total=len(order), desc=f"{mode} seed {seed}", unit="pod", disable=not opts.progress,
                        position=opts.slot, leave=opts.slot == 0)
             for e, j in enumerate(order):
                 j = int(j)
@@ -934,7 +934,7 @@ def run_tasks(nodes: Nodes, pods: Pods, tasks: list[tuple[str, int]], opts: RunO
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.binpack.real",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         description="Replay an openb trace through a real kube-apiserver + kube-scheduler v1.28.7 "
                     "(../shared/k8s), with the extender as deployed and with plain kube-scheduler, "
                     "beside the simulated replay of the same seeds; optionally time a burst of GPU pods.",

@@ -15,11 +15,11 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from tqdm import tqdm
-
 from benchmarks.binpack.cli import subset
 from benchmarks.binpack.trace import DEFAULT_TRACE, REPO_ROOT, TraceError, data_dir, load_nodes, trace_name
 from benchmarks.binpack.variants import load_trace
+from benchmarks.cliargs import HelpFormatter
+from benchmarks.progress import progress_bar
 from packing.registry import PLACERS, POLICY_PLACER
 
 from .report import format_table, write_outputs
@@ -42,7 +42,7 @@ def _shape(req) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.elastic", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("--trace", default=DEFAULT_TRACE,
                    help="trace name (default, gpushare40, gpuspec10, cpu100), a generated variant (spec33, "
                         "multigpu40: the default pods' times, benchmarks/binpack/variants.py) or CSV path")
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
              for seed in seeds for policy in policies]
     t0 = time.perf_counter()
     results = []
-    bar = tqdm(total=len(tasks), desc="elastic", unit="run")
+    bar = progress_bar(total=len(tasks), desc="elastic", unit="run")
     if args.jobs > 1 and len(tasks) > 1:
         with mp.get_context("fork" if hasattr(os, "fork") else "spawn").Pool(min(args.jobs, len(tasks))) as pool:
             for r in pool.imap_unordered(_task, tasks):

@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 from flask import Flask, Response, request
 
+from benchmarks.cliargs import HelpFormatter
 from extender.gunicorn_conf import ExtenderServer, gunicorn_options
 from extender.wire import (binding_result, encode, encode_priority_list, filter_answer, parse_binding_args,
                            parse_extender_args)
@@ -90,7 +91,7 @@ def create_floor_app(keep_first: bool = False, bind_fn: BindFn | None = None) ->
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.latency.floor", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("--bind", default="127.0.0.1:8889")
     p.add_argument("--threads", type=int, default=8)
     p.add_argument("--workers", type=int, default=1, help="gunicorn worker processes (the floor holds no state)")

@@ -31,6 +31,7 @@ from extender.service import ExtenderService
 from extender.simcluster import parse_cluster
 from extender.wire import (binding_result, encode, parse_binding_args, parse_extender_args)
 
+from ..cliargs import HelpFormatter
 from . import cluster
 
 
@@ -158,7 +159,7 @@ def run(n: int, pods_n: int, seed: int, mode: str, profile: str | None = None) -
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.latency.inproc", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("--nodes", type=int, default=5000)
     p.add_argument("--pods", type=int, default=300)
     p.add_argument("--seed", type=int, default=7)
