@@ -10,7 +10,10 @@ Why this shape:
   every replica at once.
 - ``ready()`` is what ``/readyz`` reports: False until both first lists are applied, and False
   with a reason when a watch has been failing for longer than ``stale_after_s``: the extender
-  never serves from a model that stopped updating without saying so.
+  never serves from a model that stopped updating without saying so. A watch that merely opens
+  proves nothing (the API server may accept it and end it at once with an error, every time):
+  a failure streak ends with an event, a clean end of the watch, a list, or a watch that stayed
+  open without error for ``open_grace_s`` (an idle watch on a quiet cluster sends nothing).
 - Everything the model holds is rebuilt from the API server (node inventory annotations/labels,
   pod allocation annotations): a restarted extender gets the very same model.
 
@@ -259,6 +262,7 @@ class StreamState:
     failing_since: float | None = None
     last_error: str = ""
     last_contact: float = 0.0
+    open_since: float | None = None   # when the watch now open was opened (None: none is open)
     last_list: float = 0.0
     gone_streak: int = 0
     lists: int = 0
@@ -274,6 +278,8 @@ class KubeFeeder:
     ``watch_timeout_s``: server-side timeout of each watch request (randomised up to 2x, as
     client-go does), after which the watch is resumed from the last resourceVersion.
     ``stale_after_s``: how long a stream may fail before ``ready()`` turns False.
+    ``open_grace_s``: how long a watch opened during a failure streak must stay open without error
+    (and without an event, which proves it sooner) before the streak counts as over.
     """
 
     def __init__(self, model: ClusterModel, api_client: kubernetes.client.ApiClient,
@@ -281,7 +287,7 @@ class KubeFeeder:
                  watch_timeout_s: int = 300, stale_after_s: float = 60.0, backoff_base_s: float = 0.5,
                  backoff_max_s: float = 30.0, request_timeout_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
-                 trust: RecordTrust | None = None) -> None:
+                 trust: RecordTrust | None = None, open_grace_s: float = 5.0) -> None:
         self.model = model
         # Which records count: by default, well-formed ones that book exactly the pod's request.
         self.trust = trust or RecordTrust(memory_unit_mib=memory_unit_mib)
@@ -291,6 +297,7 @@ class KubeFeeder:
         self.resync_s = resync_s
         self.watch_timeout_s = max(1, int(watch_timeout_s))
         self.stale_after_s = stale_after_s
+        self.open_grace_s = open_grace_s
         self.request_timeout_s = request_timeout_s
         self.clock = clock
         self.rng = rng or random.Random()
@@ -357,6 +364,7 @@ class KubeFeeder:
         now = self.clock()
         with self._lock:
             for st in self.streams.values():
+                self._settle(st, now)
                 if not st.synced:
                     why = f"waiting for the first list of {st.kind} from the API server"
                     return False, why + (f" (last error: {st.last_error})" if st.last_error else "")
@@ -377,7 +385,10 @@ class KubeFeeder:
 
     def status(self) -> dict[str, Any]:
         """Counters for /metrics and ``stowage inspect``."""
+        now = self.clock()
         with self._lock:
+            for st in self.streams.values():
+                self._settle(st, now)
             out: dict[str, Any] = {k: dict(vars(st)) for k, st in self.streams.items()}
             out["node_errors"] = dict(self.node_errors)
             out["pod_errors"] = dict(self._pod_errors)
@@ -437,13 +448,34 @@ class KubeFeeder:
         return delay
 
     def _healthy(self, st: StreamState) -> None:
+        """The stream is known to work: an event came, a watch ended cleanly, or a list succeeded."""
         with self._lock:
-            if st.failing_since is not None:
-                log.info("%s stream recovered after %d failed attempts", st.kind, st.failures)
-            st.failures = 0
-            st.failing_since = None
-            st.last_error = ""
+            self._recovered(st)
             st.last_contact = self.clock()
+
+    def _recovered(self, st: StreamState) -> None:
+        """End the failure streak (under ``self._lock``)."""
+        if st.failing_since is not None:
+            log.info("%s stream recovered after %d failed attempts", st.kind, st.failures)
+        st.failures = 0
+        st.failing_since = None
+        st.last_error = ""
+
+    def _opened(self, st: StreamState) -> None:
+        """A watch request was answered 200: the API server is reachable, but the stream has yet to
+        show it works (it may end at once with an ERROR event), so the failure streak goes on."""
+        now = self.clock()
+        with self._lock:
+            st.last_contact = now
+            st.open_since = now
+
+    def _settle(self, st: StreamState, now: float) -> None:
+        """(Under ``self._lock``.) A watch that has stayed open without error for ``open_grace_s``
+        ends the failure streak, event or not: a healthy watch on a quiet cluster sends nothing.
+        Evaluated when asked (``ready()``, ``status()``, the end of the watch): no timer."""
+        if (st.failing_since is not None and st.open_since is not None
+                and now - st.open_since >= self.open_grace_s):
+            self._recovered(st)
 
     def _list_call(self, kind: str) -> Any:
         fn = self.core.list_node if kind == NODES else self.core.list_pod_for_all_namespaces
@@ -505,7 +537,7 @@ class KubeFeeder:
 
         def fn(*args: Any, **kwargs: Any) -> Any:
             resp = list_fn(*args, **kwargs)  # non-2xx raised here; returning means the stream is open
-            self._healthy(st)
+            self._opened(st)
             return resp
 
         if self._stop.is_set():
@@ -525,6 +557,9 @@ class KubeFeeder:
             raise
         finally:
             self._watches.pop(st.kind, None)
+            with self._lock:   # open long enough, it ended any earlier streak: a failure now starts a new one
+                self._settle(st, self.clock())
+                st.open_since = None
         if not self._stop.is_set():
             self._healthy(st)
             with self._lock:

@@ -231,6 +231,7 @@ class FakeKube:
         self._compacted_rv = 0
         self._drop_gen = 0
         self._faults: list[_Fault] = []
+        self._watch_errors: dict[str, Obj] = {}   # kind -> Status every new watch of it ends with
         self._closed = False
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -416,9 +417,18 @@ class FakeKube:
         with self._cond:
             self._faults.append(_Fault(n, status, re.compile(path) if path else None, method))
 
+    def error_watches(self, kind: str, code: int = 500, reason: str = "InternalError",
+                      message: str = "Internal error occurred: unable to transform key") -> None:
+        """Every new watch of ``kind`` is accepted (HTTP 200), then ends at once with an ``ERROR``
+        event carrying this Status (as a real API server does for an object in etcd it cannot
+        decode: resuming from the same resourceVersion hits it again). Until :meth:`clear_faults`."""
+        with self._cond:
+            self._watch_errors[kind] = status_obj(code, reason, message)
+
     def clear_faults(self) -> None:
         with self._cond:
             self._faults.clear()
+            self._watch_errors.clear()
 
     def watch_count(self, kind: str | None = None) -> int:
         """How many watch requests were made (optionally for one kind)."""
@@ -556,6 +566,11 @@ class FakeKube:
         with self._cond:
             drop_gen = self._drop_gen
             self._check_watch_start(kind, q)
+            broken = copy.deepcopy(self._watch_errors.get(kind))
+        if broken is not None:
+            write({"type": "ERROR", "object": broken})
+            return
+        with self._cond:
             bm_gen = getattr(self, "_bookmark_gen", 0)
             if rv_s in ("", "0"):
                 initial = [{"type": "ADDED", "object": copy.deepcopy(o)} for o in self._store[kind].values() if visible(o)]

@@ -238,10 +238,13 @@ def test_readiness_turns_false_while_watch_fails_and_back_when_it_recovers(kube,
     ok, why = f.ready()
     assert not ok and "nodes watch failing" in why and "injected failure (500)" in why
     kube.clear_faults()
-    kube.wait_for(lambda: f.ready()[0])
-    # The model kept following the cluster after recovery.
+    # The reopened watch proves itself by an event (or by staying open for open_grace_s), and the
+    # model keeps following the cluster.
+    kube.wait_for(lambda: st.open_since is not None)
+    assert not f.ready()[0]
     kube.create_node(inv_node("n2", [24]))
     kube.wait_for(lambda: "n2" in f.model.index)
+    kube.wait_for(lambda: f.ready()[0])   # (the event is counted just after it is applied)
 
 
 def test_not_ready_until_first_list_succeeds(kube, feeders):
@@ -302,3 +305,59 @@ def test_sync_once_lists_without_threads(kube):
     assert f.model.allocations[p["metadata"]["uid"]].cards == (1,)
     assert f.ready()[0] and not f._threads
     assert kube.watch_count() == 0
+
+
+def test_watches_that_open_then_error_count_as_failing_and_back_off(kube, feeders):
+    """A watch the API server accepts (HTTP 200) and then ends at once with a non-410 ERROR (an
+    object it cannot decode: resuming from the same resourceVersion hits it again) delivers nothing.
+    Opening it once cleared the failure streak, so /readyz stayed 200 on a frozen model (a deleted
+    pod's cards stayed booked) until the 10-minute resync, and the back-off never grew."""
+    clock = FakeClock()
+    kube.create_node(inv_node("n1", [80]))
+    holder = kube.create_pod(make_pod("holder", gpus=1, node="n1", phase="Running",
+                                      annotations={ALLOCATION_ANNOTATION: rec("n1", [(0, 80 * GiB, 1000)], whole=True)}))
+    uid = holder["metadata"]["uid"]
+    f = started(kube, feeders, clock=clock, stale_after_s=30.0)
+    assert uid in f.model.allocations
+    st = f.streams[PODS]
+    kube.error_watches("pods", 500, "InternalError", 'Internal error occurred: unable to transform key "/registry/pods/x"')
+    kube.drop_watches()
+    kube.delete_pod("default", "holder")       # the feeder cannot hear of it while every watch errors
+    kube.wait_for(lambda: st.errors >= 3)
+    assert st.failures >= 3                     # one streak: the back-off grows
+    assert f.ready()[0]                         # failing, but not for long yet
+    clock.t += 31
+    errors = st.errors
+    kube.wait_for(lambda: st.errors >= errors + 3)   # more watches opened and failed since
+    ok, why = f.ready()
+    assert not ok and "pods watch failing" in why and "unable to transform key" in why, why
+    assert uid in f.model.allocations           # the frozen model, which the extender now refuses to use
+    kube.clear_faults()
+    kube.wait_for(lambda: uid not in f.model.allocations)   # the resumed watch delivers the deletion
+    kube.wait_for(lambda: f.ready()[0])   # (the event is counted just after it is applied)
+    assert st.failures == 0 and st.lists == 1
+
+
+def test_idle_watch_reads_ready_once_open_for_a_while_after_an_outage(kube, feeders):
+    """A healthy watch on a quiet cluster sends nothing for minutes: after an outage, the reopened
+    stream proves itself by staying open without error (``open_grace_s``), with no event needed."""
+    clock = FakeClock()
+    kube.create_node(inv_node("n1", [80]))
+    f = started(kube, feeders, clock=clock, stale_after_s=30.0)
+    st = f.streams[NODES]
+    kube.fail_next(10**6, status=500, path="^/api/v1/nodes$")
+    kube.drop_watches()
+    kube.wait_for(lambda: st.failures >= 2)
+    clock.t += 31
+    assert not f.ready()[0]
+    watches, events = kube.watch_count("nodes"), st.events
+    kube.clear_faults()
+    kube.wait_for(lambda: kube.watch_count("nodes") > watches and st.open_since is not None)
+    ok, why = f.ready()
+    assert not ok and "nodes watch failing" in why   # open, but not yet for long: no proof yet
+    clock.t += f.open_grace_s
+    assert f.ready()[0]
+    assert st.failures == 0 and st.failing_since is None and st.last_error == ""
+    assert st.events == events                  # no event was needed
+    clock.t += 120                              # idle for two minutes (within the watch timeout): still ready
+    assert f.ready()[0]
