@@ -39,7 +39,8 @@ from stowage.allocation import AllocationRecord, RecordTrust
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request
 
 from .errors import KubeConfigError
-from .kube_objects import assign_args, meta, node_into_model, node_view, pod_view, record_by_uuid, resource_version
+from .kube_objects import (assign_args, meta, node_into_model, node_view, pod_for_bind, pod_view, record_by_uuid,
+                           resource_version)
 from packing.model import ClusterModel
 
 try:  # orjson is a declared dependency; fall back to json only so the module never fails to import
@@ -312,7 +313,9 @@ class KubeFeeder:
         self._records: dict[str, AllocationRecord] = {}  # uid -> record applied from its annotation
         self._pod_errors: dict[str, str] = {}    # uid -> malformed-annotation message (logged once)
         self._unrecorded: dict[str, str] = {}    # uid -> node: GPU pods bound without our record
-        self._pending: dict[str, dict] = {}      # ns/name -> pending pod (for get_pod at bind)
+        # ns/name -> pending pod of Stowage's schedulers, only what bind reads (pod_for_bind): for
+        # get_pod at bind and pending_uid at requeue. Small whatever the pod's annotations and containers.
+        self._pending: dict[str, dict] = {}
         # Called with the model's generation after it gained room (a pod left, a node came or
         # changed): kube-scheduler may have retried a waiting pod on the same event before this
         # watch delivered it.
@@ -397,7 +400,9 @@ class KubeFeeder:
 
     # ------------------------------------------------------------------ pods for bind
     def get_pod(self, namespace: str, name: str) -> dict | None:
-        """A pod as camelCase JSON: from the cache of pending pods, else a GET. None when it does not exist."""
+        """A pod as camelCase JSON, None when it does not exist: a pending pod of Stowage's
+        schedulers from the watch's cache, holding only what bind reads (:func:`pod_for_bind`),
+        else the whole pod by a GET."""
         with self._lock:
             pod = self._pending.get(f"{namespace}/{name}")
         if pod is not None:
@@ -672,11 +677,15 @@ class KubeFeeder:
         v = pod_view(pod, self.trust)
         if self.marks is not None:
             self.marks.note(pod, gone=deleted or v.terminal)
+        # Only Stowage's schedulers' pods come to its bind (another scheduler's record is not
+        # honoured), and bind reads little of them; a GET serves any other.
+        ours = self.trust.scheduler_names is None or v.scheduler in self.trust.scheduler_names
+        kept = pod_for_bind(pod) if ours and not (deleted or v.terminal or v.node) else None
         with self._lock:
-            if deleted or v.terminal or v.node:
+            if kept is None:
                 self._pending.pop(v.key, None)
             else:
-                self._pending[v.key] = dict(pod)
+                self._pending[v.key] = kept
         if not v.uid:
             log.error("pod %s without metadata.uid ignored", v.key)
             return
@@ -685,8 +694,7 @@ class KubeFeeder:
                 self._shown.discard(v.uid)
             if self.on_pod_deleted is not None:
                 self.on_pod_deleted(v.uid)
-        elif self.on_pod_seen is not None and (self.trust.scheduler_names is None
-                                                or v.scheduler in self.trust.scheduler_names):
+        elif self.on_pod_seen is not None and ours:
             with self._lock:
                 self._shown.add(v.uid)
             self.on_pod_seen(pod)

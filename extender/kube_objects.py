@@ -12,8 +12,9 @@ from stowage.allocation import (ALLOCATION_ANNOTATION, AllocationError, Allocati
                                 allocation_of_pod)
 from packing.model import ClusterModel
 from stowage.inventory import Inventory, InventoryError, inventory_from_node
-from stowage.resources import (GpuRequest, RequestError, parse_quantity, pod_host_request, quantity_to_bytes,
-                               quantity_to_milli)
+from packing.pod_policy import OWN_KEYS, POLICY_KEYS, PREFIX
+from stowage.resources import (REQUEST_RESOURCES, GpuRequest, RequestError, parse_quantity, pod_host_request,
+                               quantity_to_bytes, quantity_to_milli)
 
 INF = float("inf")
 
@@ -32,6 +33,66 @@ def resource_version(obj: Mapping[str, Any]) -> str:
 def pod_key(pod: Mapping[str, Any]) -> str:
     m = meta(pod)
     return f"{m.get('namespace') or 'default'}/{m.get('name') or '?'}"
+
+
+def pod_for_bind(pod: Mapping[str, Any]) -> dict:
+    """The parts of a pending pod that bind reads (``ExtenderService.pod_info``: identity, the
+    requests by :func:`~stowage.resources.pod_request`, the ``stowage.io/`` policy annotations;
+    the stale-reservation check: uid and ``spec.nodeName``), as a pod object of its own.
+
+    Why: the feed keeps every pending pod of Stowage's schedulers until it is bound, and a pod
+    author can keep pods pending forever, each with 256 KiB of annotations (~5 MiB parsed, as many
+    small keys) and long container specs. Whatever bind makes of this copy it makes of the pod:
+    the fields kept are the ones read, as they are; a field of an unexpected shape (which an API
+    server never sends) is kept as it is, so it fails the same way. Of the annotations, the policy
+    keys, plus the first other ``stowage.io/`` key, which ``parse_policy`` refuses by name.
+    """
+    m = meta(pod)
+    out_meta: dict[str, Any] = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in m}
+    ann = m.get("annotations")
+    if isinstance(ann, Mapping):
+        kept: dict[str, Any] = {}
+        for key, value in ann.items():
+            if not isinstance(key, str) or not key.startswith(PREFIX) or key in OWN_KEYS:
+                continue
+            kept[key] = value
+            if key not in POLICY_KEYS:
+                break    # parse_policy stops at the first unknown key: no later one is read
+        out_meta["annotations"] = kept
+    elif "annotations" in m:
+        out_meta["annotations"] = ann
+    out: dict[str, Any] = {"metadata": out_meta}
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        if "spec" in pod:
+            out["spec"] = spec
+        return out
+    out_spec: dict[str, Any] = {k: spec[k] for k in ("nodeName", "schedulerName") if k in spec}
+    for key in ("containers", "initContainers"):
+        if key in spec:
+            cs = spec[key]
+            out_spec[key] = [_container_for_bind(c) for c in cs if isinstance(c, Mapping)] \
+                if isinstance(cs, list) else cs
+    if "overhead" in spec:
+        out_spec["overhead"] = _resources_only(spec["overhead"])
+    out["spec"] = out_spec
+    return out
+
+
+def _resources_only(amounts: Any) -> Any:
+    """A requests/limits/overhead map with only the resources :func:`pod_request` reads."""
+    if not isinstance(amounts, Mapping):
+        return amounts
+    return {k: v for k, v in amounts.items() if k in REQUEST_RESOURCES}
+
+
+def _container_for_bind(c: Mapping[str, Any]) -> dict:
+    out: dict[str, Any] = {k: c[k] for k in ("name", "restartPolicy") if k in c}
+    if "resources" in c:
+        res = c["resources"]
+        out["resources"] = ({k: _resources_only(res[k]) for k in ("limits", "requests") if k in res}
+                            if isinstance(res, Mapping) else res)
+    return out
 
 
 def node_schedulable(node: Mapping[str, Any]) -> bool:

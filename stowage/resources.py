@@ -30,6 +30,9 @@ RESOURCE_GPU = "nvidia.com/gpu"
 RESOURCE_GPU_MEMORY = "nvidia.com/gpu-memory"
 RESOURCE_GPU_CORE = "nvidia.com/gpu-core"
 GPU_RESOURCES = (RESOURCE_GPU, RESOURCE_GPU_MEMORY, RESOURCE_GPU_CORE)
+# Every resource :func:`pod_request` reads from a container's requests/limits and ``spec.overhead``:
+# a copy of a pod that keeps only these asks for the very same thing (extender.kube_objects.pod_for_bind).
+REQUEST_RESOURCES = frozenset(GPU_RESOURCES + ("cpu", "memory"))
 
 DEFAULT_MEMORY_UNIT_MIB = 1024
 CORE_MILLI_PER_CARD = 1000

@@ -361,3 +361,97 @@ def test_idle_watch_reads_ready_once_open_for_a_while_after_an_outage(kube, feed
     assert st.events == events                  # no event was needed
     clock.t += 120                              # idle for two minutes (within the watch timeout): still ready
     assert f.ready()[0]
+
+
+def test_pending_pods_are_kept_slim_and_only_for_stowages_schedulers(kube, feeders):
+    """The feed keeps each pending pod until it is bound, for bind (a pod not seen at filter) and
+    the requeue: it once kept the whole parsed object of every scheduler's pending pods, and a pod
+    author can keep pods pending forever with 256 KiB of annotations each (~5 MiB apiece parsed, as
+    many small keys). Now only pods of Stowage's schedulers are kept, and of each only what bind
+    reads: identity, requests, Stowage's annotations."""
+    from extender.kube_objects import pod_for_bind
+    from extender.kube_binder import KubeBinder
+    from extender.service import ExtenderService
+    from extender.wire import BindingArgs
+    from packing.pod_policy import GPU_MODEL
+    from stowage.allocation import RecordTrust, decode_allocation
+    kube.create_node(inv_node("a100", [80], model="NVIDIA A100-SXM4-80GB"))
+    kube.create_node(inv_node("h100", [80], model="NVIDIA H100-SXM5-80GB"))
+    junk = {f"x.example.com/k{i}": "" for i in range(2000)}
+    ours = make_pod("ours", gpus=1, annotations={**junk, GPU_MODEL: "H100"})
+    ours["spec"]["schedulerName"] = "stowage-scheduler"
+    ours["spec"]["containers"][0]["env"] = [{"name": f"E{i}", "value": "v" * 100} for i in range(100)]
+    ours["spec"]["containers"][0]["resources"]["limits"]["example.com/widget"] = "3"
+    ours["spec"]["initContainers"] = [{"name": "side", "image": "busybox", "restartPolicy": "Always",
+                                       "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}}}]
+    ours["spec"]["overhead"] = {"cpu": "100m"}
+    theirs = make_pod("theirs", gpus=1, annotations=junk)
+    theirs["spec"]["schedulerName"] = "volcano"
+    ours, theirs = kube.create_pod(ours), kube.create_pod(theirs)
+    trust = RecordTrust(scheduler_names=frozenset({"stowage-scheduler"}))
+    f = started(kube, feeders, trust=trust)
+    kept = f._pending["default/ours"]
+    assert kept == pod_for_bind(ours)
+    assert kept["metadata"]["annotations"] == {GPU_MODEL: "H100"}
+    assert [sorted(c) for c in kept["spec"]["containers"]] == [["name", "resources"]]
+    assert kept["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert kept["spec"]["initContainers"][0]["restartPolicy"] == "Always" and "status" not in kept
+    assert "default/theirs" not in f._pending and f.pending_uid("default/theirs") is None
+    assert f.pending_uid("default/ours") == ours["metadata"]["uid"]
+    assert f.get_pod("default", "theirs")["metadata"]["annotations"] == junk   # read from the API server
+    # What bind makes of the kept copy is what it makes of the pod itself.
+    svc = ExtenderService(f.model, binder=KubeBinder(kube.api_client(), trust=trust), pod_source=f)
+    assert svc.pod_info(kept) == svc.pod_info(ours)
+    gets = len([r for r in kube.requests if r[0] == "GET" and r[1].startswith("/api/v1/namespaces/")])
+    uid = ours["metadata"]["uid"]
+    assert svc.bind(BindingArgs("ours", "default", uid, "a100")) != ""   # its gpu-model policy: not an A100
+    assert svc.bind(BindingArgs("ours", "default", uid, "h100")) == ""
+    assert len([r for r in kube.requests if r[0] == "GET" and r[1].startswith("/api/v1/namespaces/")]) == gets
+    stored = kube.get_pod("default", "ours")
+    assert stored["spec"]["nodeName"] == "h100"
+    assert decode_allocation(stored["metadata"]["annotations"][ALLOCATION_ANNOTATION]).node == "h100"
+    alloc = f.model.allocations[uid]
+    assert (alloc.cpu_milli, alloc.host_mem_mib) == (350, 64.0)   # sidecar and overhead counted
+    kube.wait_for(lambda: "default/ours" not in f._pending)       # bound: no longer kept
+
+
+def _odd_pods() -> list[dict]:
+    """Pods whose parse fails or depends on details: what bind makes of each must not change."""
+    from packing.pod_policy import GPU_MODEL, NODE_POLICY
+    base = lambda **kw: make_pod("p", uid="u1", **kw)  # noqa: E731
+    pods = [base(gpus=2, annotations={GPU_MODEL: "A100", "other.io/x": "y"}),
+            base(gpu_memory=8, gpu_core=30, annotations={NODE_POLICY: "spread", "stowage.io/allocation": "{}"}),
+            base(gpus=1, annotations={NODE_POLICY: "spread", "stowage.io/nope": "1", "stowage.io/later": "2"}),
+            base(gpus=1, annotations={"x.io/a": "1", NODE_POLICY: "sideways"}),
+            base(gpus=1, annotations={GPU_MODEL: ",".join(["m"] * 65)}),
+            base(gpu_memory=8, gpu_core=300),
+            base(gpus=1)]
+    limits_only = base(gpu_memory=8)
+    limits_only["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu-memory": "8", "cpu": "2"},
+                                                         "requests": {"cpu": "1", "example.com/x": "1"}}
+    bad_qty = base(gpus=1)
+    bad_qty["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
+    init = base(gpus=1)
+    init["spec"]["initContainers"] = [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "3"}}}]
+    init["spec"]["overhead"] = {"nvidia.com/gpu": "1", "memory": "1Gi", "example.com/y": "1"}
+    odd_ann = base(gpus=1)
+    odd_ann["metadata"]["annotations"] = ["not", "a", "map"]
+    odd_spec = base(gpus=1)
+    odd_spec["spec"]["containers"] = {"not": "a list"}
+    odd_res = base(gpus=1)
+    odd_res["spec"]["containers"].append("not a container")
+    odd_res["spec"]["containers"][0]["resources"]["limits"] = [["nvidia.com/gpu", "1"]]
+    no_spec = base()
+    no_spec["spec"] = "nothing"
+    return pods + [limits_only, bad_qty, init, odd_ann, odd_spec, odd_res, no_spec]
+
+
+@pytest.mark.parametrize("i", range(len(_odd_pods())))
+def test_bind_makes_of_the_kept_copy_what_it_makes_of_the_pod(i):
+    from extender.kube_objects import pod_for_bind
+    from extender.service import ExtenderService
+    from packing.model import ClusterModel
+    pod = _odd_pods()[i]
+    kept = pod_for_bind(pod)
+    # two services: pod_info caches by uid and resourceVersion
+    assert ExtenderService(ClusterModel()).pod_info(kept) == ExtenderService(ClusterModel()).pod_info(pod)
