@@ -17,7 +17,7 @@ from typing import Any, Callable
 import click
 from flask import Flask
 
-from stowage.allocation import AllocationError, RecordKey, RecordTrust
+from stowage.allocation import DEFAULT_SCHEDULER_NAMES, RECORD_KEY_ENV, AllocationError, RecordKey, RecordTrust
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
 from .app import DEFAULT_MAX_BODY_BYTES, create_app
@@ -105,8 +105,7 @@ def _build_app(cfg: ServeConfig) -> Flask:
     from .requeue import Requeuer
 
     api_client = load_api_client(kubeconfig=cfg.kubeconfig, in_cluster=cfg.in_cluster)
-    trust = RecordTrust(key=RecordKey.load(cfg.record_key_file) if cfg.record_key_file else None,
-                        memory_unit_mib=cfg.memory_unit_mib, scheduler_names=frozenset(cfg.scheduler_names) or None)
+    trust = RecordTrust.from_options(cfg.record_key_file, cfg.memory_unit_mib, cfg.scheduler_names)
     feeder = KubeFeeder(model, api_client, memory_unit_mib=cfg.memory_unit_mib, trust=trust,
                         stale_after_s=cfg.stale_after_s)
     service = ExtenderService(model, binder=KubeBinder(api_client, trust=trust), pod_source=feeder,
@@ -248,11 +247,11 @@ def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str |
 @click.option("--metrics-bind", metavar="HOST:PORT", default=None, callback=_check_metrics_bind,
               help="Also serve /metrics (only) on this address, e.g. 0.0.0.0:9888: for Prometheus when "
                    "--bind is the pod's loopback (the sidecar layout). Default: /metrics on --bind only.")
-@click.option("--record-key-file", envvar="STOWAGE_RECORD_KEY_FILE", type=click.Path(dir_okay=False),
+@click.option("--record-key-file", envvar=RECORD_KEY_ENV, type=click.Path(dir_okay=False),
               help="Kube mode: sign every allocation record with this key (a Secret only the extender and the "
                    "device plugin can read) and honour only records signed for their pod. Without it, records "
                    "are honoured when they match the pod's request, node and scheduler (docs/security.md).")
-@click.option("--scheduler-name", "scheduler_names", multiple=True, default=("stowage-scheduler",),
+@click.option("--scheduler-name", "scheduler_names", multiple=True, default=DEFAULT_SCHEDULER_NAMES,
               show_default=True,
               help="Kube mode: the schedulerName(s) of Stowage's profile(s); records on other schedulers' pods "
                    "are not honoured. Repeat for several profiles.")

@@ -216,6 +216,11 @@ def record_mismatch(rec: AllocationRecord, req: GpuRequest) -> str:
 
 
 DEFAULT_SCHEDULER = "default-scheduler"
+# The schedulerName of Stowage's profile as shipped: the extender's ``--scheduler-name`` default,
+# which the operator commands share so that they honour the same records.
+DEFAULT_SCHEDULER_NAMES: tuple[str, ...] = ("stowage-scheduler",)
+# The environment variable naming the ``--record-key-file`` (the mounted Secret) when not given.
+RECORD_KEY_ENV = "STOWAGE_RECORD_KEY_FILE"
 
 
 def honoured_allocation_of_pod(pod: Mapping[str, Any], key: RecordKey | None = None,
@@ -259,6 +264,16 @@ class RecordTrust:
     key: RecordKey | None = None                 # None: records are not signed in this cluster
     memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB
     scheduler_names: frozenset[str] | None = None   # None: any scheduler's pods
+
+    @classmethod
+    def from_options(cls, record_key_file: str | Path | None, memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB,
+                     scheduler_names: tuple[str, ...] | frozenset[str] = ()) -> "RecordTrust":
+        """The trust of a component started with ``--record-key-file``, ``--memory-unit-mib`` and
+        ``--scheduler-name`` (none: any scheduler's pods). The ONE place these options become a
+        trust, so that the extender and the operator commands given the same options honour
+        exactly the same records. An unreadable or too short key raises :class:`AllocationError`."""
+        return cls(key=RecordKey.load(record_key_file) if record_key_file else None,
+                   memory_unit_mib=memory_unit_mib, scheduler_names=frozenset(scheduler_names) or None)
 
     def record_of(self, pod: Mapping[str, Any]) -> AllocationRecord | None:
         """:func:`honoured_allocation_of_pod` with this component's settings."""
