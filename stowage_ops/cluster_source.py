@@ -2,8 +2,11 @@
 and one loader, shared by both commands.
 
 - live: ``--kubeconfig`` / ``--context`` / ``--in-cluster`` — one list of nodes and pods through
-  the extender's own feeder (:class:`extender.kube.KubeFeeder`), so the picture is exactly what
-  the extender would rebuild from the pods' allocation annotations;
+  the extender's own feeder (:class:`extender.kube.KubeFeeder`) with the extender's own record
+  trust (:meth:`stowage.allocation.RecordTrust.from_options` of ``--record-key-file``,
+  ``--scheduler-name`` and ``--memory-unit-mib``, with the extender's defaults), so given the
+  options the extender runs with, the picture is exactly what it would rebuild from the pods'
+  allocation annotations;
 - simulated: ``--simulated [FILE]`` — the embedded cluster (or a YAML file of the same format,
   see ``extender/data/default-cluster.yaml``), optionally with ``--fill N`` seeded random pods
   placed by the pack policy so there is something to look at.
@@ -21,12 +24,14 @@ from typing import Any, Callable, Mapping
 import click
 
 from packing.model import ClusterModel
+from stowage.allocation import DEFAULT_SCHEDULER_NAMES, RECORD_KEY_ENV, AllocationError, RecordTrust
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
 LIVE_TIMEOUT_S = 20   # per API request of inspect/plan (the extender's own feed waits longer)
 LIVE_RETRIES = 1      # a server that does not answer costs the operator at most ~2 x LIVE_TIMEOUT_S a list
 
-SOURCE_OPTIONS = ("kubeconfig", "context", "in_cluster", "simulated", "fill", "seed", "memory_unit_mib")
+SOURCE_OPTIONS = ("kubeconfig", "context", "in_cluster", "simulated", "fill", "seed", "memory_unit_mib",
+                  "scheduler_names", "record_key_file")
 
 
 @dataclass(frozen=True)
@@ -40,10 +45,21 @@ class Source:
     fill: int = 0
     seed: int = 0
     memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB
+    scheduler_names: tuple[str, ...] = DEFAULT_SCHEDULER_NAMES   # live: the extender's --scheduler-name
+    record_key_file: str | None = None                            # live: the extender's --record-key-file
 
     @property
     def live(self) -> bool:
         return self.simulated is None
+
+    def trust(self) -> RecordTrust:
+        """Which allocation records count: the extender's trust for the same options (built by
+        the same function), so a live cluster reads as that extender rebuilds it. A key file that
+        cannot be used is a bad parameter (exit 2), as it is for the extender."""
+        try:
+            return RecordTrust.from_options(self.record_key_file, self.memory_unit_mib, self.scheduler_names)
+        except AllocationError as exc:
+            raise click.BadParameter(str(exc), param_hint="--record-key-file") from None
 
 
 def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -61,6 +77,15 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--seed", type=int, default=0, show_default=True, help="Seed for --fill."),
         click.option("--memory-unit-mib", type=click.IntRange(min=1), default=DEFAULT_MEMORY_UNIT_MIB,
                      show_default=True, help="MiB per nvidia.com/gpu-memory unit (as configured for the extender)."),
+        click.option("--scheduler-name", "scheduler_names", multiple=True, default=DEFAULT_SCHEDULER_NAMES,
+                     show_default=True,
+                     help="Live cluster: the schedulerName(s) of Stowage's profile(s), as given to the extender: "
+                          "only these pods' allocation records count (and their shapes are what its placer "
+                          "learns). Repeat for several profiles."),
+        click.option("--record-key-file", envvar=RECORD_KEY_ENV, type=click.Path(dir_okay=False), default=None,
+                     help="Live cluster: the extender's --record-key-file (env " + RECORD_KEY_ENV + "), where "
+                          "the cluster signs records: only records signed for their pod count, as in the "
+                          "extender. Without it, unsigned records count too (docs/security.md)."),
     ]
 
     @functools.wraps(fn)
@@ -73,6 +98,9 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         if src.in_cluster and (src.kubeconfig or src.context):
             raise click.UsageError("--kubeconfig and --in-cluster are exclusive (--context picks a kubeconfig "
                                    "context)")
+        _refuse_on_simulated(src, {"scheduler_names": "--scheduler-name", "record_key_file": "--record-key-file"})
+        if src.live:
+            src.trust()   # an unusable key file is refused before the cluster is read
         return fn(*args, source=src, **kwargs)
 
     for opt in reversed(opts):
@@ -84,11 +112,12 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 class LearnFrom:
     """What to read of a live cluster so that a what-if's placer knows what the live extender's
     knows (issue 13: ``stowage plan`` may never know more or less): the pods of Stowage's
-    schedulers (``scheduler_names``, the extender's ``--scheduler-name``), in creation order as
-    its first list shows them, and the departed pods' past its ConfigMap keeps (``configmap``,
-    ``(namespace, name)`` or None). :func:`load` fills ``pods``, ``past`` and ``note``."""
+    schedulers (``scheduler_names``, the extender's ``--scheduler-name``: :attr:`Source.scheduler_names`),
+    in creation order as its first list shows them, and the departed pods' past its ConfigMap keeps
+    (``configmap``, ``(namespace, name)`` or None). :func:`load` fills ``scheduler_names``,
+    ``pods``, ``past`` and ``note``."""
 
-    scheduler_names: tuple[str, ...] = ("stowage-scheduler",)
+    scheduler_names: tuple[str, ...] = DEFAULT_SCHEDULER_NAMES
     configmap: tuple[str, str] | None = None
     pods: list[dict] = field(default_factory=list)
     past: Any = None                # extender.learned_past.DepartedPods once loaded
@@ -103,14 +132,12 @@ class LearnFrom:
 
 
 def learn_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Add ``--scheduler-name`` and ``--learned-configmap`` (as given to the extender) to a click
-    command; it receives ``learn: LearnFrom`` (for :func:`load`; it reads them only on a live cluster)."""
+    """Add ``--learned-configmap`` (as given to the extender) to a click command below
+    :func:`cluster_options`; it receives ``learn: LearnFrom`` (for :func:`load`; it reads the
+    ConfigMap, and the pods of ``--scheduler-name``, only on a live cluster)."""
     from extender.learned_store import DEFAULT_NAME, DEFAULT_NAMESPACE
 
     opts = [
-        click.option("--scheduler-name", "scheduler_names", multiple=True, default=("stowage-scheduler",),
-                     show_default=True, help="Live cluster: the schedulerName(s) of Stowage's profile(s), as given "
-                                             "to the extender: the pods whose shapes its placer learns."),
         click.option("--learned-configmap", default=DEFAULT_NAME, show_default=True,
                      metavar="[NAMESPACE/]NAME|off",
                      help="Live cluster: the extender's --learned-configmap (namespace: $POD_NAMESPACE, else "
@@ -121,19 +148,15 @@ def learn_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from extender.learned_store import parse_location
-        names, where = kwargs.pop("scheduler_names"), kwargs.pop("learned_configmap")
+        where = kwargs.pop("learned_configmap")
         src = kwargs.get("source")
-        if isinstance(src, Source) and not src.live:
-            given = [flag for param, flag in (("scheduler_names", "--scheduler-name"),
-                                              ("learned_configmap", "--learned-configmap")) if _given(param)]
-            if given:
-                raise click.UsageError(f"{' and '.join(given)} read a live cluster's extender; a simulated "
-                                       "cluster has none")
+        if isinstance(src, Source):
+            _refuse_on_simulated(src, {"learned_configmap": "--learned-configmap"})
         try:
             configmap = parse_location(where, os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--learned-configmap") from None
-        return fn(*args, learn=LearnFrom(scheduler_names=tuple(names), configmap=configmap), **kwargs)
+        return fn(*args, learn=LearnFrom(configmap=configmap), **kwargs)
 
     for opt in reversed(opts):
         wrapper = opt(wrapper)
@@ -144,6 +167,14 @@ def _given(param: str) -> bool:
     """Whether the user gave option ``param`` on the command line (not its default)."""
     ctx = click.get_current_context(silent=True)
     return ctx is not None and ctx.get_parameter_source(param) == click.core.ParameterSource.COMMANDLINE
+
+
+def _refuse_on_simulated(src: Source, flags: Mapping[str, str]) -> None:
+    """A usage error when options that describe a live cluster's extender (``flags``: parameter
+    -> option) were given for a simulated cluster, which has none: they would be ignored."""
+    given = [flag for param, flag in flags.items() if _given(param)]
+    if given and not src.live:
+        raise click.UsageError(f"{' and '.join(given)} read a live cluster's extender; a simulated cluster has none")
 
 
 @dataclass
@@ -224,6 +255,7 @@ def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None,
         from extender.kube import KubeFeeder, load_api_client
     except ImportError as exc:
         raise click.ClickException(f"live clusters need the extender's Kubernetes feeder: {exc}") from None
+    trust = src.trust()
     try:
         api = load_api_client(src.kubeconfig, src.in_cluster, src.context, retries=LIVE_RETRIES)
     except Exception as exc:  # kubernetes.config raises several unrelated types
@@ -234,14 +266,13 @@ def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None,
                f"{LIVE_RETRIES} retry)...", err=True)
     model = ClusterModel()
     try:
-        feeder = KubeFeeder(model, api, src.memory_unit_mib, request_timeout_s=LIVE_TIMEOUT_S)
+        feeder = KubeFeeder(model, api, src.memory_unit_mib, request_timeout_s=LIVE_TIMEOUT_S, trust=trust)
         feeder.marks = _NoteBoth(marks, facts) if facts is not None else marks
         if learn is not None:
-            names = set(learn.scheduler_names)
-            learn.pods = []
-            # The feed lists pods in creation order, as the extender's first list shows them.
-            feeder.on_pod_seen = lambda pod: (learn.pods.append(pod)
-                                              if (pod.get("spec") or {}).get("schedulerName") in names else None)
+            learn.scheduler_names, learn.pods = src.scheduler_names, []
+            # The feed shows it the pods of the trust's schedulers only, as the extender's placer
+            # learns them, in creation order as its first list shows them.
+            feeder.on_pod_seen = learn.pods.append
         feeder.sync_once()
         if facts is not None:
             facts.unrecorded = dict(feeder.status().get("unrecorded_gpu_pods") or {})

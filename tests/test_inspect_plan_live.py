@@ -22,6 +22,14 @@ def alloc(node: str, cards: list[tuple[int, int, int]], whole: bool) -> dict[str
     return {ALLOCATION_ANNOTATION: encode_allocation(rec)}
 
 
+def stowage_pod(name: str, **kw) -> dict:
+    """A pod of Stowage's profile (the default --scheduler-name): the extender, and so inspect and
+    plan, honour allocation records only on such pods."""
+    pod = make_pod(name, **kw)
+    pod["spec"]["schedulerName"] = "stowage-scheduler"
+    return pod
+
+
 @pytest.fixture
 def cluster(tmp_path):
     """gpu-a: 4 x A100 40 GiB (card 3 unhealthy): a whole-GPU pod on card 0, two 10 GiB / 30 %
@@ -34,12 +42,12 @@ def cluster(tmp_path):
                    for k in range(2)]
         kube.create_node(make_node("gpu-b", gpus=2, annotations={INVENTORY_ANNOTATION: encode_inventory(cards_b)}))
         kube.create_node(make_node("cpu-only"))
-        kube.create_pod(make_pod("train", namespace="ml", gpus=1, node="gpu-a", phase="Running",
+        kube.create_pod(stowage_pod("train", namespace="ml", gpus=1, node="gpu-a", phase="Running",
                                  annotations=alloc("gpu-a", [(0, 40 * GiB, 1000)], True)))
         for n in ("infer-1", "infer-2"):
-            kube.create_pod(make_pod(n, namespace="ml", gpu_memory=10, gpu_core=30, node="gpu-a", phase="Running",
+            kube.create_pod(stowage_pod(n, namespace="ml", gpu_memory=10, gpu_core=30, node="gpu-a", phase="Running",
                                      annotations=alloc("gpu-a", [(1, 10 * GiB, 300)], False)))
-        kube.create_pod(make_pod("done", namespace="ml", gpus=1, node="gpu-b", phase="Succeeded",
+        kube.create_pod(stowage_pod("done", namespace="ml", gpus=1, node="gpu-b", phase="Succeeded",
                                  annotations=alloc("gpu-b", [(0, 40 * GiB, 1000)], True)))
         yield kubeconfig(tmp_path, kube.url)
 
@@ -117,7 +125,7 @@ def test_plan_drain_moves_cpu_pods_leaves_daemonset_pods_and_names_unknown_gpu_p
                      for k in range(n)]
             kube.create_node(make_node(node, gpus=n, annotations={INVENTORY_ANNOTATION: encode_inventory(cards)}))
             kube.create_pod(bound(f"plugin-{node}", node, cpu="100m", daemonset=True))
-        kube.create_pod(make_pod("train", namespace="ml", gpus=1, node="gpu-a", phase="Running",
+        kube.create_pod(stowage_pod("train", namespace="ml", gpus=1, node="gpu-a", phase="Running",
                                  annotations=alloc("gpu-a", [(0, 40 * GiB, 1000)], True)))
         kube.create_pod(bound("web", "gpu-b"))
         kube.create_pod(bound("other-train", "gpu-c", gpus=1))

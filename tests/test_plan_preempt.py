@@ -102,6 +102,7 @@ def test_live_cluster_priorities_come_from_the_pods(tmp_path):
         for name, node, prio in (("important", "n1", 1000), ("batch", "n2", 10)):
             pod = make_pod(name, gpu_memory=20, node=node, phase="Running", annotations=rec(node, 0, 20))
             pod["spec"]["priority"] = prio
+            pod["spec"]["schedulerName"] = "stowage-scheduler"   # records count on Stowage's pods only
             kube.create_pod(pod)
         cfg = kubeconfig_file(tmp_path, kube.url)
         r = CliRunner().invoke(main, ["plan", "--kubeconfig", cfg, "--preempt", "10Gi", "--priority", "500",
