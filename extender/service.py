@@ -296,6 +296,8 @@ class ExtenderService:
         # predecessors saw): kept in a ConfigMap so a restart does not lose it
         # (extender/learned_past.py, extender/learned_store.py). Guarded by _pods_lock.
         self.departed = DepartedPods()
+        # Whether a learned table's size bound was logged (Placer.table_bound; once per process).
+        self._bound_logged = False
         # Its writer (extender/learned_store.PastKeeper) in kube mode, for /metrics; else None.
         self.past_keeper: Any = None
         self._inflight: set[str] = set()  # pod UIDs whose binder call is running (guarded by model.lock)
@@ -373,6 +375,7 @@ class ExtenderService:
         with self.model.lock:  # placers are not required to be thread-safe
             for placer in self._distinct_placers():
                 placer.observe(req, models)
+            self._log_table_bound()
 
     def learn_departed(self, past: DepartedPods) -> int:
         """Learn the departed pods an earlier extender kept (its ConfigMap, read at start), before
@@ -399,7 +402,20 @@ class ExtenderService:
             if gpu_pods_left:
                 for p in placers:
                     p.note_release()
+            self._log_table_bound()
             return shown
+
+    def _log_table_bound(self) -> None:
+        """Say once when a placer's learned table hit its size bound (pods of many distinct
+        shapes; the placer then merges the rarest, see packing/frag.py). Under model.lock."""
+        if self._bound_logged:
+            return
+        for placer in self._distinct_placers():
+            what = placer.table_bound()
+            if what is not None:
+                self._bound_logged = True
+                log.warning("learned workload: %s (placer %s; logged once)", what, placer.name)
+                return
 
     def _distinct_placers(self) -> list[Placer]:
         """Each placer once (a factory may serve both node policies with one placer)."""

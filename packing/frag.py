@@ -56,6 +56,10 @@ def model_list(models: Sequence[str]) -> tuple[str, ...]:
 
 
 LOOKUP_ABOVE = 64   # FragTable.weight: classes above which W is looked up, not summed
+# FragTable's 2-D lookup (groups x CPU thresholds x memory thresholds, float64) holds at most
+# this many cells (8 MiB); past it the rarest thresholds are merged (see FragTable). The openb
+# traces and variants need at most ~74,000 (56 groups x 33 x 40), so this never engages there.
+MAX_TABLE_CELLS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -170,10 +174,64 @@ class Workload:
         return [(cls, n / cum) for cls, n in out]
 
 
-class FragTable:
-    """A typical workload compiled into per-group arrays over a model table."""
+@dataclass(frozen=True)
+class TableBound:
+    """What :class:`FragTable`'s cell budget merged: the 2-D lookup's thresholds per axis
+    before and after, and its cells wanted (groups x (CPU+1) x (memory+1)) and kept."""
 
-    def __init__(self, classes: Sequence[tuple[PodClass, float]]) -> None:
+    cells_wanted: int
+    cells: int
+    cpu: tuple[int, int]     # (distinct CPU requests, thresholds kept)
+    mem: tuple[int, int]     # (distinct host-memory requests, thresholds kept)
+
+    def describe(self) -> str:
+        return (f"the fragmentation table would need {self.cells_wanted:,} cells "
+                f"({self.cpu[0]} distinct CPU x {self.mem[0]} distinct host-memory requests of GPU pod classes); "
+                f"kept {self.cells:,} by merging the rarest into the next larger kept one "
+                f"({self.cpu[1]} CPU and {self.mem[1]} memory thresholds)")
+
+
+def axis_caps(n_cpu: int, n_mem: int, per_group: int) -> tuple[int, int]:
+    """Thresholds to keep per axis so that (CPU+1) x (memory+1) cells fit ``per_group``: an
+    axis that fits within its half keeps all, the other gets the rest; at least one each."""
+    k = max(1, int(np.sqrt(max(per_group, 4))) - 1)
+    if n_cpu <= k:
+        return n_cpu, max(1, min(n_mem, per_group // (n_cpu + 1) - 1))
+    if n_mem <= k:
+        return max(1, min(n_cpu, per_group // (n_mem + 1) - 1)), n_mem
+    return k, k
+
+
+def merge_rare(thresholds: np.ndarray, values: Sequence[float], weights: Sequence[float], keep: int) -> np.ndarray:
+    """At most ``keep`` of the sorted ``thresholds``, chosen by weighted quantile: the axis is
+    cut into ``keep`` runs of about equal class frequency and each run keeps its largest
+    threshold (so the largest of all is kept, and any threshold with 1/keep of the frequency).
+    A class whose threshold is dropped counts at the next kept one: it is taken to need a
+    little more than it asks (never to fit where it does not), and the frequency so moved
+    past any point of the axis is under 1/keep of the total."""
+    if len(thresholds) <= keep:
+        return thresholds
+    w = np.zeros(len(thresholds))
+    np.add.at(w, np.searchsorted(thresholds, np.asarray(values, np.float64)), np.asarray(weights, np.float64))
+    total = w.sum()
+    before = np.concatenate(([0.0], np.cumsum(w)[:-1]))
+    run = np.minimum((before * keep / total).astype(np.int64), keep - 1) if total > 0 else \
+        np.arange(len(thresholds)) * keep // len(thresholds)
+    last = np.concatenate((run[1:] != run[:-1], [True]))
+    return thresholds[last]
+
+
+class FragTable:
+    """A typical workload compiled into per-group arrays over a model table.
+
+    ``max_cells`` bounds the 2-D lookup of :meth:`weight` (``cum_w2``, groups x CPU thresholds x
+    memory thresholds): a class's CPU and host memory are whatever its pod's author wrote, so
+    classes differing in all three make the lookup grow as classes^3 (gigabytes at 1,000
+    classes). Past the budget each axis keeps at most a quantile's worth of thresholds
+    (:func:`merge_rare`) and :attr:`bound` says what was merged; under it (every real workload
+    seen) the table is exactly the unbounded one. ``None``: no bound (the reference in tests)."""
+
+    def __init__(self, classes: Sequence[tuple[PodClass, float]], max_cells: int | None = MAX_TABLE_CELLS) -> None:
         self.p_all = float(sum(p for _, p in classes))
         keys: list[tuple] = []
         gidx: dict[tuple, int] = {}
@@ -215,13 +273,28 @@ class FragTable:
         # the classes). Up to LOOKUP_ABOVE classes the product stays: equal up to float
         # rounding, and rounding decides near-ties, so the openb traces without model lists
         # (53 classes) replay exactly as before.
+        # Built only where weight() reads it, and bounded by ``max_cells`` (see the class doc):
+        # ``cpu_thresholds2`` is its CPU axis, ``thresholds`` itself unless rare ones were merged.
         self.mem_thresholds = np.unique(np.array(cls_mem, np.float64))
-        cum2 = np.zeros((len(keys), len(self.thresholds) + 1, len(self.mem_thresholds) + 1))
+        self.cpu_thresholds2 = self.thresholds
+        self.bound: TableBound | None = None
+        self.cum_w2: np.ndarray | None = None
+        self._allowed_for: tuple[int, np.ndarray] | None = None
+        if not self.uses_mem or len(cls_p) <= LOOKUP_ABOVE:
+            return
+        wanted = len(keys) * (len(self.thresholds) + 1) * (len(self.mem_thresholds) + 1)
+        if max_cells is not None and wanted > max_cells:
+            n_cpu, n_mem = len(self.thresholds), len(self.mem_thresholds)
+            kc, km = axis_caps(n_cpu, n_mem, max_cells // max(len(keys), 1))
+            self.cpu_thresholds2 = merge_rare(self.thresholds, cls_cpu, cls_p, kc)
+            self.mem_thresholds = merge_rare(self.mem_thresholds, cls_mem, cls_p, km)
+            self.bound = TableBound(wanted, len(keys) * (len(self.cpu_thresholds2) + 1) * (len(self.mem_thresholds) + 1),
+                                    (n_cpu, len(self.cpu_thresholds2)), (n_mem, len(self.mem_thresholds)))
+        cum2 = np.zeros((len(keys), len(self.cpu_thresholds2) + 1, len(self.mem_thresholds) + 1))
         for g, c, hm, p in zip(cls_g, cls_cpu, cls_mem, cls_p):
-            cum2[g, int(np.searchsorted(self.thresholds, c)) + 1,
+            cum2[g, int(np.searchsorted(self.cpu_thresholds2, c)) + 1,
                  int(np.searchsorted(self.mem_thresholds, hm)) + 1] += p
         self.cum_w2 = np.cumsum(np.cumsum(cum2, axis=1), axis=2)
-        self._allowed_for: tuple[int, np.ndarray] | None = None
 
     @property
     def size(self) -> int:
@@ -245,7 +318,7 @@ class FragTable:
         if self.m.shape[1] <= LOOKUP_ABOVE:
             ok = (self.cls_cpu <= cpu_free[None]) & (self.cls_mem <= hmem_free[None])
             return self.m @ ok
-        pc = np.searchsorted(self.thresholds, np.minimum(cpu_free, 1e18), side="right")
+        pc = np.searchsorted(self.cpu_thresholds2, np.minimum(cpu_free, 1e18), side="right")
         pm = np.searchsorted(self.mem_thresholds, np.minimum(hmem_free, 1e18), side="right")
         return self.cum_w2[:, pc, pm]
 
@@ -533,6 +606,11 @@ class FragPlacerBase(PlacerBase):
         self._models = models
         self.index = None
         self.version += 1
+
+    def table_bound(self) -> str | None:
+        """What the current table's cell budget merged (``FragTable.bound``), or None."""
+        bound = self.table.bound if self.table is not None else None
+        return bound.describe() if bound is not None else None
 
     def _index(self, a: CardArrays) -> FragIndex:
         if self.table is None:

@@ -74,6 +74,9 @@ class Placer(Protocol):
     def pair_keys(self, a: CardArrays, req: GpuRequest, ii: np.ndarray, kk: np.ndarray) -> np.ndarray: ...
     def global_of_keys(self, a: CardArrays, req: GpuRequest, keys: np.ndarray) -> np.ndarray: ...
 
+    def table_bound(self) -> str | None:
+        """What a size bound of the learned state merged, in words (for the host to log), or None."""
+
 
 class PlacerBase:
     """Defaults for every optional hook of :class:`Placer`: a placer with no learned state,
@@ -127,6 +130,9 @@ class PlacerBase:
 
     def global_of_keys(self, a: CardArrays, req: GpuRequest, keys: np.ndarray) -> np.ndarray:
         raise NotImplementedError(f"placer {self.name} has no pair keys")
+
+    def table_bound(self) -> str | None:
+        return None
 
 
 Strategy = Callable[[CardArrays, GpuRequest, np.ndarray, np.ndarray], np.ndarray]
