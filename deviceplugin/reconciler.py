@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -29,11 +29,14 @@ log = logging.getLogger("stowage.deviceplugin.reconciler")
 
 
 class Reconciler:
-    def __init__(self, table: DeviceTable, node: str, pod_lister: Any, source: KubeletAllocations, core_api: Any,
+    def __init__(self, table_of: Callable[[], DeviceTable], node: str, pod_lister: Any,
+                 source: KubeletAllocations, core_api: Any,
                  interval_s: float = 5.0, after_allocate_s: float = 0.5,
                  registry: CollectorRegistry | None = None, trust: RecordTrust | None = None) -> None:
         self.trust = trust or RecordTrust()   # reads records as Allocate does; signs the ones it rewrites
-        self.table, self.node, self.pod_lister, self.source, self.core_api = table, node, pod_lister, source, core_api
+        # the plugin's current card table: a card read after start replaces it with a larger one
+        self.table_of = table_of
+        self.node, self.pod_lister, self.source, self.core_api = node, pod_lister, source, core_api
         self.interval_s, self.after_allocate_s = interval_s, after_allocate_s
         self.registry = registry or CollectorRegistry()
         self.corrected = Counter("stowage_deviceplugin_record_corrections", "Pod allocation records rewritten to "
@@ -77,7 +80,8 @@ class Reconciler:
             except Exception as exc:
                 log.warning("reconciliation skipped: cannot list the pods of node %s (%s)", self.node, exc)
                 return []
-            fixes, notes = corrections(pods, kubelet_view(rows, self.table), self.node, self.table, self.trust)
+            table = self.table_of()
+            fixes, notes = corrections(pods, kubelet_view(rows, table), self.node, table, self.trust)
             self.mismatches.set(len(notes))
             for note in notes:
                 if note not in self._noted:

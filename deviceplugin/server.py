@@ -33,7 +33,7 @@ from gpunode.devices import UNHEALTHY, DeviceTable, id_lengths
 from .podres import KubeletAllocations
 from gpunode.backoff import Backoff
 from gpunode.health import DEFAULT_IGNORED_XIDS, HealthTracker
-from gpunode.nvml import GpuInfo, Nvml, NvmlUnavailable, XidWatch
+from gpunode.nvml import GpuInfo, LateCards, Nvml, NvmlUnavailable, XidWatch
 
 genprotos.ensure("deviceplugin/v1beta1/api.proto")
 from deviceplugin.v1beta1 import api_pb2 as pb  # noqa: E402
@@ -142,6 +142,8 @@ class PluginConfig:
     event_retry_first_s: float = 0.1   # a failed event wait is retried after this, doubling ...
     event_retry_max_s: float = 5.0     # ... up to this
     event_recreate_after: int = 5      # failed waits in a row before the event set is made anew
+    rediscover_first_s: float = 1.0    # a card unreadable at start is read again after this, doubling ...
+    rediscover_max_s: float = 60.0     # ... up to this
     dev_root: str = "/dev"
     poll_s: float = 0.02
     serve_retry_first_s: float = 0.1   # a socket that cannot be served is retried after this, doubling ...
@@ -160,7 +162,11 @@ class PluginConfig:
 
 
 class DeviceState:
-    """Cards, their health, and a version counter ListAndWatch streams wait on."""
+    """Cards, their health, and a version counter ListAndWatch streams wait on.
+
+    ``table`` is never changed in place: a card read late replaces it with a larger one
+    (:meth:`set_table`), so a reader that takes ``table`` once sees one consistent set of cards.
+    """
 
     def __init__(self, table: DeviceTable) -> None:
         self.table = table
@@ -174,6 +180,14 @@ class DeviceState:
                 self.health = dict(health)
                 self.version += 1
                 self.cond.notify_all()
+
+    def set_table(self, table: DeviceTable, health: dict[str, bool]) -> None:
+        """Advertise ``table``'s cards from now on (cards are only ever added): every ListAndWatch
+        stream sends its resource's new full list."""
+        with self.cond:
+            self.table, self.health = table, dict(health)
+            self.version += 1
+            self.cond.notify_all()
 
     def list_response(self, resource: str) -> Any:
         with self.cond:
@@ -204,7 +218,7 @@ class Allocations:
         self._steered: dict[tuple[str, frozenset[str]], str] = {}
         self._lock = threading.Lock()  # one decision at a time: two calls must not pick the same pod
 
-    def _survey(self, resource: str) -> allocator.PodSurvey:
+    def _survey(self, resource: str, table: DeviceTable) -> allocator.PodSurvey:
         if self.pod_lister is None:
             raise allocator.AllocationRefused(allocator.FAILED_PRECONDITION, f"{resource}: the plugin runs without "
                                               "Kubernetes API access, so it cannot read pod allocation records")
@@ -216,22 +230,23 @@ class Allocations:
         self.ledger.forget_except({str((p.get("metadata") or {}).get("uid")) for p in pods})
         rows = self.kubelet.rows() if self.kubelet is not None else None
         if rows is None:  # PodResources unreachable: this process's ledger is all we know
-            return allocator.survey(pods, self.node, resource, self.ledger, trust=self.trust, table=self.state.table)
-        view = corrections.kubelet_view(rows, self.state.table)
+            return allocator.survey(pods, self.node, resource, self.ledger, trust=self.trust, table=table)
+        view = corrections.kubelet_view(rows, table)
         uid_of = {(str(m.get("namespace") or ""), str(m.get("name") or "")): str(m.get("uid") or "")
                   for m in ((p.get("metadata") or {}) for p in pods)}
         owners = {r: view.owners(r) for r in GPU_RESOURCES}
         self.ledger.reattribute(lambda r, i: uid_of.get(owners[r][i]) if i in owners.get(r, {}) else None)
-        fixes, _ = corrections.corrections(pods, view, self.node, self.state.table, self.trust)
+        fixes, _ = corrections.corrections(pods, view, self.node, table, self.trust)
         return allocator.survey(pods, self.node, resource, self.ledger, view, {f.uid: f.new for f in fixes},
-                                trust=self.trust, table=self.state.table)
+                                trust=self.trust, table=table)
 
     def preferred(self, resource: str, req: Any) -> Any:
         out = []
         with self._lock:
+            table = self.state.table   # one decision, one set of cards (a card read late only adds to it)
             for creq in req.container_requests:
-                found = self._survey(resource)
-                cand, ids = allocator.preferred(self.state.table, resource, list(creq.available_deviceIDs),
+                found = self._survey(resource, table)
+                cand, ids = allocator.preferred(table, resource, list(creq.available_deviceIDs),
                                                 list(creq.must_include_deviceIDs), int(creq.allocation_size), found)
                 self._steered[(resource, frozenset(ids))] = cand.uid
                 log.info("%s: steering %s to %s", resource, cand.ref, ", ".join(ids))
@@ -241,12 +256,13 @@ class Allocations:
     def allocate(self, resource: str, req: Any) -> Any:
         out = []
         with self._lock:
+            table = self.state.table
             for creq in req.container_requests:
                 ids = list(creq.devices_ids)
-                found = self._survey(resource)
+                found = self._survey(resource, table)
                 steered = self._steered.pop((resource, frozenset(ids)), None)
-                cand = allocator.allocate(self.state.table, resource, ids, found, steered)
-                ans = allocator.container_answer(self.state.table, resource, ids, cand)
+                cand = allocator.allocate(table, resource, ids, found, steered)
+                ans = allocator.container_answer(table, resource, ids, cand)
                 self.ledger.add(cand.uid, resource, ids)
                 specs = [pb.DeviceSpec(container_path=f"/dev/{n}", host_path=f"/dev/{n}", permissions="rw")
                          for n in ans.dev_names if os.path.exists(os.path.join(self.dev_root, n))]
@@ -360,10 +376,16 @@ class Endpoint:
 
 
 class HealthMonitor:
-    """Background thread: NVML XID events and periodic probes feed the tracker, then the state."""
+    """Background thread: NVML XID events and periodic probes feed the tracker, then the state.
 
-    def __init__(self, nvml: Nvml, state: DeviceState, cfg: PluginConfig, on_change: Callable[[], None]) -> None:
-        self.nvml, self.state, self.cfg, self.on_change = nvml, state, cfg, on_change
+    It also adds the cards NVML could not read at start once they answer (``late``): the tracker and
+    the XID watch are this thread's alone, so a new card joins both without locks, and the state
+    gets the larger table in one step.
+    """
+
+    def __init__(self, nvml: Nvml, state: DeviceState, cfg: PluginConfig, on_change: Callable[[], None],
+                 late: LateCards | None = None) -> None:
+        self.nvml, self.state, self.cfg, self.on_change, self.late = nvml, state, cfg, on_change, late
         self.tracker = HealthTracker([c.uuid for c in state.table.cards], cfg.ignored_xids, cfg.health_disabled,
                                      cfg.recovery_quiet_s)
         self._stop = threading.Event()
@@ -404,12 +426,54 @@ class HealthMonitor:
                             changed.add(uuid)
                             log.warning("card %s is %s%s", uuid, "healthy again" if not was else "unhealthy",
                                         "" if not was else f": {self.tracker.cards[uuid].reason}")
+                if self.late is not None and self.late.wait_left() <= 0:
+                    changed |= self._add_late_cards(watch, now)
                 if changed:
                     self.state.set_health(self.tracker.snapshot())
                     self.on_change()
         finally:
             if watch is not None:
                 watch.close()
+
+    def _add_late_cards(self, watch: XidWatch | None, now: float) -> set[str]:
+        """Read the due cards that were unreadable at start; advertise those that answer. Returns their UUIDs.
+
+        Each new card must keep every resource's ListAndWatch message within the kubelet's limit (the
+        startup check did not know it): one that does not is refused, said once, and not read again.
+        """
+        assert self.late is not None
+        read = self.late.poll()
+        if not read:
+            return set()
+        cfg, table = self.cfg, self.state.table
+        indices = {c.index for c in table.cards}
+        added: list[GpuInfo] = []
+        for index, tries in sorted(read.items()):
+            cards = self.nvml.cards(indices | {index})
+            card = next(c for c in cards if c.index == index)
+            if card.uuid in table.by_uuid:   # NVML keeps indices for the session; never advertise a card twice
+                log.error("GPU %d reads as %s, which is advertised as GPU %d already; not advertised twice",
+                          index, card.uuid, table.by_uuid[card.uuid].index)
+                continue
+            try:
+                check_message_sizes(cards, cfg.resources, cfg.memory_unit_mib)
+            except MessageTooLarge as exc:
+                log.error("GPU %d (%s) can be read now but is not advertised: %s", index, card.uuid, exc)
+                continue
+            indices.add(index)
+            added.append(card)
+            log.warning("GPU %d can be read now, after %d failed tries: %s %s, %d MiB, NUMA %s; advertised", index,
+                        tries, card.uuid, card.name, card.memory_mib, card.numa if card.numa >= 0 else "unknown")
+        if not added:
+            return set()
+        for card in added:
+            self.tracker.add(card.uuid)
+            if watch is not None:
+                watch.add(card.uuid)
+            if not cfg.health_disabled and self.tracker.on_probe(card.uuid, self.nvml.probe(card.uuid), now):
+                log.warning("card %s is unhealthy: %s", card.uuid, self.tracker.cards[card.uuid].reason)
+        self.state.set_table(DeviceTable(self.nvml.cards(indices), cfg.memory_unit_mib), self.tracker.snapshot())
+        return {c.uuid for c in added}
 
     def stop(self) -> None:
         self._stop.set()
@@ -444,7 +508,7 @@ class DevicePlugin:
         except Exception as exc:
             log.error("GPU discovery failed (%s) -- advertising no GPUs", exc)
             return []
-        if not cards:
+        if not cards and not self.nvml.unreadable:
             log.error("NVML reports no GPUs on this node -- advertising none")
         for c in cards:
             log.info("GPU %d: %s %s, %d MiB, NUMA %s, NVLink to %s", c.index, c.uuid, c.name, c.memory_mib,
@@ -473,7 +537,7 @@ class DevicePlugin:
         source.rows()  # learn now what the kubelet already allocated (or log, once, that we cannot)
         if lister is not None:
             from .reconciler import Reconciler
-            self.reconciler = Reconciler(self.state.table, cfg.node, lister, source, cfg.core_api,
+            self.reconciler = Reconciler(lambda: self.state.table, cfg.node, lister, source, cfg.core_api,
                                          cfg.reconcile_interval_s, cfg.reconcile_after_allocate_s, trust=cfg.trust)
             self.reconciler.start()
         self.allocs = Allocations(self.state, cfg.node, lister, cfg.dev_root, source,
@@ -483,8 +547,9 @@ class DevicePlugin:
                           serving=Backoff(cfg.serve_retry_first_s, cfg.serve_retry_max_s))
             ep.serve()
             self.endpoints.append(ep)
-        if self.state.table.cards and self.nvml_ok:
-            self.health = HealthMonitor(self.nvml, self.state, cfg, self._publish)
+        late = LateCards(self.nvml, cfg.rediscover_first_s, cfg.rediscover_max_s)
+        if self.nvml_ok and (self.state.table.cards or late.pending):   # also for a node whose every card is late
+            self.health = HealthMonitor(self.nvml, self.state, cfg, self._publish, late if late.pending else None)
             self.health.start()
         self._sync()
         self._watcher = threading.Thread(target=self._watch, name="kubelet-watch", daemon=True)

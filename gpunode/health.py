@@ -59,6 +59,13 @@ class HealthTracker:
         for u in self.uuids:
             self.cards.setdefault(u, CardHealth())
 
+    def add(self, uuid: str) -> None:
+        """Track a card found after start (read late by :class:`gpunode.nvml.LateCards`); Healthy until
+        an event or a probe says otherwise. A card already tracked keeps its state."""
+        if uuid not in self.cards:
+            self.uuids.append(uuid)
+            self.cards[uuid] = CardHealth()
+
     def snapshot(self) -> dict[str, bool]:
         return {u: c.healthy for u, c in self.cards.items()}
 

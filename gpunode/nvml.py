@@ -13,7 +13,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterable
 
 import pynvml
 
@@ -98,6 +98,8 @@ class Nvml:
 
     def __init__(self) -> None:
         self._ok = False
+        self._read: dict[int, dict[str, Any]] = {}   # index -> what was read of the card, NVLink peers by bus id
+        self.unreadable: dict[int, str] = {}         # index -> why it could not be read, last try
 
     def init(self) -> None:
         try:
@@ -115,34 +117,53 @@ class Nvml:
             self._ok = False
 
     def discover(self) -> list[GpuInfo]:
-        """All cards NVML reports, with NVLink peers resolved to card indices by PCI bus id."""
+        """All cards NVML reports, with NVLink peers resolved to card indices by PCI bus id.
+
+        A card that cannot be read now (its handle, UUID, name or memory; off the bus, a transient
+        NVML error) is left out and named in ``unreadable`` with the error: its device IDs are made
+        from the UUID, so it cannot even be advertised Unhealthy. :class:`LateCards` reads it again.
+        """
         count = pynvml.nvmlDeviceGetCount()
-        raw: list[dict[str, Any]] = []
         for i in range(count):
-            try:
-                h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                uuid = _text(pynvml.nvmlDeviceGetUUID(h))
-                name = _text(pynvml.nvmlDeviceGetName(h))
-                mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            except pynvml.NVMLError as exc:
-                # Device IDs are made from the UUID, which is what could not be read: the card
-                # cannot even be advertised Unhealthy. Discovery runs once, at startup.
-                log.error("GPU %d could not be read (%s); it is not advertised, and not discovered later: "
-                          "restart the device plugin on this node once the card is back", i, exc)
-                continue
-            pci = _optional(pynvml.nvmlDeviceGetPciInfo, h)
-            bus = _text(getattr(pci, "busId", "")) if pci is not None else ""
-            numa = _optional(pynvml.nvmlDeviceGetNumaNodeId, h, default=-1)
-            peers = self._nvlink_peers(h)
-            raw.append(dict(index=i, uuid=uuid, name=name, memory_mib=int(mem.total) // (1024 * 1024),
-                            minor=_optional(pynvml.nvmlDeviceGetMinorNumber, h, default=-1),
-                            numa=numa if isinstance(numa, int) and numa >= 0 else -1,
-                            pci_bus_id=bus, peers=peers))
+            error = self.read_index(i)
+            if error is not None:
+                log.error("GPU %d could not be read (%s); it is not advertised until it can be, and is read "
+                          "again in the background with back-off", i, error)
+        return self.cards()
+
+    def read_index(self, index: int) -> str | None:
+        """Read card ``index`` into this session's cards; None when read, else why it could not be."""
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(pynvml.nvmlDeviceGetUUID(h))
+            name = _text(pynvml.nvmlDeviceGetName(h))
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+        except pynvml.NVMLError as exc:
+            self.unreadable[index] = str(exc)
+            return str(exc)
+        pci = _optional(pynvml.nvmlDeviceGetPciInfo, h)
+        numa = _optional(pynvml.nvmlDeviceGetNumaNodeId, h, default=-1)
+        self._read[index] = dict(index=index, uuid=uuid, name=name, memory_mib=int(mem.total) // (1024 * 1024),
+                                 minor=_optional(pynvml.nvmlDeviceGetMinorNumber, h, default=-1),
+                                 numa=numa if isinstance(numa, int) and numa >= 0 else -1,
+                                 pci_bus_id=_text(getattr(pci, "busId", "")) if pci is not None else "",
+                                 peers=tuple(self._nvlink_peers(h)))
+        self.unreadable.pop(index, None)
+        return None
+
+    def cards(self, only: Iterable[int] | None = None) -> list[GpuInfo]:
+        """The cards read so far (``only``: of these indices), by index, NVLink peers resolved among them.
+
+        Resolved anew on every call, so a card read late appears as the peer of cards read before it.
+        """
+        keep = set(self._read) if only is None else set(only) & set(self._read)
+        raw = [self._read[i] for i in sorted(keep)]
         by_bus = {_bus_key(r["pci_bus_id"]): r["index"] for r in raw if _bus_key(r["pci_bus_id"])}
         cards = []
         for r in raw:
-            peers = sorted({by_bus[k] for k in r.pop("peers") if k in by_bus and by_bus[k] != r["index"]})
-            cards.append(GpuInfo(nvlink=tuple(peers), **r))
+            fields = {k: v for k, v in r.items() if k != "peers"}
+            peers = sorted({by_bus[k] for k in r["peers"] if k in by_bus and by_bus[k] != r["index"]})
+            cards.append(GpuInfo(nvlink=tuple(peers), **fields))
         return cards
 
     @staticmethod
@@ -187,6 +208,55 @@ class Nvml:
         return None
 
 
+class LateCards:
+    """The card indices discovery could not read, read again with back-off until each answers.
+
+    A card NVML cannot read when an agent starts (off the bus, a transient NVML error) may answer
+    later; each index is re-read after ``first_s``, doubling up to ``max_s`` (the shared
+    :class:`~gpunode.backoff.Backoff`), for as long as it does not. Discovery logged the first error;
+    a different error is logged once more as a warning, repeats at debug, so a card that never comes
+    back costs a few NVML calls a minute and no log lines. NVML's indices are fixed for the life of
+    the session (``nvmlDeviceGetCount`` at discovery says how many there are), so only the indices
+    that were not read are tried.
+    """
+
+    def __init__(self, nvml: Nvml, first_s: float = 1.0, max_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.nvml = nvml
+        self._retry: dict[int, Backoff] = {}
+        for index, error in nvml.unreadable.items():
+            self._retry[index] = b = Backoff(first_s, max_s, clock)
+            b.failed(error)   # discovery has said this one
+
+    @property
+    def pending(self) -> list[int]:
+        return sorted(self._retry)
+
+    def wait_left(self) -> float:
+        """Seconds until some index is due (0: now; infinite when none is left)."""
+        return min((b.wait_left() for b in self._retry.values()), default=float("inf"))
+
+    def poll(self) -> dict[int, int]:
+        """Re-read every index that is due; returns ``{index: failed reads before}`` of those read now
+        (their cards are in ``nvml.cards()`` from now on, and they are not tried again)."""
+        read = {}
+        for index, b in sorted(self._retry.items()):
+            if b.wait_left() > 0:
+                continue
+            error = self.nvml.read_index(index)
+            if error is None:
+                read[index] = b.failures
+                del self._retry[index]
+                continue
+            delay, new = b.failed(error)
+            if new:
+                log.warning("GPU %d still cannot be read, now: %s; reading it again with back-off up to %g s "
+                            "(repeats logged at debug)", index, error, b.max_s)
+            else:
+                log.debug("GPU %d still cannot be read (%s; %d tries; next in %.1f s)", index, error, b.failures, delay)
+        return read
+
+
 class XidEvents:
     """The NVML event set for critical XID errors of the given cards.
 
@@ -202,14 +272,21 @@ class XidEvents:
         self.watched: list[str] = []
         self._uuid_of: dict[Hashable, str] = {}   # _handle_key(device handle) -> UUID, of watched cards
         for uuid in uuids:
-            try:
-                h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-                pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, self._set)
-                self.watched.append(uuid)
-                self._uuid_of[_handle_key(h)] = uuid
-            except pynvml.NVMLError as exc:
-                log.log(logging.DEBUG if quiet else logging.WARNING,
-                        "card %s does not report XID events (%s); only periodic probes watch it", uuid, exc)
+            self.register(uuid, quiet)
+
+    def register(self, uuid: str, quiet: bool = False) -> bool:
+        """Watch one more card's XIDs in this set; whether it registered (a card that does not is
+        left to probes, said once: at debug when ``quiet``)."""
+        try:
+            h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, self._set)
+        except pynvml.NVMLError as exc:
+            log.log(logging.DEBUG if quiet else logging.WARNING,
+                    "card %s does not report XID events (%s); only periodic probes watch it", uuid, exc)
+            return False
+        self.watched.append(uuid)
+        self._uuid_of[_handle_key(h)] = uuid
+        return True
 
     def wait(self, timeout_ms: int) -> XidEvent | None:
         """The next event, or None when ``timeout_ms`` passed quietly. An event whose device is not
@@ -292,6 +369,15 @@ class XidWatch:
         if ended:
             log.warning("NVML XID events are watched again, after %d failed waits", ended)
         return ev
+
+    def add(self, uuid: str) -> None:
+        """Watch a card found after the watch was made (read late by :class:`LateCards`): registered in
+        the current event set at once, and in every set made from now on."""
+        if uuid in self.uuids:
+            return
+        self.uuids.append(uuid)
+        if self._events is not None and self._events.register(uuid):
+            self.watched = list(self._events.watched)
 
     def _open(self, quiet: bool) -> XidEvents:
         """Make the event set; ``watched`` follows it. Raises NVMLError when NVML cannot make one."""

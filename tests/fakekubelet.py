@@ -53,6 +53,7 @@ class PluginConn:
     stub: Any
     options: Any
     devices: dict[str, str] = field(default_factory=dict)   # id -> health
+    ids: list[str] = field(default_factory=list)             # the last list's IDs as sent (duplicates kept)
     topology: dict[str, list[int]] = field(default_factory=dict)
     updates: int = 0
     stream: Any = None
@@ -154,6 +155,7 @@ class FakeKubelet:
             for resp in conn.stream:
                 with self.cond:
                     conn.devices = {d.ID: d.health for d in resp.devices}
+                    conn.ids = [d.ID for d in resp.devices]
                     conn.topology = {d.ID: [n.ID for n in d.topology.nodes] for d in resp.devices}
                     conn.updates += 1
                     self.cond.notify_all()

@@ -199,6 +199,7 @@ class FakeNvml:
         return len(self.cards)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:
+        self._count("nvmlDeviceGetHandleByIndex")
         if not self.initialised:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
         if not 0 <= index < len(self.cards):

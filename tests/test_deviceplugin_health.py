@@ -40,6 +40,10 @@ def test_tracker_rules():
     assert t.on_probe("a", None, now=17) is True and t.snapshot() == {"a": True, "b": True}
     assert t.on_event(XidEvent(None, 79), now=20) == {"a", "b"}    # unattributed event: every card
     assert t.on_probe("b", "gone", now=0) is False
+    t.add("c")                                                      # a card read after start
+    assert t.snapshot()["c"] is True and t.on_probe("c", "gone", now=30) is True and not t.snapshot()["c"]
+    t.add("c")                                                      # already tracked: keeps its state
+    assert t.snapshot()["c"] is False and t.uuids == ["a", "b", "c"]
     off = HealthTracker(["a"], disabled=True)
     assert off.on_event(XidEvent("a", 79), 0) == set() and off.on_probe("a", "gone", 0) is False
 
@@ -134,16 +138,3 @@ def test_plugin_death_marks_devices_unhealthy_at_the_kubelet(monkeypatch):
         r.plugin.stop()
         assert r.kubelet.wait_for(lambda: r.kubelet.allocatable(RESOURCE_GPU) == 0)
 
-
-def test_card_unreadable_at_start_is_left_out_and_said_so(monkeypatch, caplog):
-    """Discovery runs once (docs/deviceplugin.md, Known limits): a card NVML cannot read at startup
-    cannot be advertised at all, since its device IDs come from the UUID that could not be read."""
-    from fakenvml import default_cards
-    cards = default_cards()
-    cards[1].lost = True
-    with rig(monkeypatch, cards=cards) as r:
-        assert r.registered()
-        assert set(r.kubelet.devices(RESOURCE_GPU)) == {cards[i].uuid for i in (0, 2, 3)}
-        said = [m for m in caplog.messages if m.startswith("GPU 1 could not be read")]
-        assert len(said) == 1 and "restart the device plugin" in said[0]
-        assert r.kube.wait_for(lambda: _inventory_health(r) == [True, True, True])

@@ -42,3 +42,47 @@ def test_an_event_whose_device_is_no_watched_card_names_no_card(fake: FakeNvml):
     fake.xid(None, 48)            # NVML cannot say which card
     assert events.wait(1000) == XidEvent(None, 48)
     events.close()
+
+
+def test_a_card_unreadable_at_discovery_is_read_again_with_back_off(fake: FakeNvml):
+    """Discovery leaves out a card it cannot read; :class:`LateCards` re-reads that index alone, paced by
+    the shared back-off (1 s, 2 s, ...), and once it answers it joins ``cards()`` with its NVLink
+    peer resolved on both sides."""
+    from gpunode.nvml import LateCards, Nvml
+    u1 = fake.cards[1].uuid
+    fake.lose(u1)
+    nvml = Nvml()
+    assert [c.index for c in nvml.discover()] == [0, 2, 3] and nvml.cards()[0].nvlink == ()
+    assert set(nvml.unreadable) == {1}
+    now = [100.0]
+    late = LateCards(nvml, first_s=1.0, max_s=4.0, clock=lambda: now[0])
+    reads = fake.calls["nvmlDeviceGetHandleByIndex"]
+    assert late.pending == [1] and late.wait_left() == 1.0
+    assert late.poll() == {} and fake.calls["nvmlDeviceGetHandleByIndex"] == reads   # not due yet
+    now[0] = 101.0
+    assert late.poll() == {} and fake.calls["nvmlDeviceGetHandleByIndex"] == reads + 1   # due: read, still lost
+    assert late.wait_left() == 2.0
+    fake.restore(u1)
+    now[0] = 102.0
+    assert late.poll() == {}                                                          # backing off
+    now[0] = 103.0
+    assert late.poll() == {1: 2} and late.pending == [] and late.wait_left() == float("inf")
+    cards = nvml.cards()
+    assert [c.uuid for c in cards] == [c.uuid for c in fake.cards]
+    assert cards[0].nvlink == (1,) and cards[1].nvlink == (0,)
+    assert [c.index for c in nvml.cards(only={0, 2})] == [0, 2] and nvml.cards(only={0, 2})[0].nvlink == ()
+    reads = fake.calls["nvmlDeviceGetHandleByIndex"]
+    now[0] = 1000.0
+    assert late.poll() == {} and fake.calls["nvmlDeviceGetHandleByIndex"] == reads    # nothing left to read
+
+
+def test_a_card_added_to_a_watch_reports_its_xids(fake: FakeNvml):
+    from gpunode.nvml import XidWatch
+    u0, u2 = fake.cards[0].uuid, fake.cards[2].uuid
+    watch = XidWatch([u0])
+    watch.add(u2)
+    watch.add(u2)                  # once only
+    assert watch.watched == [u0, u2] and watch.uuids == [u0, u2]
+    fake.xid(u2, 79)
+    assert watch.wait(1000) == XidEvent(u2, 79)
+    watch.close()
