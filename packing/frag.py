@@ -37,7 +37,7 @@ from stowage.inventory import model_matches
 from stowage.resources import CORE_MILLI_PER_CARD, GpuRequest
 
 from .fit import row_any, row_count
-from .model import CardArrays
+from .model import CardArrays, models_epoch
 from .placer import PlacerBase
 
 MILLI = CORE_MILLI_PER_CARD
@@ -279,7 +279,7 @@ class FragTable:
         self.cpu_thresholds2 = self.thresholds
         self.bound: TableBound | None = None
         self.cum_w2: np.ndarray | None = None
-        self._allowed_for: tuple[int, np.ndarray] | None = None
+        self._allowed_for: tuple[tuple, np.ndarray] | None = None
         if not self.uses_mem or len(cls_p) <= LOOKUP_ABOVE:
             return
         wanted = len(keys) * (len(self.thresholds) + 1) * (len(self.mem_thresholds) + 1)
@@ -300,14 +300,17 @@ class FragTable:
     def size(self) -> int:
         return len(self.keys)
 
-    def allowed(self, models: Sequence[str]) -> np.ndarray:
-        """[G, M] whether group g may use a card of model m."""
-        if self._allowed_for is None or self._allowed_for[0] != len(models):
+    def allowed(self, models: Sequence[str], version: tuple = ()) -> np.ndarray:
+        """[G, M] whether group g may use a card of model m. Kept while ``models`` has the same
+        length and ``version`` (the caller's word that the names are the same:
+        :meth:`FragIndex.allowed` passes the bound table's renumbering epoch and length)."""
+        key = (len(models), version)
+        if self._allowed_for is None or self._allowed_for[0] != key:
             ok = np.ones((self.size, len(models)), bool)
             for gi, pats in enumerate(self.models):
                 if pats:
                     ok[gi] = [any(model_matches(p, m) for p in pats) for m in models]
-            self._allowed_for = (len(models), ok)
+            self._allowed_for = (key, ok)
         return self._allowed_for[1]
 
     def weight(self, cpu_free: np.ndarray, hmem_free: np.ndarray) -> np.ndarray:
@@ -362,7 +365,9 @@ class FragIndex:
         """[G, M] group may use model id m; ids beyond the known names count as unknown models."""
         need = int(a.model.max(initial=0)) + 1
         names = list(self.models) + ["UNKNOWN"] * max(0, need - len(self.models))
-        return self.t.allowed(names)
+        # The bound table only grows between renumberings (models_epoch), so its epoch and
+        # length name its contents (the padding is a function of the two and ``need``).
+        return self.t.allowed(names, (models_epoch(self.models), len(self.models)))
 
     def _fits(self, a: CardArrays, rows, left: np.ndarray) -> np.ndarray:
         """[G, n, K] card k of node can hold one card's worth of group g."""

@@ -125,6 +125,30 @@ def book_request(a: CardArrays, i: int, cards: Sequence[int], req: GpuRequest, s
     book(a, i, cards, mems, cores, req.cpu_milli, req.host_mem_mib, sign)
 
 
+class ModelNames(list):
+    """:attr:`ClusterModel.models`: GPU model names by id (``CardArrays.model`` holds the ids).
+
+    A plain list of names, plus ``epoch``: bumped whenever :meth:`ClusterModel.compact_models`
+    renumbers the ids (the list is rewritten in place, so every holder of it sees the new
+    names). Anything that caches data derived from the ids or the names (a placer's per-model
+    matches or pressures) keys it by ``epoch`` as well as by ``len``; see
+    :func:`models_epoch` for lists that are not a ``ModelNames``."""
+
+    def __init__(self, names: Iterable[str] = ()) -> None:
+        super().__init__(names)
+        self.epoch = 0
+
+
+def models_epoch(models: Sequence[str]) -> int:
+    """The renumbering epoch of a model-name list (:class:`ModelNames`), 0 for any other list
+    (a fixed table, as the benchmarks and tests pass, is never renumbered)."""
+    return int(getattr(models, "epoch", 0))
+
+
+# Compact the model-name table when more than max(this, names in use) of its names are on no card.
+MODEL_NAMES_SLACK = 64
+
+
 @dataclass
 class PodAllocation:
     """One pod's hold on one node: its cards (none for a pod that asks for no GPU), its host
@@ -166,8 +190,17 @@ class ClusterModel:
         self.names: list[str | None] = [None] * capacity
         self.index: dict[str, int] = {}
         self.meta: dict[str, NodeMeta] = {}
-        self.models: list[str] = ["UNKNOWN"]
+        # GPU model names by id. Ids are handed out as new names come and, so that the table
+        # stays bounded by what the nodes hold now (an inventory rewritten with new names on
+        # every update would otherwise grow it, and every model-restricted filter's matching,
+        # for the life of the process), renumbered by compact_models when unused names pile up.
+        self.models: ModelNames = ModelNames(["UNKNOWN"])
         self._model_ids: dict[str, int] = {"UNKNOWN": 0}
+        # Look for unused names (a pass over all card slots) only once the table grows past
+        # this: after each look, the names in use plus twice max(MODEL_NAMES_SLACK, them), so
+        # the looks cost O(cards / MODEL_NAMES_SLACK) per new name.
+        self._models_check_at = 1 + 2 * MODEL_NAMES_SLACK
+        self.models_compacted = 0  # times compact_models renumbered the ids (for tests, people)
         self.allocations: dict[str, PodAllocation] = {}
         self._free_slots: list[int] = list(range(capacity - 1, -1, -1))
         self.generation = 0  # bumped on every change; lets callers cache derived data
@@ -198,6 +231,46 @@ class ClusterModel:
             mid = self._model_ids[key] = len(self.models)
             self.models.append(key)
         return mid
+
+    def compact_models(self, *, force: bool = False) -> bool:
+        """Drop the model names no card slot of the arrays carries, when more than
+        ``max(MODEL_NAMES_SLACK, names in use)`` of them are unused (or always, with ``force``),
+        and renumber the rest. Returns whether it did.
+
+        Why: names come from node inventories, which a node's agent (or whoever may write its
+        annotation) can rewrite with new names at will; kept forever, they grow memory and the
+        per-filter matching of gpu-model patterns (``packing.fit.allowed_models``) without bound.
+
+        How it stays consistent: the kept names keep their order ("UNKNOWN" stays 0), the list
+        object is rewritten in place (placers hold it: ``bind_models``) and its ``epoch`` bumped,
+        ``self.a`` is replaced by a copy with the ids remapped (as a resize does, so caches keyed
+        by the arrays' identity — the row cache, a placer's FragIndex — start afresh), every
+        row's ``row_gen`` and ``generation`` move. A name's meaning never changes, so no fit,
+        score or card choice does."""
+        with self.lock:
+            a = self.a
+            # In use: on any card slot of the arrays, including the slots of a removed node's
+            # row until the row is reused (bounded by the arrays; and a placer that noticed a
+            # new id there, before, notices it the same way after).
+            used = np.unique(np.concatenate([[0], a.model.ravel().astype(np.int64)]))
+            unused = len(self.models) - len(used)
+            self._models_check_at = len(used) + 2 * max(MODEL_NAMES_SLACK, len(used))
+            if not unused or (not force and unused <= max(MODEL_NAMES_SLACK, len(used))):
+                return False
+            remap = np.zeros(len(self.models), np.int32)
+            remap[used] = np.arange(len(used), dtype=np.int32)
+            kept = [self.models[int(m)] for m in used]
+            out = a.resized(*a.shape)
+            out.model = remap[a.model]
+            self.a = out
+            self.models[:] = kept
+            self.models.epoch += 1
+            self._model_ids = {name: m for m, name in enumerate(kept)}
+            self._row_tick += 1
+            self.row_gen[:] = self._row_tick
+            self.generation += 1
+            self.models_compacted += 1
+            return True
 
     def _slot_for(self, name: str, ncards: int) -> int:
         n, k = self.a.shape
@@ -255,6 +328,8 @@ class ClusterModel:
             self._recompute_node(i, meta)
             self._touch(i)
             self.generation += 1
+            if len(self.models) > self._models_check_at:
+                self.compact_models()
 
     def _recompute_node(self, i: int, meta: NodeMeta) -> None:
         """Free memory/core/pods of node i from its totals and the allocations on it."""

@@ -111,7 +111,7 @@ from stowage.inventory import model_matches
 from stowage.resources import GpuRequest
 
 from ..frag import MILLI, FragPlacerBase, PodClass, model_list, same_as_previous_card
-from ..model import CardArrays
+from ..model import CardArrays, models_epoch
 from ..fit import row_count
 from ..placer import choose_cards_default, choose_whole_cards, first_free_cards, segment_max
 from ..pod_policy import SPREAD, PodPolicy
@@ -227,6 +227,11 @@ class StowageFragPlacer(FragPlacerBase):
         self.gpu_demand = [0.0, 0.0, 0.0]
         self.model_demand: dict[tuple[str, ...], list[float]] = {}
         self._pressure: np.ndarray | None = None
+        # The names _pressure's ids stood for when computed or last renumbered, the bound
+        # table's renumbering epoch then, and the ids whose names it never saw (None: none).
+        self._pressure_names: list[str] = []
+        self._pressure_epoch = 0
+        self._pressure_unseen: np.ndarray | None = None
         # Capability pressure (see capability_pressure): the protected classes and what a
         # node's ability to host each is worth; None until computed for the current table.
         self._capability: ProtectedClasses | None = None
@@ -440,11 +445,16 @@ class StowageFragPlacer(FragPlacerBase):
         models. Computed once per learned table (kept until the table is rebuilt, so a score
         stays a function of the node's row and :attr:`version`)."""
         if self._pressure is not None:
-            if len(self._pressure) > int(a.model.max(initial=0)):
+            if models_epoch(self._models) != self._pressure_epoch:
+                self._renumber_pressure()
+            if (len(self._pressure) > int(a.model.max(initial=0))
+                    and (self._pressure_unseen is None or not self._pressure_unseen[a.model].any())):
                 return self._pressure
             self.version += 1   # a model the table did not know: the pressures move
         nids = int(a.model.max(initial=0)) + 1
         names = list(self._models) + ["UNKNOWN"] * max(0, nids - len(self._models))
+        self._pressure_names, self._pressure_epoch = names, models_epoch(self._models)
+        self._pressure_unseen = None
         rho = np.zeros(max(nids, len(names)))
         valid = a.exists & a.healthy
         if self.model_demand and valid.any():
@@ -457,6 +467,18 @@ class StowageFragPlacer(FragPlacerBase):
                     rho[on] += self._demand_milli(acc, card) / total * supply.sum() / supply[on].sum()
         self._pressure = np.minimum(rho, 1.0)
         return self._pressure
+
+    def _renumber_pressure(self) -> None:
+        """The model table was renumbered (``ClusterModel.compact_models``): carry each name's
+        pressure over to its new id, so scores stay what they were. A name the pressures never
+        saw (it came after they were computed) is marked, and recomputes them once on a card,
+        as its new id beyond the old table did."""
+        by_name = dict(zip(self._pressure_names, self._pressure.tolist()))
+        names = list(self._models)
+        self._pressure = np.array([by_name.get(n, 0.0) for n in names], np.float64)
+        unseen = np.array([n not in by_name for n in names], bool)
+        self._pressure_unseen = unseen if unseen.any() else None
+        self._pressure_names, self._pressure_epoch = names, models_epoch(self._models)
 
     def model_cost(self, a: CardArrays) -> np.ndarray:
         """[model ids] the cost per GPU-milli a pod pays on a card of each model: its pressure
