@@ -8,6 +8,7 @@ import threading
 import click
 
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES
+from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
 
 from gpunode.health import parse_ignored_xids
 
@@ -43,13 +44,11 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
               type=click.FloatRange(min=0.1), default=5.0,
               help="How often pods' allocation records are compared with the kubelet's allocations "
                    "(also 0.5 s after every Allocate).")
-@click.option("--record-key-file", envvar="STOWAGE_RECORD_KEY_FILE", type=click.Path(dir_okay=False), default=None,
-              help="The key the extender signs allocation records with (the same Secret): only records signed "
-                   "for their pod are honoured, and corrected records are signed. Without it, a record is "
-                   "honoured when it matches its pod's request, node and scheduler (docs/security.md).")
-@click.option("--scheduler-name", "scheduler_names", envvar="STOWAGE_SCHEDULER_NAMES", multiple=True,
-              default=("stowage-scheduler",),
-              help="schedulerName(s) of Stowage's profile(s): records on other schedulers' pods are not honoured.")
+@record_key_file_option("The key the extender signs allocation records with (the same Secret): only records "
+                        "signed for their pod are honoured, and corrected records are signed. Without it, a record "
+                        "is honoured when it matches its pod's request, node and scheduler (docs/security.md).")
+@scheduler_name_option("schedulerName(s) of Stowage's profile(s): records on other schedulers' pods are not "
+                       "honoured. Must equal the extender's --scheduler-name.")
 @click.option("--metrics-port", envvar="STOWAGE_METRICS_PORT", type=click.IntRange(min=0, max=65535), default=0,
               help="Serve the plugin's Prometheus metrics (record corrections) on this port; 0: off.")
 @click.option("--kube-api", envvar="STOWAGE_KUBE_API", default=None,
@@ -74,14 +73,7 @@ def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--ignored-xids") from exc
     from .server import DevicePlugin, MessageTooLarge, PluginConfig  # grpc + stubs: only when actually running
-    from stowage.allocation import AllocationError, RecordKey
-
-    record_key = None
-    if record_key_file:
-        try:
-            record_key = RecordKey.load(record_key_file)
-        except AllocationError as exc:
-            raise click.BadParameter(str(exc), param_hint="--record-key-file") from None
+    load_trust(record_key_file, memory_unit_mib, scheduler_names)   # an unusable key file: here, one line
 
     core_api = None
     if not no_kube:
@@ -97,8 +89,8 @@ def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple
                        resources=tuple(dict.fromkeys(resources)), ignored_xids=ignored, health_disabled=disabled,
                        recovery_quiet_s=recovery_quiet_seconds, probe_interval_s=probe_interval_seconds,
                        dev_root=dev_root, core_api=core_api, pod_resources_socket=pod_resources_socket,
-                       reconcile_interval_s=reconcile_interval_seconds, record_key=record_key,
-                       scheduler_names=frozenset(scheduler_names) or None)
+                       reconcile_interval_s=reconcile_interval_seconds, record_key_file=record_key_file,
+                       scheduler_names=tuple(scheduler_names))
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

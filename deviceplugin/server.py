@@ -22,7 +22,7 @@ from typing import Any, Callable
 import grpc
 
 from stowage import genprotos
-from stowage.allocation import RecordKey, RecordTrust
+from stowage.allocation import RecordTrust
 from stowage.inventory import Card, encode_inventory
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES, RESOURCE_GPU_MEMORY
 
@@ -153,12 +153,13 @@ class PluginConfig:
     pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET   # "" disables (in-memory fallback)
     reconcile_interval_s: float = 5.0
     reconcile_after_allocate_s: float = 0.5
-    record_key: RecordKey | None = None        # records are signed in this cluster: honour only signed ones
-    scheduler_names: frozenset[str] | None = None   # honour records only on these schedulers' pods (None: any)
+    record_key_file: str | None = None         # records are signed in this cluster: honour only signed ones
+    scheduler_names: tuple[str, ...] = ()      # honour records only on these schedulers' pods (none: any)
 
-    @property
     def trust(self) -> RecordTrust:
-        return RecordTrust(self.record_key, self.memory_unit_mib, self.scheduler_names)
+        """Which records count, built as the extender builds its own from the same options
+        (:meth:`RecordTrust.from_options`); an unusable key file raises ``AllocationError``."""
+        return RecordTrust.from_options(self.record_key_file, self.memory_unit_mib, self.scheduler_names)
 
 
 class DeviceState:
@@ -517,6 +518,7 @@ class DevicePlugin:
 
     def start(self) -> None:
         cfg = self.cfg
+        trust = cfg.trust()   # the key file first: a plugin that cannot read it must not start serving
         Path(cfg.plugin_dir).mkdir(parents=True, exist_ok=True)
         cards = self._discover()
         try:
@@ -538,10 +540,10 @@ class DevicePlugin:
         if lister is not None:
             from .reconciler import Reconciler
             self.reconciler = Reconciler(lambda: self.state.table, cfg.node, lister, source, cfg.core_api,
-                                         cfg.reconcile_interval_s, cfg.reconcile_after_allocate_s, trust=cfg.trust)
+                                         cfg.reconcile_interval_s, cfg.reconcile_after_allocate_s, trust=trust)
             self.reconciler.start()
         self.allocs = Allocations(self.state, cfg.node, lister, cfg.dev_root, source,
-                                  self.reconciler.poke if self.reconciler is not None else None, trust=cfg.trust)
+                                  self.reconciler.poke if self.reconciler is not None else None, trust=trust)
         for r in cfg.resources:
             ep = Endpoint(r, os.path.join(cfg.plugin_dir, socket_name(r)), self.state, self.allocs,
                           serving=Backoff(cfg.serve_retry_first_s, cfg.serve_retry_max_s))

@@ -17,7 +17,8 @@ from typing import Any, Callable
 import click
 from flask import Flask
 
-from stowage.allocation import DEFAULT_SCHEDULER_NAMES, RECORD_KEY_ENV, AllocationError, RecordKey, RecordTrust
+from stowage.allocation import RecordTrust
+from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
 from .app import DEFAULT_MAX_BODY_BYTES, create_app
@@ -51,11 +52,16 @@ class ServeConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     metrics_bind: str | None = None         # HOST:PORT serving /metrics only
     record_key_file: str | None = None      # kube mode: sign records (and honour only signed ones)
-    scheduler_names: tuple[str, ...] = ()   # kube mode: honour records only on these schedulers' pods
+    scheduler_names: tuple[str, ...] = ()   # kube mode: honour records only on these schedulers' pods (none: any)
     stale_after_s: float = 60.0             # kube mode: a watch failing this long makes the model stale
     filter_keeps: str = FILTER_KEEPS_BEST   # filter answers the best nodes, or every node that fits
     learned_configmap: tuple[str, str] | None = None  # kube mode: (namespace, name) keeping the departed pods' past
     learned_interval_s: float = 60.0        # kube mode: how often that ConfigMap is written (when changed)
+
+    def trust(self) -> RecordTrust:
+        """Which records count (kube mode), from the options every record reader shares
+        (stowage/trust_options.py); an unusable key file is a bad ``--record-key-file``."""
+        return load_trust(self.record_key_file, self.memory_unit_mib, self.scheduler_names)
 
 
 def parse_host_port(value: str) -> tuple[str, int]:
@@ -105,7 +111,7 @@ def _build_app(cfg: ServeConfig) -> Flask:
     from .requeue import Requeuer
 
     api_client = load_api_client(kubeconfig=cfg.kubeconfig, in_cluster=cfg.in_cluster)
-    trust = RecordTrust.from_options(cfg.record_key_file, cfg.memory_unit_mib, cfg.scheduler_names)
+    trust = cfg.trust()
     feeder = KubeFeeder(model, api_client, memory_unit_mib=cfg.memory_unit_mib, trust=trust,
                         stale_after_s=cfg.stale_after_s)
     service = ExtenderService(model, binder=KubeBinder(api_client, trust=trust), pod_source=feeder,
@@ -247,14 +253,12 @@ def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str |
 @click.option("--metrics-bind", metavar="HOST:PORT", default=None, callback=_check_metrics_bind,
               help="Also serve /metrics (only) on this address, e.g. 0.0.0.0:9888: for Prometheus when "
                    "--bind is the pod's loopback (the sidecar layout). Default: /metrics on --bind only.")
-@click.option("--record-key-file", envvar=RECORD_KEY_ENV, type=click.Path(dir_okay=False),
-              help="Kube mode: sign every allocation record with this key (a Secret only the extender and the "
-                   "device plugin can read) and honour only records signed for their pod. Without it, records "
-                   "are honoured when they match the pod's request, node and scheduler (docs/security.md).")
-@click.option("--scheduler-name", "scheduler_names", multiple=True, default=DEFAULT_SCHEDULER_NAMES,
-              show_default=True,
-              help="Kube mode: the schedulerName(s) of Stowage's profile(s); records on other schedulers' pods "
-                   "are not honoured. Repeat for several profiles.")
+@record_key_file_option("Kube mode: sign every allocation record with this key (a Secret only the extender and "
+                        "the device plugin can read) and honour only records signed for their pod. Without it, "
+                        "records are honoured when they match the pod's request, node and scheduler "
+                        "(docs/security.md).")
+@scheduler_name_option("Kube mode: the schedulerName(s) of Stowage's profile(s); records on other schedulers' "
+                       "pods are not honoured (the device plugin's --scheduler-name must be the same).")
 @click.option("--stale-after", "stale_after_s", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
               help="Kube mode: seconds a failing node or pod watch may go on before the model counts as stale: "
                    "/readyz answers 503 and every verb refuses until the watch is back.")
@@ -317,11 +321,7 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
             raise click.ClickException(str(exc)) from None
         except Exception as exc:  # e.g. a kubeconfig that is not YAML
             raise click.ClickException(f"cannot load the Kubernetes configuration: {exc}") from None
-        if record_key_file:
-            try:
-                RecordKey.load(record_key_file)
-            except AllocationError as exc:
-                raise click.BadParameter(str(exc), param_hint="--record-key-file") from None
+        load_trust(record_key_file, memory_unit_mib, scheduler_names)   # an unusable key file: here, one line
     try:
         past_at = parse_location(learned_configmap, os.environ.get("POD_NAMESPACE") or DEFAULT_PAST_NAMESPACE)
     except ValueError as exc:

@@ -216,11 +216,14 @@ def record_mismatch(rec: AllocationRecord, req: GpuRequest) -> str:
 
 
 DEFAULT_SCHEDULER = "default-scheduler"
-# The schedulerName of Stowage's profile as shipped: the extender's ``--scheduler-name`` default,
-# which the operator commands share so that they honour the same records.
+# The schedulerName of Stowage's profile as shipped: the ``--scheduler-name`` default of the
+# extender, the device plugin and the operator commands, so that they honour the same records.
 DEFAULT_SCHEDULER_NAMES: tuple[str, ...] = ("stowage-scheduler",)
-# The environment variable naming the ``--record-key-file`` (the mounted Secret) when not given.
+# The environment variables every component that reads records takes ``--record-key-file`` (the
+# mounted Secret) and ``--scheduler-name`` (space separated) from when the flag is not given
+# (stowage/trust_options.py): one DaemonSet or Deployment env entry configures them alike.
 RECORD_KEY_ENV = "STOWAGE_RECORD_KEY_FILE"
+SCHEDULER_NAMES_ENV = "STOWAGE_SCHEDULER_NAMES"
 
 
 def honoured_allocation_of_pod(pod: Mapping[str, Any], key: RecordKey | None = None,
@@ -270,8 +273,8 @@ class RecordTrust:
                      scheduler_names: tuple[str, ...] | frozenset[str] = ()) -> "RecordTrust":
         """The trust of a component started with ``--record-key-file``, ``--memory-unit-mib`` and
         ``--scheduler-name`` (none: any scheduler's pods). The ONE place these options become a
-        trust, so that the extender and the operator commands given the same options honour
-        exactly the same records. An unreadable or too short key raises :class:`AllocationError`."""
+        trust, so that the extender, the device plugin and the operator commands given the same
+        options honour exactly the same records. An unreadable or too short key raises :class:`AllocationError`."""
         return cls(key=RecordKey.load(record_key_file) if record_key_file else None,
                    memory_unit_mib=memory_unit_mib, scheduler_names=frozenset(scheduler_names) or None)
 

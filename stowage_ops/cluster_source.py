@@ -24,7 +24,8 @@ from typing import Any, Callable, Mapping
 import click
 
 from packing.model import ClusterModel
-from stowage.allocation import DEFAULT_SCHEDULER_NAMES, RECORD_KEY_ENV, AllocationError, RecordTrust
+from stowage.allocation import DEFAULT_SCHEDULER_NAMES, RecordTrust
+from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
 LIVE_TIMEOUT_S = 20   # per API request of inspect/plan (the extender's own feed waits longer)
@@ -56,10 +57,7 @@ class Source:
         """Which allocation records count: the extender's trust for the same options (built by
         the same function), so a live cluster reads as that extender rebuilds it. A key file that
         cannot be used is a bad parameter (exit 2), as it is for the extender."""
-        try:
-            return RecordTrust.from_options(self.record_key_file, self.memory_unit_mib, self.scheduler_names)
-        except AllocationError as exc:
-            raise click.BadParameter(str(exc), param_hint="--record-key-file") from None
+        return load_trust(self.record_key_file, self.memory_unit_mib, self.scheduler_names)
 
 
 def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -77,15 +75,12 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--seed", type=int, default=0, show_default=True, help="Seed for --fill."),
         click.option("--memory-unit-mib", type=click.IntRange(min=1), default=DEFAULT_MEMORY_UNIT_MIB,
                      show_default=True, help="MiB per nvidia.com/gpu-memory unit (as configured for the extender)."),
-        click.option("--scheduler-name", "scheduler_names", multiple=True, default=DEFAULT_SCHEDULER_NAMES,
-                     show_default=True,
-                     help="Live cluster: the schedulerName(s) of Stowage's profile(s), as given to the extender: "
-                          "only these pods' allocation records count (and their shapes are what its placer "
-                          "learns). Repeat for several profiles."),
-        click.option("--record-key-file", envvar=RECORD_KEY_ENV, type=click.Path(dir_okay=False), default=None,
-                     help="Live cluster: the extender's --record-key-file (env " + RECORD_KEY_ENV + "), where "
-                          "the cluster signs records: only records signed for their pod count, as in the "
-                          "extender. Without it, unsigned records count too (docs/security.md)."),
+        scheduler_name_option("Live cluster: the extender's --scheduler-name, the schedulerName(s) of Stowage's "
+                              "profile(s): only these pods' allocation records count (and their shapes are what "
+                              "its placer learns)."),
+        record_key_file_option("Live cluster: the extender's --record-key-file, where the cluster signs records: "
+                               "only records signed for their pod count, as in the extender. Without it, unsigned "
+                               "records count too (docs/security.md)."),
     ]
 
     @functools.wraps(fn)

@@ -78,6 +78,11 @@ def rig(monkeypatch: Any, cards: Any = None, driver_loaded: bool = True, start_k
     settings = dict(node=NODE, plugin_dir=plugin_dir, dev_root=dev_root, recovery_quiet_s=0.3,
                     probe_interval_s=0.1, event_wait_ms=50, core_api=kubernetes.client.CoreV1Api(kube.api_client()),
                     pod_resources_socket=podres.sock if podres else os.path.join(base, "no-pod-resources", "kubelet.sock"))
+    record_key = cfg.pop("record_key", None)
+    if record_key is not None:   # the plugin reads its key from a file, as from the mounted Secret
+        settings["record_key_file"] = os.path.join(base, "record.key")
+        with open(settings["record_key_file"], "wb") as f:
+            f.write(record_key.secret)
     settings.update(cfg)
     plugin = DevicePlugin(PluginConfig(**settings))
     plugin.start()

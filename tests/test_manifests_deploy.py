@@ -427,6 +427,30 @@ def test_stowage_command_lines_parse_with_the_real_cli(where: str, c: dict):
     command.make_context(cmd[1], list(cmd[2:]))
 
 
+@pytest.mark.parametrize("where,c", _stowage_containers(), ids=[w for w, _ in _stowage_containers()])
+def test_every_stowage_env_var_a_container_sets_is_read_by_its_command(where: str, c: dict):
+    """An env entry the command does not read configures nothing, silently (a renamed or dropped
+    envvar would turn a shipped setting off): each STOWAGE_* / NODE_NAME entry must be some option's
+    envvar, and the command must parse with the manifest's plain values set."""
+    import importlib
+
+    from stowage.cli import SUBCOMMANDS
+
+    cmd = c["command"] + c.get("args", [])
+    module, attr = SUBCOMMANDS[cmd[1]][0].split(":")
+    command = getattr(importlib.import_module(module), attr)
+    read: set[str] = set()
+    for p in command.params:
+        read.update([p.envvar] if isinstance(p.envvar, str) else (p.envvar or []))
+    ours = {e["name"]: e.get("value") for e in c.get("env") or []
+            if e["name"].startswith("STOWAGE_") or e["name"] == "NODE_NAME"}
+    assert set(ours) <= read, f"{where}: env {sorted(set(ours) - read)} is read by no option of `stowage {cmd[1]}`"
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in ours.items():
+            mp.setenv(name, value if value is not None else "node-from-the-downward-api")
+        command.make_context(cmd[1], list(cmd[2:]))
+
+
 def test_stowage_images_are_the_one_kustomize_rewrites():
     (img,) = kustomization()["images"]
     for where, c in _stowage_containers():
