@@ -379,9 +379,9 @@ class Endpoint:
 class HealthMonitor:
     """Background thread: NVML XID events and periodic probes feed the tracker, then the state.
 
-    It also adds the cards NVML could not read at start once they answer (``late``): the tracker and
-    the XID watch are this thread's alone, so a new card joins both without locks, and the state
-    gets the larger table in one step.
+    It also adds the cards NVML could not read at start once they answer (``late``; every card when
+    NVML could not even count them at start): the tracker and the XID watch are this thread's alone,
+    so a new card joins both without locks, and the state gets the larger table in one step.
     """
 
     def __init__(self, nvml: Nvml, state: DeviceState, cfg: PluginConfig, on_change: Callable[[], None],
@@ -509,7 +509,7 @@ class DevicePlugin:
         except Exception as exc:
             log.error("GPU discovery failed (%s) -- advertising no GPUs", exc)
             return []
-        if not cards and not self.nvml.unreadable:
+        if not cards and not self.nvml.unreadable and self.nvml.uncounted is None:
             log.error("NVML reports no GPUs on this node -- advertising none")
         for c in cards:
             log.info("GPU %d: %s %s, %d MiB, NUMA %s, NVLink to %s", c.index, c.uuid, c.name, c.memory_mib,
@@ -550,8 +550,8 @@ class DevicePlugin:
             ep.serve()
             self.endpoints.append(ep)
         late = LateCards(self.nvml, cfg.rediscover_first_s, cfg.rediscover_max_s)
-        if self.nvml_ok and (self.state.table.cards or late.pending):   # also for a node whose every card is late
-            self.health = HealthMonitor(self.nvml, self.state, cfg, self._publish, late if late.pending else None)
+        if self.nvml_ok and (self.state.table.cards or late.waiting):   # also for a node whose every card is late
+            self.health = HealthMonitor(self.nvml, self.state, cfg, self._publish, late if late.waiting else None)
             self.health.start()
         self._sync()
         self._watcher = threading.Thread(target=self._watch, name="kubelet-watch", daemon=True)

@@ -100,6 +100,7 @@ class Nvml:
         self._ok = False
         self._read: dict[int, dict[str, Any]] = {}   # index -> what was read of the card, NVLink peers by bus id
         self.unreadable: dict[int, str] = {}         # index -> why it could not be read, last try
+        self.uncounted: str | None = None            # why nvmlDeviceGetCount failed, last try (None: counted)
 
     def init(self) -> None:
         try:
@@ -121,15 +122,31 @@ class Nvml:
 
         A card that cannot be read now (its handle, UUID, name or memory; off the bus, a transient
         NVML error) is left out and named in ``unreadable`` with the error: its device IDs are made
-        from the UUID, so it cannot even be advertised Unhealthy. :class:`LateCards` reads it again.
+        from the UUID, so it cannot even be advertised Unhealthy. When NVML cannot even say how many
+        cards there are (``nvmlDeviceGetCount`` fails), there is no card and ``uncounted`` says why.
+        :class:`LateCards` tries both again.
         """
-        count = pynvml.nvmlDeviceGetCount()
+        error = self.count_and_read()
+        if error is not None:
+            log.error("NVML cannot count this node's GPUs (%s); none is advertised until it can, and they are "
+                      "counted again in the background with back-off", error)
+        return self.cards()
+
+    def count_and_read(self) -> str | None:
+        """Ask NVML how many cards there are and read each; None when counted (``uncounted`` cleared,
+        each card read or named in ``unreadable``, the error logged), else why not (``uncounted``)."""
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            self.uncounted = str(exc)
+            return self.uncounted
+        self.uncounted = None
         for i in range(count):
             error = self.read_index(i)
             if error is not None:
                 log.error("GPU %d could not be read (%s); it is not advertised until it can be, and is read "
                           "again in the background with back-off", i, error)
-        return self.cards()
+        return None
 
     def read_index(self, index: int) -> str | None:
         """Read card ``index`` into this session's cards; None when read, else why it could not be."""
@@ -150,6 +167,10 @@ class Nvml:
                                  peers=tuple(self._nvlink_peers(h)))
         self.unreadable.pop(index, None)
         return None
+
+    def cards_read(self) -> list[int]:
+        """The indices of the cards read so far."""
+        return sorted(self._read)
 
     def cards(self, only: Iterable[int] | None = None) -> list[GpuInfo]:
         """The cards read so far (``only``: of these indices), by index, NVLink peers resolved among them.
@@ -209,37 +230,55 @@ class Nvml:
 
 
 class LateCards:
-    """The card indices discovery could not read, read again with back-off until each answers.
+    """What discovery could not read, read again with back-off until it answers: the card count, and
+    the card indices.
 
     A card NVML cannot read when an agent starts (off the bus, a transient NVML error) may answer
     later; each index is re-read after ``first_s``, doubling up to ``max_s`` (the shared
     :class:`~gpunode.backoff.Backoff`), for as long as it does not. Discovery logged the first error;
     a different error is logged once more as a warning, repeats at debug, so a card that never comes
     back costs a few NVML calls a minute and no log lines. NVML's indices are fixed for the life of
-    the session (``nvmlDeviceGetCount`` at discovery says how many there are), so only the indices
-    that were not read are tried.
+    the session (``nvmlDeviceGetCount`` says how many there are), so only the indices that were not
+    read are tried.
+
+    When ``nvmlDeviceGetCount`` itself failed at discovery (``nvml.uncounted``), the count is tried
+    again the same way (same back-off, same logging); once it answers, every index is read: the
+    cards that answer are returned by that :meth:`poll`, and the others are re-read as above.
     """
 
     def __init__(self, nvml: Nvml, first_s: float = 1.0, max_s: float = 60.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.nvml = nvml
-        self._retry: dict[int, Backoff] = {}
-        for index, error in nvml.unreadable.items():
-            self._retry[index] = b = Backoff(first_s, max_s, clock)
-            b.failed(error)   # discovery has said this one
+        self.nvml, self.first_s, self.max_s, self.clock = nvml, first_s, max_s, clock
+        # the count, while NVML cannot say it; discovery has logged why
+        self._count = self._failed_once(nvml.uncounted) if nvml.uncounted is not None else None
+        self._retry = {index: self._failed_once(error) for index, error in nvml.unreadable.items()}
+
+    def _failed_once(self, error: str) -> Backoff:
+        """A back-off that has seen ``error`` (already logged by whoever met it first)."""
+        b = Backoff(self.first_s, self.max_s, self.clock)
+        b.failed(error)
+        return b
 
     @property
     def pending(self) -> list[int]:
+        """The indices left to read (none while the cards are not counted yet)."""
         return sorted(self._retry)
 
+    @property
+    def waiting(self) -> bool:
+        """Whether anything is left to read: the count, or some index."""
+        return self._count is not None or bool(self._retry)
+
     def wait_left(self) -> float:
-        """Seconds until some index is due (0: now; infinite when none is left)."""
-        return min((b.wait_left() for b in self._retry.values()), default=float("inf"))
+        """Seconds until the count or some index is due (0: now; infinite when nothing is left)."""
+        backoffs = [*self._retry.values(), *([self._count] if self._count is not None else [])]
+        return min((b.wait_left() for b in backoffs), default=float("inf"))
 
     def poll(self) -> dict[int, int]:
-        """Re-read every index that is due; returns ``{index: failed reads before}`` of those read now
-        (their cards are in ``nvml.cards()`` from now on, and they are not tried again)."""
-        read = {}
+        """Count the cards again if that is due, and re-read every index that is due; returns
+        ``{index: failed tries before}`` of the cards read now (they are in ``nvml.cards()`` from now
+        on, and are not tried again)."""
+        read = self._poll_count()
         for index, b in sorted(self._retry.items()):
             if b.wait_left() > 0:
                 continue
@@ -255,6 +294,31 @@ class LateCards:
             else:
                 log.debug("GPU %d still cannot be read (%s; %d tries; next in %.1f s)", index, error, b.failures, delay)
         return read
+
+    def _poll_count(self) -> dict[int, int]:
+        """Count the cards if that is due; once NVML can, read them all: ``{index: failed counts
+        before}`` of those read, the others left to the per-index retries."""
+        b = self._count
+        if b is None or b.wait_left() > 0:
+            return {}
+        before = set(self.nvml.cards_read())
+        error = self.nvml.count_and_read()   # logs each index it cannot read, once
+        if error is not None:
+            delay, new = b.failed(error)
+            if new:
+                log.warning("NVML still cannot count this node's GPUs, now: %s; counting again with back-off up "
+                            "to %g s (repeats logged at debug)", error, b.max_s)
+            else:
+                log.debug("NVML still cannot count the GPUs (%s; %d tries; next in %.1f s)", error, b.failures,
+                          delay)
+            return {}
+        self._count = None
+        found = sorted(set(self.nvml.cards_read()) - before)
+        log.warning("NVML counts this node's GPUs now, after %d failed tries: %d can be read%s", b.failures,
+                    len(found), f", {len(self.nvml.unreadable)} cannot yet" if self.nvml.unreadable else "")
+        for index, error in self.nvml.unreadable.items():
+            self._retry.setdefault(index, self._failed_once(error))
+        return {index: b.failures for index in found}
 
 
 class XidEvents:

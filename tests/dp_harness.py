@@ -53,7 +53,8 @@ def short_tmpdir() -> str:
 
 @contextlib.contextmanager
 def rig(monkeypatch: Any, cards: Any = None, driver_loaded: bool = True, start_kubelet: bool = True,
-        podresources: bool = True, **cfg: Any) -> Iterator[Rig]:
+        podresources: bool = True, count_error: int | None = None, **cfg: Any) -> Iterator[Rig]:
+    """``count_error``: nvmlDeviceGetCount fails with this NVML error code when the plugin starts."""
     from deviceplugin.server import DevicePlugin, PluginConfig
     import kubernetes.client
 
@@ -61,6 +62,7 @@ def rig(monkeypatch: Any, cards: Any = None, driver_loaded: bool = True, start_k
     plugin_dir, dev_root = os.path.join(base, "dp"), os.path.join(base, "dev")
     os.makedirs(dev_root)
     nv = FakeNvml(cards if cards is not None else default_cards(), driver_loaded=driver_loaded)
+    nv.count_error = count_error
     nv.install(monkeypatch)
     for c in nv.cards:  # only some device nodes exist: the plugin must send only those
         open(os.path.join(dev_root, f"nvidia{c.minor}"), "w").close()

@@ -103,6 +103,7 @@ class FakeNvml:
         self.cards = list(cards if cards is not None else default_cards())
         self.driver_loaded = driver_loaded
         self.ctypes_handles = ctypes_handles
+        self.count_error: int | None = None    # nvmlDeviceGetCount fails with this NVML error code while set
         self._devices: dict[str, Any] = {}     # uuid -> the struct its ctypes handles point at
         self.initialised = 0
         self.calls: dict[str, int] = {}
@@ -194,8 +195,11 @@ class FakeNvml:
         self.initialised -= 1
 
     def nvmlDeviceGetCount(self) -> int:
+        self._count("nvmlDeviceGetCount")
         if not self.initialised:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        if self.count_error is not None:
+            raise _err(self.count_error)
         return len(self.cards)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+import pynvml
 from dp_harness import NODE, bind_pod, container, record, rig
 from fakenvml import FakeCard, default_cards
 
@@ -140,3 +141,53 @@ def test_a_late_card_that_would_overflow_the_kubelet_message_is_refused_once(mon
         assert r.nvml.calls["nvmlDeviceGetHandleByIndex"] == tries       # not read again
         said = _loud_about(caplog, 7)
         assert len(said) == 2 and "--memory-unit-mib" in said[1], said
+
+
+def test_cards_nvml_cannot_count_at_start_are_advertised_once_it_can(monkeypatch, caplog):
+    """``nvmlDeviceGetCount`` failing when the plugin starts (a driver still coming up, a transient
+    NVML error): before, the plugin advertised no card and never counted again, until its pod was
+    restarted. Now the count is tried again with the back-off of a late card, quietly, and the cards
+    it finds are advertised (every resource, the inventory, Allocate); a card that cannot be read
+    even then is read again on its own, as at start."""
+    caplog.set_level(logging.DEBUG)
+    cards = default_cards()
+    cards[1].lost = True
+    with rig(monkeypatch, cards=cards, count_error=pynvml.NVML_ERROR_UNKNOWN, rediscover_first_s=0.01,
+             rediscover_max_s=0.02) as r:
+        assert r.registered()
+        assert r.kube.wait_for(lambda: _inventory(r) == ())
+        assert all(r.kubelet.devices(res) == {} for res in GPU_RESOURCES)
+        updates = {res: r.kubelet.plugins[res].updates for res in GPU_RESOURCES}
+        patches, counts = _node_patches(r), r.nvml.calls["nvmlDeviceGetCount"]
+        assert r.kube.wait_for(lambda: r.nvml.calls["nvmlDeviceGetCount"] >= counts + 10)   # counted again ...
+        assert {res: r.kubelet.plugins[res].updates for res in GPU_RESOURCES} == updates    # ... changing nothing
+        assert _node_patches(r) == patches
+        loud = [m.getMessage() for m in caplog.records if m.levelno >= logging.WARNING and "count" in m.getMessage()]
+        assert len(loud) == 1 and "cannot count" in loud[0] and "restart" not in loud[0], loud   # repeats: debug
+        assert any(m.levelno == logging.DEBUG and "cannot count" in m.getMessage() for m in caplog.records)
+
+        r.nvml.count_error = None
+        found = {cards[i].uuid for i in (0, 2, 3)}
+        assert r.kubelet.wait_for(lambda: all({i.split("::")[0] for i in r.kubelet.devices(res)} == found
+                                              for res in GPU_RESOURCES), timeout=10)
+        assert r.kube.wait_for(lambda: [c.index for c in _inventory(r) or []] == [0, 2, 3])
+        counts = r.nvml.calls["nvmlDeviceGetCount"]
+        loud = [m.getMessage() for m in caplog.records if m.levelno >= logging.WARNING and "count" in m.getMessage()]
+        assert len(loud) == 2 and "counts" in loud[1] and "3 can be read, 1 cannot yet" in loud[1], loud
+        assert len(_loud_about(caplog, 0)) == 1 and "advertised" in _loud_about(caplog, 0)[0]
+        assert len(_loud_about(caplog, 1)) == 1 and "could not be read" in _loud_about(caplog, 1)[0]
+
+        r.nvml.restore(cards[1].uuid)     # the card that could not be read once counted: read on its own
+        assert r.kubelet.wait_for(lambda: len(r.kubelet.devices(RESOURCE_GPU)) == 4, timeout=10)
+        assert r.kube.wait_for(lambda: [c.uuid for c in _inventory(r) or []] == [c.uuid for c in cards])
+        inv = _inventory(r)
+        assert inv[0].nvlink == (1,) and inv[1].nvlink == (0,) and all(c.healthy for c in inv)
+        assert r.nvml.calls["nvmlDeviceGetCount"] == counts             # counted once, never again
+        for res in GPU_RESOURCES:
+            ids = r.kubelet.plugins[res].ids
+            assert len(ids) == len(set(ids)), res
+
+        u0 = cards[0].uuid
+        pod = bind_pod(r, "counted", [container("main", gpus=1)], record([(0, u0)], whole=True, mem_mib=81920),
+                       "2024-01-01T00:00:01Z")
+        assert r.kubelet.admit(pod)["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == u0

@@ -76,6 +76,38 @@ def test_a_card_unreadable_at_discovery_is_read_again_with_back_off(fake: FakeNv
     assert late.poll() == {} and fake.calls["nvmlDeviceGetHandleByIndex"] == reads    # nothing left to read
 
 
+def test_a_count_that_fails_at_discovery_is_tried_again_with_back_off(fake: FakeNvml):
+    """``nvmlDeviceGetCount`` failing at discovery leaves no card and no index to re-read: before,
+    nothing was ever tried again. :class:`LateCards` now counts again with the same back-off; once
+    NVML can count, the cards that answer come back from that poll and the others are re-read alone."""
+    from gpunode.nvml import LateCards, Nvml
+    u1 = fake.cards[1].uuid
+    fake.count_error = pynvml.NVML_ERROR_UNKNOWN
+    fake.lose(u1)
+    nvml = Nvml()
+    assert nvml.discover() == [] and nvml.uncounted and nvml.unreadable == {}
+    now = [100.0]
+    late = LateCards(nvml, first_s=1.0, max_s=4.0, clock=lambda: now[0])
+    counts = fake.calls["nvmlDeviceGetCount"]
+    assert late.waiting and late.pending == [] and late.wait_left() == 1.0
+    assert late.poll() == {} and fake.calls["nvmlDeviceGetCount"] == counts            # not due yet
+    now[0] = 101.0
+    assert late.poll() == {} and fake.calls["nvmlDeviceGetCount"] == counts + 1        # due: counted, fails
+    assert late.wait_left() == 2.0
+    fake.count_error = None
+    now[0] = 102.0
+    assert late.poll() == {} and fake.calls["nvmlDeviceGetCount"] == counts + 1        # backing off
+    now[0] = 103.0
+    assert late.poll() == {0: 2, 2: 2, 3: 2} and nvml.uncounted is None
+    assert [c.index for c in nvml.cards()] == [0, 2, 3] and late.pending == [1] and late.waiting
+    assert late.wait_left() == 1.0                                  # card 1: its own back-off, from now
+    fake.restore(u1)
+    now[0] = 104.0
+    assert late.poll() == {1: 1} and not late.waiting and late.wait_left() == float("inf")
+    assert fake.calls["nvmlDeviceGetCount"] == counts + 2                              # counted once more only
+    assert nvml.cards()[0].nvlink == (1,) and nvml.cards()[1].nvlink == (0,)
+
+
 def test_a_card_added_to_a_watch_reports_its_xids(fake: FakeNvml):
     from gpunode.nvml import XidWatch
     u0, u2 = fake.cards[0].uuid, fake.cards[2].uuid
