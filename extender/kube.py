@@ -14,6 +14,9 @@ Why this shape:
   proves nothing (the API server may accept it and end it at once with an error, every time):
   a failure streak ends with an event, a clean end of the watch, a list, or a watch that stayed
   open without error for ``open_grace_s`` (an idle watch on a quiet cluster sends nothing).
+  A watch the server ends cleanly in under ``short_watch_s`` (1 s) without any event is a failure
+  too, as client-go's reflector has it ("very short watch"): a misbehaving API server or proxy
+  that closes every watch at once would otherwise have it re-opened straight away, forever.
 - Everything the model holds is rebuilt from the API server (node inventory annotations/labels,
   pod allocation annotations): a restarted extender gets the very same model.
 
@@ -179,6 +182,11 @@ class Gone(Exception):
     """The resourceVersion we wanted to resume from is too old: relist."""
 
 
+class ShortWatch(Exception):
+    """The API server ended a watch cleanly, at once, without an event: taken as a failure (backed
+    off), as client-go's reflector does, rather than as the clean end of a working stream."""
+
+
 def api_message(exc: BaseException) -> str:
     """The API server's own message from an ApiException (its Status body), else a short repr."""
     if isinstance(exc, ApiException):
@@ -266,6 +274,7 @@ class StreamState:
     open_since: float | None = None   # when the watch now open was opened (None: none is open)
     last_list: float = 0.0
     gone_streak: int = 0
+    short_said: bool = False          # this failure streak's short watches were logged (once per streak)
     lists: int = 0
     watches: int = 0
     events: int = 0
@@ -281,6 +290,9 @@ class KubeFeeder:
     ``stale_after_s``: how long a stream may fail before ``ready()`` turns False.
     ``open_grace_s``: how long a watch opened during a failure streak must stay open without error
     (and without an event, which proves it sooner) before the streak counts as over.
+    ``short_watch_s``: a watch the server ends cleanly sooner than this, without an event, is a
+    failure (client-go's "very short watch"), so a server that closes every watch at once is not
+    asked again straight away, every time.
     """
 
     def __init__(self, model: ClusterModel, api_client: kubernetes.client.ApiClient,
@@ -288,7 +300,8 @@ class KubeFeeder:
                  watch_timeout_s: int = 300, stale_after_s: float = 60.0, backoff_base_s: float = 0.5,
                  backoff_max_s: float = 30.0, request_timeout_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
-                 trust: RecordTrust | None = None, open_grace_s: float = 5.0) -> None:
+                 trust: RecordTrust | None = None, open_grace_s: float = 5.0,
+                 short_watch_s: float = 1.0) -> None:
         self.model = model
         # Which records count: by default, well-formed ones that book exactly the pod's request.
         self.trust = trust or RecordTrust(memory_unit_mib=memory_unit_mib)
@@ -299,6 +312,7 @@ class KubeFeeder:
         self.watch_timeout_s = max(1, int(watch_timeout_s))
         self.stale_after_s = stale_after_s
         self.open_grace_s = open_grace_s
+        self.short_watch_s = short_watch_s
         self.request_timeout_s = request_timeout_s
         self.clock = clock
         self.rng = rng or random.Random()
@@ -438,7 +452,7 @@ class KubeFeeder:
                     break
 
     def _failed(self, st: StreamState, exc: BaseException) -> float:
-        msg = api_message(exc)
+        msg = str(exc) if isinstance(exc, ShortWatch) else api_message(exc)
         now = self.clock()
         with self._lock:
             st.failures += 1
@@ -447,9 +461,20 @@ class KubeFeeder:
                 st.failing_since = now
             st.last_error = msg
             n = st.failures
+            first_short = isinstance(exc, ShortWatch) and not st.short_said
+            if first_short:
+                st.short_said = True
         delay = self.backoff.delay(n)
-        log.warning("%s %s failed (attempt %d): %s; retrying in %.1fs", st.kind,
-                    "list" if not st.synced else "watch", n, msg, delay)
+        if isinstance(exc, ShortWatch):
+            # Said once per failure streak: the server may do it to every watch, for hours.
+            log.log(logging.WARNING if first_short else logging.DEBUG,
+                    "%s watch ended at once (attempt %d): %s. The API server, or a proxy before it, closes "
+                    "watches as soon as they open; the feeder backs off (retrying in %.1fs, then up to %gs) and "
+                    "/readyz turns false after %.0fs of it (said once until the watch works again)",
+                    st.kind, n, msg, delay, self.backoff.max_s, self.stale_after_s)
+        else:
+            log.warning("%s %s failed (attempt %d): %s; retrying in %.1fs", st.kind,
+                        "list" if not st.synced else "watch", n, msg, delay)
         return delay
 
     def _healthy(self, st: StreamState) -> None:
@@ -465,6 +490,7 @@ class KubeFeeder:
         st.failures = 0
         st.failing_since = None
         st.last_error = ""
+        st.short_said = False
 
     def _opened(self, st: StreamState) -> None:
         """A watch request was answered 200: the API server is reachable, but the stream has yet to
@@ -550,25 +576,39 @@ class KubeFeeder:
         self._watches[st.kind] = w
         with self._lock:
             st.watches += 1
+        # Real time, from before the request (as client-go measures it): ``self.clock`` may be a
+        # test's hand-moved clock, and this is about how fast the server really closed the stream.
+        started = time.monotonic()
+        seen = 0
+        ended = False
         try:
             for ev in w.stream(fn, resource_version=st.rv, timeout_seconds=timeout, allow_watch_bookmarks=True,
                                _request_timeout=(self.request_timeout_s, timeout + 30)):
                 if self._stop.is_set():
                     break
+                seen += 1
                 self._event(st, ev.get("type"), ev.get("object"))
+            ended = True
         except ApiException as exc:
             if exc.status == 410:
                 raise Gone(api_message(exc)) from exc
             raise
         finally:
             self._watches.pop(st.kind, None)
+            lasted = time.monotonic() - started
+            short = ended and seen == 0 and lasted < self.short_watch_s
             with self._lock:   # open long enough, it ended any earlier streak: a failure now starts a new one
-                self._settle(st, self.clock())
+                if not short:  # (a watch closed at once proves nothing, whatever a test's clock says)
+                    self._settle(st, self.clock())
                 st.open_since = None
-        if not self._stop.is_set():
-            self._healthy(st)
-            with self._lock:
-                st.gone_streak = 0
+        if self._stop.is_set():
+            return
+        if short:
+            raise ShortWatch(f"the API server ended the watch cleanly after {lasted:.2f}s without an event "
+                             f"(a very short watch)")
+        self._healthy(st)
+        with self._lock:
+            st.gone_streak = 0
 
     def _event(self, st: StreamState, type_: str | None, obj: Any) -> None:
         if not isinstance(obj, Mapping):

@@ -19,6 +19,7 @@ Usage::
         kube.expire_watches()        # compaction: watches from older resourceVersions get 410 Gone
         kube.fail_next(2, status=500)  # the next 2 requests (optionally matching a path) fail
         kube.drop_watches()          # cut every open watch stream
+        kube.end_watches("pods")     # every new pods watch ends at once, cleanly, without an event
         kube.clear_faults()          # forget pending injected failures
         kube.delete_pod("default", "p1", emit=False)  # a change no watch will see (then expire_watches())
         kube.requests                # [(method, path, query dict)] for assertions
@@ -232,6 +233,7 @@ class FakeKube:
         self._drop_gen = 0
         self._faults: list[_Fault] = []
         self._watch_errors: dict[str, Obj] = {}   # kind -> Status every new watch of it ends with
+        self._watch_ends: set[str] = set()        # kinds whose new watches end at once, cleanly, with no event
         self._closed = False
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -425,10 +427,18 @@ class FakeKube:
         with self._cond:
             self._watch_errors[kind] = status_obj(code, reason, message)
 
+    def end_watches(self, kind: str) -> None:
+        """Every new watch of ``kind`` is accepted (HTTP 200), then ends cleanly at once without an
+        event (as a misbehaving API server or proxy in front of it may do, every time). Until
+        :meth:`clear_faults`."""
+        with self._cond:
+            self._watch_ends.add(kind)
+
     def clear_faults(self) -> None:
         with self._cond:
             self._faults.clear()
             self._watch_errors.clear()
+            self._watch_ends.clear()
 
     def watch_count(self, kind: str | None = None) -> int:
         """How many watch requests were made (optionally for one kind)."""
@@ -552,8 +562,10 @@ class FakeKube:
             if rv < self._compacted_rv and self.gone_mode == "status":
                 raise ApiError(410, "Expired", f"too old resource version: {rv} ({self._compacted_rv})")
 
-    def _watch_events(self, kind: str, namespace: str | None, q: dict[str, str], write: Callable[[Obj], None]) -> None:
-        """Stream events until timeout, drop, close or a write failure."""
+    def _watch_events(self, kind: str, namespace: str | None, q: dict[str, str], write: Callable[[Obj], None]) -> bool:
+        """Stream events until timeout, drop, close or a write failure. True: the stream ended
+        cleanly (its timeout, :meth:`end_watches`), and its connection is kept for the client's
+        next request."""
         rv_s = q.get("resourceVersion", "")
         bookmarks = q.get("allowWatchBookmarks") in ("true", "1")
         timeout = float(q["timeoutSeconds"]) if q.get("timeoutSeconds") else None
@@ -567,9 +579,11 @@ class FakeKube:
             drop_gen = self._drop_gen
             self._check_watch_start(kind, q)
             broken = copy.deepcopy(self._watch_errors.get(kind))
+            if kind in self._watch_ends:
+                return True
         if broken is not None:
             write({"type": "ERROR", "object": broken})
-            return
+            return False
         with self._cond:
             bm_gen = getattr(self, "_bookmark_gen", 0)
             if rv_s in ("", "0"):
@@ -589,7 +603,7 @@ class FakeKube:
         for ev in initial:
             write(ev)
         if cursor < 0:
-            return
+            return False
         last_bookmark = time.monotonic()
         while True:
             bookmark_rv = None
@@ -599,13 +613,13 @@ class FakeKube:
                     if self._closed or self._drop_gen != drop_gen:
                         if self._compacted_rv > cursor and self.gone_mode == "event":
                             break  # the history this stream needs is gone: say so
-                        return
+                        return False
                     bm_gen_now = getattr(self, "_bookmark_gen", 0)
                     if bookmarks and (bm_gen_now != bm_gen or time.monotonic() - last_bookmark >= self.bookmark_interval):
                         bm_gen = bm_gen_now
                         bookmark_rv = cursor = max(cursor, self._last_rv)  # nothing of ours is pending up to here
                     elif deadline is not None and time.monotonic() >= deadline:
-                        return
+                        return True
                     else:
                         wait = 0.2 if deadline is None else min(0.2, max(0.0, deadline - time.monotonic()))
                         self._cond.wait(wait)
@@ -619,7 +633,7 @@ class FakeKube:
                                                       "metadata": {"resourceVersion": str(bookmark_rv)}}})
                 last_bookmark = time.monotonic()
             if deadline is not None and time.monotonic() >= deadline:
-                return
+                return True
         write({"type": "ERROR", "object": status_obj(410, "Expired", "too old resource version")})
 
 
@@ -740,6 +754,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.flush()
 
+        keep = False
         with kube._cond:
             kube._watch_socks.add(sock)
         try:
@@ -750,15 +765,17 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             self.wfile.flush()
-            kube._watch_events(kind, ns, q, write)
+            keep = kube._watch_events(kind, ns, q, write)
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except OSError:
-            pass
+            keep = False
         finally:
             with kube._cond:
                 kube._watch_socks.discard(sock)
-            self.close_connection = True
+            # A stream that ended cleanly keeps its connection, as a real API server's does: closed,
+            # the client may take it from its pool for its next request at once and fail on it.
+            self.close_connection = not keep
 
     def do_GET(self) -> None:
         self._dispatch("GET")

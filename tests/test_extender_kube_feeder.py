@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 from extender_kube_helpers import (FakeClock, FakeKube, feeders, gfd_node, inv_node, kube, make_node,  # noqa: F401
@@ -336,6 +337,51 @@ def test_watches_that_open_then_error_count_as_failing_and_back_off(kube, feeder
     kube.wait_for(lambda: uid not in f.model.allocations)   # the resumed watch delivers the deletion
     kube.wait_for(lambda: f.ready()[0])   # (the event is counted just after it is applied)
     assert st.failures == 0 and st.lists == 1
+
+
+def test_watches_that_end_at_once_without_an_event_back_off_and_read_failing(kube, feeders, caplog):
+    """A misbehaving API server (or a proxy before it) that accepts every watch and ends it cleanly
+    at once, with no event: each clean end re-opened the watch straight away, so the feeder spun
+    (watch requests as fast as the server answered) and, each clean end counting as proof of a
+    working stream, /readyz stayed 200 on a frozen model. As client-go's reflector does ("very short
+    watch"), a watch that lasted under a second without an event is a failure: backed off, counted,
+    and said once per failure streak."""
+    clock = FakeClock()
+    kube.create_node(inv_node("n1", [80]))
+    f = started(kube, feeders, clock=clock, stale_after_s=30.0, backoff_base_s=0.1, backoff_max_s=0.4)
+    st = f.streams[NODES]
+    with caplog.at_level(logging.DEBUG, logger="stowage.kube"):
+        kube.end_watches("nodes")
+        kube.drop_watches()
+        kube.wait_for(lambda: st.failures >= 4)    # the back-off has grown to its cap (0.2-0.4 s)
+        before = kube.watch_count("nodes")
+        time.sleep(1.2)
+        spaced = kube.watch_count("nodes") - before
+        assert 1 <= spaced <= 7, spaced            # unbounded (hundreds) before
+        assert f.ready()[0]                        # failing, but not for long yet
+        clock.t += 31
+        ok, why = f.ready()
+        assert not ok and "nodes watch failing" in why and "without an event" in why, why
+        said = [r for r in caplog.records if r.levelno >= logging.WARNING and r.getMessage().startswith("nodes watch ended at once")]
+        assert len(said) == 1, [r.getMessage() for r in said]   # once per streak, not per watch
+        assert st.failures >= 5 and st.errors >= 5
+        kube.clear_faults()
+        kube.create_node(inv_node("n2", [24]))     # the next watch works: its event ends the streak
+        kube.wait_for(lambda: "n2" in f.model.index)
+        kube.wait_for(lambda: f.ready()[0])
+    assert st.failures == 0 and st.failing_since is None
+    assert any("nodes stream recovered" in r.getMessage() for r in caplog.records)
+
+
+def test_a_watch_that_ends_after_its_timeout_without_events_stays_healthy(kube, feeders):
+    """A quiet cluster's watch ends at its timeout with no event: a clean end, not a short watch."""
+    kube.create_node(inv_node("n1", [80]))
+    f = started(kube, feeders, watch_timeout_s=1)   # (randomised up to 2x: int(1 * [1, 2)) = 1 s)
+    st = f.streams[NODES]
+    watches = kube.watch_count("nodes")
+    kube.wait_for(lambda: kube.watch_count("nodes") >= watches + 2)   # two watches ran out their timeout
+    assert st.errors == 0 and st.failures == 0 and st.events == 0
+    assert f.ready()[0]
 
 
 def test_idle_watch_reads_ready_once_open_for_a_while_after_an_outage(kube, feeders):
