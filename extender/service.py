@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -237,6 +238,30 @@ def pod_shape(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UNIT
 
 MAX_META_TEXT = 253   # characters: the longest name or namespace Kubernetes allows
 
+# The pod-info cache's bounds: entries, and bytes (estimated by :func:`pod_info_bytes`). Entries
+# alone let crafted pods through the verbs' port (two 64-model lists of 128-character names each,
+# ~24 KB an entry) keep ~2.3 GiB; 100,000 ordinary pods (~0.5 KB each, estimated ~0.85 KB) stay
+# within the bytes, so the entry bound alone governs them, as before.
+POD_CACHE_ENTRIES = 100_000
+POD_CACHE_BYTES = 128 * 1024 * 1024
+# What an entry holds besides its texts: the PodInfo, its GpuRequest and PodPolicy, the LRU's node
+# and the key index's slot (tracemalloc: ~60-350 B; rounded up, so the estimate errs high).
+_ENTRY_BYTES = 400
+
+
+def pod_info_bytes(info: "PodInfo", shared: PodPolicy | None = None) -> int:
+    """About how much memory ``info`` keeps in the pod cache: a fixed part and its texts (the model
+    lists of its policy included, unless they are ``shared``'s, the default policy's, held once)."""
+    n = _ENTRY_BYTES + sum(sys.getsizeof(t) for t in (info.uid, info.namespace, info.name, info.error,
+                                                        info.resource_version, info.key))
+    pol = info.policy
+    if pol is not None:
+        for models, common in ((pol.models_include, shared.models_include if shared else None),
+                               (pol.models_exclude, shared.models_exclude if shared else None)):
+            if models and models is not common:
+                n += sys.getsizeof(models) + sum(sys.getsizeof(m) for m in models)
+    return n
+
 
 def _meta_text(meta: Mapping[str, Any], field_name: str, default: str) -> str:
     """A pod's name, namespace or uid as text: a value that is not text or longer than any
@@ -260,7 +285,8 @@ class ExtenderService:
     def __init__(self, model: ClusterModel, *, binder: Binder | None = None, pod_source: PodSource | None = None,
                  memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB, default_policy: PodPolicy | None = None,
                  placer_factory: Callable[[str], Placer] = placer_for,
-                 pod_cache_size: int = 100_000, speedups: bool = True,
+                 pod_cache_size: int = POD_CACHE_ENTRIES, pod_cache_bytes: int = POD_CACHE_BYTES,
+                 speedups: bool = True,
                  row_cache_shapes: int = DEFAULT_MAX_SHAPES, filter_keeps: str = FILTER_KEEPS_BEST) -> None:
         if memory_unit_mib <= 0:
             raise ValueError("memory unit must be a positive number of MiB")
@@ -287,7 +313,11 @@ class ExtenderService:
         self._pods: OrderedDict[str, PodInfo] = OrderedDict()  # uid -> info, LRU
         self._uid_by_key: dict[str, str] = {}
         self._pods_lock = threading.Lock()
+        # Bounded in entries and in estimated bytes (pod_info_bytes), least recently used out
+        # first: what a pod author or the verbs' port puts in a pod cannot make the cache big.
         self._cache_size = pod_cache_size
+        self._cache_bytes = pod_cache_bytes
+        self.pod_cache_bytes_used = 0   # the estimate for what the cache holds now (under _pods_lock)
         # uids the placers have learned from, kept apart from the pod cache (which forgets a pod
         # once it is bound): a pod sent again after its bind must not be learned twice. With
         # each, the shape learned: when the pod is deleted it goes to ``departed``.
@@ -351,12 +381,20 @@ class ExtenderService:
             info = PodInfo(uid=uid, namespace=namespace, name=name, req=None, policy=None,
                            error=f"Stowage cannot schedule this pod: malformed pod object ({str(exc)[:160]})",
                            resource_version=rv)
+        size = pod_info_bytes(info, self.default_policy)
         with self._pods_lock:
+            replaced = self._pods.get(uid)
+            if replaced is not None:
+                self.pod_cache_bytes_used -= pod_info_bytes(replaced, self.default_policy)
             self._pods[uid] = info
             self._pods.move_to_end(uid)
             self._uid_by_key[info.key] = uid
-            while len(self._pods) > self._cache_size:
+            self.pod_cache_bytes_used += size
+            # (The newest entry stays even alone over the budget: bind needs the pod filter saw.)
+            while len(self._pods) > self._cache_size or (len(self._pods) > 1
+                                                         and self.pod_cache_bytes_used > self._cache_bytes):
                 old_uid, old = self._pods.popitem(last=False)
+                self.pod_cache_bytes_used -= pod_info_bytes(old, self.default_policy)
                 if self._uid_by_key.get(old.key) == old_uid:
                     del self._uid_by_key[old.key]
         if info.req is not None:
@@ -455,6 +493,8 @@ class ExtenderService:
     def _forget(self, uid: str) -> None:
         with self._pods_lock:
             info = self._pods.pop(uid, None)
+            if info is not None:
+                self.pod_cache_bytes_used -= pod_info_bytes(info, self.default_policy)
             if info is not None and self._uid_by_key.get(info.key) == uid:
                 del self._uid_by_key[info.key]
 
