@@ -37,6 +37,11 @@ log = logging.getLogger("stowage.extender")
 # The pod's loopback: in the sidecar layout kube-scheduler reaches the extender there, nothing else can.
 DEFAULT_BIND = "127.0.0.1:8888"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Options that only a kube-mode extender reads (parameter -> flag): refused with --simulated, where
+# they would be ignored without a word.
+KUBE_ONLY_OPTIONS = {"record_key_file": "--record-key-file", "scheduler_names": "--scheduler-name",
+                     "stale_after_s": "--stale-after", "learned_configmap": "--learned-configmap",
+                     "learned_interval_s": "--learned-interval"}
 
 
 @dataclass
@@ -304,6 +309,12 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
         raise click.UsageError("--kubeconfig and --in-cluster are exclusive")
     cluster = None
     if simulated:
+        ctx = click.get_current_context()
+        given = [flag for param, flag in KUBE_ONLY_OPTIONS.items()
+                 if ctx.get_parameter_source(param) == click.core.ParameterSource.COMMANDLINE]
+        if given:   # they would be silently ignored: a simulated cluster has no API server, records or watch
+            raise click.UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for kube mode "
+                                   "(--kubeconfig / --in-cluster); a simulated cluster has no API server")
         try:
             cluster = load_cluster(simulated)
         except SimClusterError as exc:

@@ -58,3 +58,28 @@ def test_plan_names_a_model_no_card_is():
     assert r.exit_code == 0, r.output
     assert "no card of this cluster is a Z9000 (models here:" in r.output
     assert r.output.count("no card of this cluster") == 1
+
+
+@pytest.mark.parametrize("extra", [["--record-key-file", "/nonexistent/key"], ["--scheduler-name", "other"],
+                                   ["--stale-after", "30"], ["--learned-configmap", "off"],
+                                   ["--learned-interval", "5"]])
+def test_the_extender_refuses_kube_mode_options_on_a_simulated_cluster(extra, monkeypatch):
+    """They were silently ignored with --simulated (inspect and plan already refused theirs)."""
+    import extender.cli as cli
+
+    monkeypatch.setattr(cli, "run_server", lambda cfg, *a, **k: None)  # never serve, even if not refused
+    r = CliRunner().invoke(main, ["extender", "--simulated", "builtin", *extra])
+    assert r.exit_code == 2, r.output
+    assert extra[0] in r.output and "kube mode" in r.output
+
+
+def test_a_kube_mode_variable_in_the_environment_does_not_stop_a_simulated_extender(monkeypatch):
+    """Only what was typed is refused: an exported STOWAGE_SCHEDULER_NAMES is not a mistake here."""
+    import extender.cli as cli
+
+    seen = {}
+    monkeypatch.setenv("STOWAGE_SCHEDULER_NAMES", "other")
+    monkeypatch.setattr(cli, "run_server", lambda cfg, *a, **k: seen.setdefault("cfg", cfg))
+    r = CliRunner().invoke(main, ["extender", "--simulated", "builtin"])
+    assert r.exit_code == 0, r.output
+    assert seen["cfg"].cluster is not None
