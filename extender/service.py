@@ -53,6 +53,7 @@ from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError,
 
 from .errors import BindError, BindOutcomeUnknown  # noqa: F401  (BindError re-exported: binders raise it)
 from .learned_past import DepartedPods, Shape, replay
+from .learned_uids import LEARNED_BYTES, LearnedUids
 from .nominated import PodMarks
 from .rowcache import DEFAULT_MAX_SHAPES
 from .speedups import FastPath
@@ -286,7 +287,7 @@ class ExtenderService:
                  memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB, default_policy: PodPolicy | None = None,
                  placer_factory: Callable[[str], Placer] = placer_for,
                  pod_cache_size: int = POD_CACHE_ENTRIES, pod_cache_bytes: int = POD_CACHE_BYTES,
-                 speedups: bool = True,
+                 learned_bytes: int = LEARNED_BYTES, speedups: bool = True,
                  row_cache_shapes: int = DEFAULT_MAX_SHAPES, filter_keeps: str = FILTER_KEEPS_BEST) -> None:
         if memory_unit_mib <= 0:
             raise ValueError("memory unit must be a positive number of MiB")
@@ -320,8 +321,10 @@ class ExtenderService:
         self.pod_cache_bytes_used = 0   # the estimate for what the cache holds now (under _pods_lock)
         # uids the placers have learned from, kept apart from the pod cache (which forgets a pod
         # once it is bound): a pod sent again after its bind must not be learned twice. With
-        # each, the shape learned: when the pod is deleted it goes to ``departed``.
-        self._learned: OrderedDict[str, Shape] = OrderedDict()
+        # each, the shape learned (interned): when the pod is deleted it goes to ``departed``.
+        # Bounded like the pod cache, in entries and estimated bytes (extender/learned_uids.py:
+        # what forgetting a uid costs, and why pods with long model lists go first).
+        self._learned = LearnedUids(pod_cache_size, learned_bytes)
         # What was learned from pods now deleted (and, loaded at start, from those its
         # predecessors saw): kept in a ConfigMap so a restart does not lose it
         # (extender/learned_past.py, extender/learned_store.py). Guarded by _pods_lock.
@@ -403,13 +406,11 @@ class ExtenderService:
 
     def _learn(self, uid: str, req: GpuRequest, models: tuple[str, ...] = ()) -> None:
         """Show the placers a pod, once per uid however often it is seen (filter, prioritize, a
-        second scheduling cycle after its bind, the watch)."""
+        second scheduling cycle after its bind, the watch) while :attr:`_learned` remembers the
+        uid: one its bounds forgot is learned again if seen again (extender/learned_uids.py)."""
         with self._pods_lock:
-            if uid in self._learned:
+            if not self._learned.add(uid, req, models):
                 return
-            self._learned[uid] = (req, tuple(models))
-            while len(self._learned) > self._cache_size:
-                self._learned.popitem(last=False)
         with self.model.lock:  # placers are not required to be thread-safe
             for placer in self._distinct_placers():
                 placer.observe(req, models)
@@ -470,7 +471,7 @@ class ExtenderService:
         if not isinstance(uid, str) or not uid:
             return
         with self._pods_lock:
-            if uid in self._learned:
+            if self._learned.touch(uid):
                 return
         shape = pod_shape(pod, self.memory_unit_mib, self.default_policy)
         if shape is not None:
@@ -479,9 +480,11 @@ class ExtenderService:
     def forget_learned(self, uid: str) -> None:
         """The pod is deleted: its uid can never come back, so it need not be remembered (what the
         placers learned from it stays, as it would in a process that saw it, and its shape is
-        counted in :attr:`departed`, which outlives a restart)."""
+        counted in :attr:`departed`, which outlives a restart). A pod the bounds of
+        :attr:`_learned` forgot before (past 100,000 pods, or past its bytes, pods with long model
+        lists first: extender/learned_uids.py) is not counted: its shape is no longer known."""
         with self._pods_lock:
-            shape = self._learned.pop(uid, None)
+            shape = self._learned.pop(uid)
             if shape is not None:
                 self.departed.add(*shape)
 

@@ -12,7 +12,7 @@ import tracemalloc
 import orjson
 
 from extender.app import create_app
-from extender_harness import gpus, model_from
+from extender_harness import bytes_kept, gpus, model_from
 from extender.service import ExtenderService
 from extender.wirememo import MAX_NAMES
 
@@ -73,16 +73,7 @@ def test_pod_cache_is_bounded_in_bytes_least_recently_used_out_first():
     s = ExtenderService(model, pod_cache_bytes=budget)
     s._learn = lambda *a: None   # (what placers learn is bounded apart: measure the cache alone)
     pods = [fat_pod(i) for i in range(600)]
-    gc.collect()
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        for p in pods:
-            s.pod_info(p)
-        gc.collect()
-        kept = tracemalloc.get_traced_memory()[0] - base
-    finally:
-        tracemalloc.stop()
+    kept = bytes_kept(s.pod_info, pods)
     entry = pod_info_bytes(s._pods[pods[-1]["metadata"]["uid"]], s.default_policy)
     assert 20_000 < entry < 30_000
     assert budget - entry < s.pod_cache_bytes_used <= budget
