@@ -17,12 +17,15 @@ Usage::
         kube.patch_pod("default", "p1", {"metadata": {"annotations": {"a": "b"}}})  # emits MODIFIED
         kube.delete_pod("default", "p1")                                           # emits DELETED
         kube.expire_watches()        # compaction: watches from older resourceVersions get 410 Gone
+        kube.expire_lists()          # paged lists under way: their next page gets 410 Expired
+        kube.on_list_page = lambda kind, page: ...   # called after each list page (0: the first)
         kube.fail_next(2, status=500)  # the next 2 requests (optionally matching a path) fail
         kube.drop_watches()          # cut every open watch stream
         kube.end_watches("pods")     # every new pods watch ends at once, cleanly, without an event
         kube.clear_faults()          # forget pending injected failures
         kube.delete_pod("default", "p1", emit=False)  # a change no watch will see (then expire_watches())
         kube.requests                # [(method, path, query dict)] for assertions
+        kube.list_requests("pods")   # the query of each pods list request (limit, continue)
         kube.bodies                  # the JSON body of each POST/PATCH/PUT, in order
         kube.wait_for(lambda: ...)   # poll helper for tests (no timed assertions)
 
@@ -53,6 +56,7 @@ Errors are ``kind: Status`` objects with the matching ``code`` and ``reason``.
 """
 from __future__ import annotations
 
+import base64
 import copy
 import itertools
 import json
@@ -69,6 +73,12 @@ from urllib.parse import parse_qs, urlsplit
 
 Obj = dict[str, Any]
 KINDS = ("nodes", "pods", "configmaps")
+# kube-apiserver's message for a list page whose snapshot etcd has compacted (410, reason Expired).
+CONTINUE_EXPIRED = ("The provided continue parameter is too old to display a consistent list result. You can start "
+                    "a new list without the continue parameter, or use the continue token in this response to "
+                    "retrieve the remainder of the results. Continuing with the provided token results in an "
+                    "inconsistent list - objects that were created, modified, or deleted between the time the "
+                    "first chunk was returned and now may show up in the list.")
 
 
 class ApiError(Exception):
@@ -222,6 +232,9 @@ class FakeKube:
     requests: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
     bodies: list[Any] = field(default_factory=list)   # the JSON body of each POST/PATCH/PUT, as sent
     events_posted: list[Obj] = field(default_factory=list)
+    # Called after each list page is read, outside the lock, with the kind and the page's number
+    # in its list (0: the first): a test changes the cluster, or expires the list, between pages.
+    on_list_page: Callable[[str, int], None] | None = None
 
     def __post_init__(self) -> None:
         self._cond = threading.Condition()
@@ -230,6 +243,8 @@ class FakeKube:
         self._rv = itertools.count(100)
         self._last_rv = next(self._rv)
         self._compacted_rv = 0
+        self._snapshots: dict[int, tuple[int, list[Obj]]] = {}   # paged lists under way: id -> (rv, items)
+        self._snapshot_ids = itertools.count(1)
         self._drop_gen = 0
         self._faults: list[_Fault] = []
         self._watch_errors: dict[str, Obj] = {}   # kind -> Status every new watch of it ends with
@@ -393,8 +408,21 @@ class FakeKube:
         with self._cond:
             self._last_rv = self._compacted_rv = next(self._rv)  # like an etcd compaction at a new revision
             self._events.clear()
+            self._snapshots.clear()  # and paged lists under way lose their snapshot
             self._drop_gen += 1  # open streams end with the 410 too
             self._cond.notify_all()
+
+    def expire_lists(self) -> None:
+        """Every paged list under way loses its snapshot (as an etcd compaction past its revision
+        does, after ~5 minutes): its next page gets 410 ``Expired``. Watches are not affected
+        (:meth:`expire_watches` expires both)."""
+        with self._cond:
+            self._snapshots.clear()
+
+    def list_requests(self, kind: str) -> list[dict[str, str]]:
+        """The query of each list request (not watch) of ``kind`` (``nodes``/``pods``), in order."""
+        return [q for m, p, q in list(self.requests)
+                if m == "GET" and p.endswith("/" + kind) and q.get("watch") not in ("true", "1")]
 
     def drop_watches(self) -> None:
         """Cut every open watch stream abruptly (as a dying API server or load balancer would)."""
@@ -470,13 +498,59 @@ class FakeKube:
         return None
 
     def _list(self, kind: str, namespace: str | None, q: dict[str, str]) -> Obj:
+        """A list, or one page of it (``limit``, ``continue``), as kube-apiserver serves it from
+        etcd: items in key order (namespace/name), every page of one list from the snapshot its
+        first page was read at (same ``resourceVersion``), ``metadata.continue`` (opaque) and
+        ``metadata.remainingItemCount`` while more remain. A continue token issued before the
+        last :meth:`expire_watches` or :meth:`expire_lists` gets 410 ``Expired``, as a real one
+        does once etcd compacted its revision. :attr:`on_list_page` is called after each page."""
+        try:
+            limit = int(q.get("limit") or 0)
+        except ValueError:
+            raise ApiError(400, "BadRequest", f"invalid limit {q.get('limit')!r}") from None
+        if limit < 0:
+            raise ApiError(400, "BadRequest", f"limit must be non-negative, not {limit}")
+        cont = q.get("continue") or ""
+        which = [kind, namespace, q.get("fieldSelector"), q.get("labelSelector")]
         with self._cond:
-            items = [copy.deepcopy(o) for o in self._store[kind].values()
-                     if (namespace is None or o["metadata"].get("namespace") == namespace)
-                     and _selector_matches(o, q.get("fieldSelector"), q.get("labelSelector"))]
-            rv = self._last_rv
+            if cont:
+                if q.get("resourceVersion"):
+                    raise ApiError(400, "BadRequest", "specifying resource version is not allowed when using continue")
+                try:
+                    tok = json.loads(base64.b64decode(cont.encode(), validate=True))
+                    snap_id, begin, page_no = int(tok["id"]), int(tok["next"]), int(tok["page"])
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise ApiError(400, "BadRequest", f"continue key is not valid: {exc}") from None
+                if tok.get("list") != which:
+                    raise ApiError(400, "BadRequest", "the continue token was made for another list")
+                snap = self._snapshots.get(snap_id)
+                if snap is None:
+                    raise ApiError(410, "Expired", CONTINUE_EXPIRED)
+                rv, items = snap
+            else:
+                rv = self._last_rv
+                items = [o for _, o in sorted(self._store[kind].items())
+                         if (namespace is None or o["metadata"].get("namespace") == namespace)
+                         and _selector_matches(o, q.get("fieldSelector"), q.get("labelSelector"))]
+                snap_id, begin, page_no = 0, 0, 0
+            end = begin + limit if limit else len(items)
+            page = [copy.deepcopy(o) for o in items[begin:end]]
+            lmeta: Obj = {"resourceVersion": str(rv)}
+            if end < len(items):
+                if not snap_id:
+                    # Stored objects are never changed in place (a change stores a new one): the
+                    # snapshot holds references to them, as etcd serves an older revision.
+                    snap_id = next(self._snapshot_ids)
+                    self._snapshots[snap_id] = (rv, items)
+                lmeta["continue"] = base64.b64encode(json.dumps(
+                    {"id": snap_id, "next": end, "page": page_no + 1, "list": which}).encode()).decode()
+                lmeta["remainingItemCount"] = len(items) - end
+            elif snap_id:
+                self._snapshots.pop(snap_id, None)
+        if self.on_list_page is not None:
+            self.on_list_page(kind, page_no)
         return {"kind": "NodeList" if kind == "nodes" else "PodList", "apiVersion": "v1",
-                "metadata": {"resourceVersion": str(rv)}, "items": items}
+                "metadata": lmeta, "items": page}
 
     def _patch(self, kind: str, namespace: str | None, name: str, ctype: str, body: Any) -> Obj:
         ctype = ctype.split(";")[0].strip()
@@ -495,7 +569,7 @@ class FakeKube:
                 if pmeta.get("resourceVersion") and pmeta["resourceVersion"] != cur["metadata"].get("resourceVersion"):
                     raise ApiError(409, "Conflict", f"Operation cannot be fulfilled on {kind} \"{name}\": "
                                    "the object has been modified; please apply your changes to the latest version and try again")
-                new = merge_patch(cur, body)
+                new = merge_patch(copy.deepcopy(cur), body)   # never the stored object's parts: a list snapshot holds it
             elif ctype == "application/json-patch+json":
                 if not isinstance(body, list):
                     raise ApiError(400, "BadRequest", "a json patch must be a list of operations")
