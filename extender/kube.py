@@ -5,7 +5,9 @@ Why this shape:
   nodes and pods are each listed once, then watched from the list's resourceVersion, resuming
   from the last resourceVersion seen when a stream ends or breaks (no event is applied twice, none
   is missed), and relisting only when the API server says the history is gone (410, as an HTTP
-  status or as an ``ERROR`` watch event).
+  status or as an ``ERROR`` watch event). A list comes in pages of :data:`LIST_PAGE_SIZE`
+  objects (``limit`` + ``continue``, as client-go's reflector lists), each applied as it arrives
+  and dropped: its peak memory is a page's, not the cluster's (:meth:`KubeFeeder._relist`).
 - Errors back off exponentially with jitter, so a struggling API server is not hammered by
   every replica at once.
 - ``ready()`` is what ``/readyz`` reports: False until both first lists are applied, and False
@@ -20,8 +22,8 @@ Why this shape:
 - Everything the model holds is rebuilt from the API server (node inventory annotations/labels,
   pod allocation annotations): a restarted extender gets the very same model.
 
-Objects are handled as camelCase JSON dicts (exactly what the API server sends): lists are read
-with ``_preload_content=False`` and parsed once, and so is each watch event (:class:`WatchStream`):
+Objects are handled as camelCase JSON dicts (exactly what the API server sends): list pages are
+read with ``_preload_content=False`` and parsed once, and so is each watch event (:class:`WatchStream`):
 no generated model classes, no second encoding, on the hot path. Each event takes the model lock
 only for its own small update.
 """
@@ -42,8 +44,8 @@ from stowage.allocation import AllocationRecord, RecordTrust
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request
 
 from .errors import KubeConfigError
-from .kube_objects import (assign_args, meta, node_into_model, node_view, pod_for_bind, pod_view, record_by_uuid,
-                           resource_version)
+from .kube_objects import (assign_args, meta, node_into_model, node_view, pod_for_bind, pod_for_learn, pod_view,
+                           record_by_uuid, resource_version)
 from packing.model import ClusterModel
 
 try:  # orjson is a declared dependency; fall back to json only so the module never fails to import
@@ -84,6 +86,11 @@ def read_or_none(read: Callable[..., Any], *args: Any, **kwargs: Any) -> dict | 
 
 NODES = "nodes"
 PODS = "pods"
+
+# Objects per list request. client-go's reflector lists in pages of 500 too: a list's peak
+# memory is then a page's, whatever the size of the cluster (one 30,000-pod list once took the
+# feeder's RSS up by ~2 GiB, over the extender's 1 GiB limit; docs/kube.md).
+LIST_PAGE_SIZE = 500
 
 
 def creation_order(obj: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -281,6 +288,21 @@ class StreamState:
     errors: int = 0
 
 
+@dataclass
+class PodListing:
+    """What a pod list gathers across its pages until its last one (:meth:`KubeFeeder._relist`)."""
+
+    seen: set[str] = field(default_factory=set)      # uids listed
+    pending: set[str] = field(default_factory=set)   # ns/name of the pending pods it wrote for bind
+    learn: list[dict] = field(default_factory=list)  # pod_for_learn copies, for on_pod_seen at the end
+
+    def clear(self) -> None:
+        """Start again (the list is read again from its first object)."""
+        self.seen.clear()
+        self.pending.clear()
+        self.learn.clear()
+
+
 class KubeFeeder:
     """Keeps ``model`` equal to what the API server says, from background threads.
 
@@ -293,6 +315,8 @@ class KubeFeeder:
     ``short_watch_s``: a watch the server ends cleanly sooner than this, without an event, is a
     failure (client-go's "very short watch"), so a server that closes every watch at once is not
     asked again straight away, every time.
+    ``page_size``: objects per list request (client-go's 500; 0 = one request): a list's peak
+    memory is a page's, not the cluster's.
     """
 
     def __init__(self, model: ClusterModel, api_client: kubernetes.client.ApiClient,
@@ -301,8 +325,10 @@ class KubeFeeder:
                  backoff_max_s: float = 30.0, request_timeout_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
                  trust: RecordTrust | None = None, open_grace_s: float = 5.0,
-                 short_watch_s: float = 1.0) -> None:
+                 short_watch_s: float = 1.0, page_size: int = LIST_PAGE_SIZE) -> None:
         self.model = model
+        # Objects per list request (0: everything in one request).
+        self.page_size = page_size
         # Which records count: by default, well-formed ones that book exactly the pod's request.
         self.trust = trust or RecordTrust(memory_unit_mib=memory_unit_mib)
         self.api_client = api_client
@@ -508,49 +534,103 @@ class KubeFeeder:
                 and now - st.open_since >= self.open_grace_s):
             self._recovered(st)
 
-    def _list_call(self, kind: str) -> Any:
+    def _list_call(self, kind: str, limit: int = 0, cont: str = "") -> Any:
+        """One list request (a page of ``limit`` objects from ``cont``; 0 and "": everything), unread."""
         fn = self.core.list_node if kind == NODES else self.core.list_pod_for_all_namespaces
-        return fn(_preload_content=False, _request_timeout=self.request_timeout_s)
+        paging: dict[str, Any] = {}
+        if limit > 0:
+            paging["limit"] = limit
+        if cont:
+            paging["_continue"] = cont
+        return fn(_preload_content=False, _request_timeout=self.request_timeout_s, **paging)
+
+    def _list_pages(self, kind: str, apply: Callable[[list], None], restart: Callable[[], None]) -> tuple[str, int, int]:
+        """List every object of ``kind`` in pages of ``page_size`` (``limit`` + ``continue``, as
+        client-go's pager does), handing each page's items to ``apply`` as it arrives and dropping
+        it: the list's peak memory is a page's, not the cluster's. Returns (resourceVersion,
+        objects, requests).
+
+        The API server serves every page of one list from the same snapshot (the first page's
+        resourceVersion; no resourceVersion is sent, so the snapshot is current). When that
+        snapshot is compacted before the list ends, a page answers 410 (kube-apiserver's reason
+        ``Expired``: "the provided continue parameter is too old"; any 410 to a continued page is
+        taken so): then ``restart`` is called (forget what the pages so far
+        gathered; what they applied is real and is applied again) and everything is listed in one
+        request, as client-go's pager does (``FullListIfExpired``). Any other error propagates.
+        """
+        limit = max(0, int(self.page_size or 0))
+        rv, count, cont, requests = "", 0, "", 0
+        while True:
+            requests += 1
+            try:
+                doc = read_json(self._list_call(kind, limit, cont))
+            except ApiException as exc:
+                if not cont or exc.status != 410:
+                    raise
+                log.warning("%s list: the API server no longer holds the list's snapshot after %d objects in %d pages "
+                            "(%s); listing all %s in one request instead", kind, count, requests - 1,
+                            api_message(exc), kind)
+                restart()
+                doc = read_json(self._list_call(kind))
+                items = doc.get("items") or []
+                apply(items)
+                return str((doc.get("metadata") or {}).get("resourceVersion") or ""), len(items), requests + 1
+            lmeta = doc.get("metadata") or {}
+            items = doc.get("items") or []
+            del doc
+            if not cont:
+                rv = str(lmeta.get("resourceVersion") or "")
+            apply(items)
+            count += len(items)
+            del items
+            cont = str(lmeta.get("continue") or "") if limit else ""
+            if not cont:
+                return rv, count, requests
 
     def _relist(self, st: StreamState) -> None:
-        """List every object of the kind and make the model match it exactly."""
+        """List every object of the kind and make the model match it exactly.
+
+        The list comes in pages (:meth:`_list_pages`), each applied as it arrives, so a list that
+        fails part-way (the feed then backs off and lists again) has applied its first pages.
+        That is safe: what a page applies is the object as the API server holds it now (the
+        list's snapshot is newer than anything the model had from the watch; a pod's record, a
+        node's cards), exactly what a complete list applies of it. What makes the model *match*
+        the list waits for its end: nothing is removed for being absent (nodes and pods gone,
+        pending pods no longer listed, the pods told deleted to ``on_pod_deleted``, the marks
+        kept), no pod is shown to ``on_pod_seen``, and neither the resourceVersion the watch
+        resumes from nor ``synced`` is set, until the last page is applied.
+
+        Pods are shown to ``on_pod_seen`` in creation order across all pages, after the last
+        one, as the whole list sorted once showed them: pods a restarted extender learns from
+        are shown to its placers in the order the running one saw them arrive. Until then only
+        what learning reads is kept of each (:func:`pod_for_learn`), not the whole object.
+        """
         if st.kind == PODS:
             with self.model.lock:
                 before = set(self.model.allocations)  # allocations older than this list
         else:
             before = set(self.model.node_names())
-        doc = read_json(self._list_call(st.kind))
-        items = doc.get("items") or []
-        rv = str((doc.get("metadata") or {}).get("resourceVersion") or "")
-        seen: set[str] = set()
         if st.kind == NODES:
-            for node in items:
-                name = str(meta(node).get("name") or "")
-                seen.add(name)
-                self._apply_node(node)
+            seen: set[str] = set()
+
+            def apply(items: list) -> None:
+                for node in items:
+                    seen.add(str(meta(node).get("name") or ""))
+                    self._apply_node(node)
+
+            rv, count, requests = self._list_pages(NODES, apply, seen.clear)
             for name in before - seen:
                 self._remove_node(name)
         else:
-            with self._lock:
-                self._pending = {}
-            # In creation order: pods a restarted extender learns from are shown to its placers in
-            # the order the running one saw them arrive.
-            items = sorted(items, key=creation_order)
-            for pod in items:
-                seen.add(str(meta(pod).get("uid") or ""))
-                self._apply_pod(pod)
-            with self._lock:
-                gone_known = [u for u in self._records if u not in seen]
-                gone_shown = self._shown - seen
-                self._shown -= gone_shown
-            # Pods deleted while we were not watching. Allocations made after the list began are kept.
-            for uid in (before - seen) | set(gone_known):
-                self._forget_pod(uid)
-            if self.on_pod_deleted is not None:
-                for uid in sorted(gone_shown):
-                    self.on_pod_deleted(uid)
-            if self.marks is not None:
-                self.marks.keep_only(seen)
+            listing = PodListing()
+
+            def apply(items: list) -> None:
+                for pod in items:
+                    listing.seen.add(str(meta(pod).get("uid") or ""))
+                    self._apply_pod(pod, listing=listing)
+
+            rv, count, requests = self._list_pages(PODS, apply, listing.clear)
+            self._listed_pods(before, listing)
         now = self.clock()
         with self._lock:
             st.rv = rv
@@ -558,7 +638,37 @@ class KubeFeeder:
             st.lists += 1
             st.last_list = now
         self._healthy(st)
-        log.info("listed %d %s at resourceVersion %s", len(items), st.kind, rv)
+        log.info("listed %d %s at resourceVersion %s (%d request%s)", count, st.kind, rv, requests,
+                 "" if requests == 1 else "s")
+
+    def _listed_pods(self, before: set[str], listing: "PodListing") -> None:
+        """A pod list is complete: show its pods to ``on_pod_seen`` in creation order, then make
+        the model match it (``before``: the allocations the model held when the list began)."""
+        seen = listing.seen
+        with self._lock:   # the pending pods this list did not write are gone
+            self._pending = {k: v for k, v in self._pending.items() if k in listing.pending}
+        if self.on_pod_seen is not None:
+            listing.learn.sort(key=creation_order)
+            for pod in listing.learn:
+                with self._lock:
+                    self._shown.add(str(meta(pod).get("uid")))
+                try:
+                    self.on_pod_seen(pod)
+                except Exception:  # one odd pod must not fail the list (nor did it when shown while applied)
+                    log.exception("pod %s could not be shown to the placers", meta(pod).get("name"))
+        listing.learn = []
+        with self._lock:
+            gone_known = [u for u in self._records if u not in seen]
+            gone_shown = self._shown - seen
+            self._shown -= gone_shown
+        # Pods deleted while we were not watching. Allocations made after the list began are kept.
+        for uid in (before - seen) | set(gone_known):
+            self._forget_pod(uid)
+        if self.on_pod_deleted is not None:
+            for uid in sorted(gone_shown):
+                self.on_pod_deleted(uid)
+        if self.marks is not None:
+            self.marks.keep_only(seen)
 
     def _watch(self, st: StreamState) -> None:
         """One watch request from ``st.rv`` until the server ends it; events applied as they come."""
@@ -707,13 +817,16 @@ class KubeFeeder:
             pod = self._pending.get(key)
         return ((pod or {}).get("metadata") or {}).get("uid")
 
-    def _apply_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
+    def _apply_pod(self, pod: Mapping[str, Any], deleted: bool = False, listing: PodListing | None = None) -> None:
         try:
-            self._apply_pod_unsafe(pod, deleted)
+            self._apply_pod_unsafe(pod, deleted, listing)
         except Exception:  # never let one odd object stop the feed
             log.exception("pod %s could not be applied", meta(pod).get("name"))
 
-    def _apply_pod_unsafe(self, pod: Mapping[str, Any], deleted: bool) -> None:
+    def _apply_pod_unsafe(self, pod: Mapping[str, Any], deleted: bool, listing: PodListing | None = None) -> None:
+        """Apply one pod (a watch event, or with ``listing`` one of a list's pods: it is then
+        shown to ``on_pod_seen`` when the list is complete, in creation order, and the pending
+        pods the list does not write are dropped at its end)."""
         v = pod_view(pod, self.trust)
         if self.marks is not None:
             self.marks.note(pod, gone=deleted or v.terminal)
@@ -726,6 +839,8 @@ class KubeFeeder:
                 self._pending.pop(v.key, None)
             else:
                 self._pending[v.key] = kept
+                if listing is not None:
+                    listing.pending.add(v.key)
         if not v.uid:
             log.error("pod %s without metadata.uid ignored", v.key)
             return
@@ -735,9 +850,12 @@ class KubeFeeder:
             if self.on_pod_deleted is not None:
                 self.on_pod_deleted(v.uid)
         elif self.on_pod_seen is not None and ours:
-            with self._lock:
-                self._shown.add(v.uid)
-            self.on_pod_seen(pod)
+            if listing is not None:   # shown at the list's end, in creation order (_listed_pods)
+                listing.learn.append(pod_for_learn(pod))
+            else:
+                with self._lock:
+                    self._shown.add(v.uid)
+                self.on_pod_seen(pod)
         if deleted or v.terminal:
             self._forget_pod(v.uid)
             return

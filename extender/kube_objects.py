@@ -79,6 +79,26 @@ def pod_for_bind(pod: Mapping[str, Any]) -> dict:
     return out
 
 
+def pod_for_learn(pod: Mapping[str, Any]) -> dict:
+    """The parts of a pod that learning reads, as a pod object of its own: what
+    ``ExtenderService.learn_pod`` reads (``metadata.uid``, and :func:`~extender.service.pod_shape`:
+    the request by :func:`~stowage.resources.pod_request` and the ``stowage.io/`` policy
+    annotations, both kept by :func:`pod_for_bind`), plus ``metadata.creationTimestamp``, so
+    that :func:`extender.kube.creation_order` sorts the copy where it sorts the pod.
+
+    Why: a paged list applies each page and drops it, but shows the pods to the placers in
+    creation order across all pages, after the last one; it keeps this copy of each (~1-2 KiB)
+    until then, not the whole object (4-8 KiB of JSON, several times that parsed, with
+    managedFields). Whatever learning makes of this copy it makes of the pod (tested on unusual
+    pods, as :func:`pod_for_bind` is).
+    """
+    out = pod_for_bind(pod)
+    m = meta(pod)
+    if "creationTimestamp" in m:
+        out["metadata"]["creationTimestamp"] = m["creationTimestamp"]
+    return out
+
+
 def _resources_only(amounts: Any) -> Any:
     """A requests/limits/overhead map with only the resources :func:`pod_request` reads."""
     if not isinstance(amounts, Mapping):

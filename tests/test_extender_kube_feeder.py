@@ -501,3 +501,30 @@ def test_bind_makes_of_the_kept_copy_what_it_makes_of_the_pod(i):
     kept = pod_for_bind(pod)
     # two services: pod_info caches by uid and resourceVersion
     assert ExtenderService(ClusterModel()).pod_info(kept) == ExtenderService(ClusterModel()).pod_info(pod)
+
+
+@pytest.mark.parametrize("i", range(len(_odd_pods())))
+def test_learning_makes_of_the_learn_copy_what_it_makes_of_the_pod(i):
+    """A paged list keeps only a learn copy of each pod until its last page, then shows the
+    copies to the placers in creation order: the copy must sort where the pod sorts and teach
+    what the pod teaches, with and without a creation time, whatever the memory unit and the
+    cluster's default policy."""
+    from extender.kube import creation_order
+    from extender.kube_objects import pod_for_learn
+    from extender.service import ExtenderService, pod_shape
+    from packing.model import ClusterModel
+    from packing.pod_policy import PodPolicy
+    for stamp in ("2024-05-01T10:00:00Z", None):
+        pod = _odd_pods()[i]
+        if stamp:
+            pod["metadata"]["creationTimestamp"] = stamp
+        slim = pod_for_learn(pod)
+        assert creation_order(slim) == creation_order(pod)
+        for unit in (1, 1024):
+            for default in (None, PodPolicy(models_include=("A100",))):
+                assert pod_shape(slim, unit, default) == pod_shape(pod, unit, default)
+        whole, copied = ExtenderService(ClusterModel()), ExtenderService(ClusterModel())
+        whole.learn_pod(pod)
+        copied.learn_pod(slim)
+        assert copied.learned_summary() == whole.learned_summary()
+        assert copied._learned == whole._learned
