@@ -127,6 +127,7 @@ def _build_app(cfg: ServeConfig) -> Flask:
         name, ns, body, _content_type=MERGE_PATCH, _request_timeout=10), feeder.pending_uid).start()
     feeder.on_cards_freed = requeuer.cards_freed
     feeder.on_pod_seen = service.learn_pod            # what the placers learn, rebuilt from the cluster
+    feeder.learning_in_bulk = service.learning_in_bulk  # a list's pods: the learned table built once
     feeder.on_pod_deleted = service.forget_learned
     service.on_refused = requeuer.refused
     feeder.marks = service.marks  # pod priorities and nominations: preempt, nominated pods' cards

@@ -34,8 +34,9 @@ import random
 import socket
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, ContextManager, Iterator, Mapping
 
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
@@ -367,6 +368,9 @@ class KubeFeeder:
         # deleted), and of every pod deleted: the service rebuilds what its placers learn from
         # them (ExtenderService.learn_pod / forget_learned).
         self.on_pod_seen: Callable[[Mapping[str, Any]], None] | None = None
+        # Wraps the pods of a list shown to on_pod_seen at once (ExtenderService.learning_in_bulk:
+        # the learned table is built once for them, not every 128 pods).
+        self.learning_in_bulk: Callable[[], ContextManager[None]] = nullcontext
         self.on_pod_deleted: Callable[[str], None] | None = None
         # uids shown to on_pod_seen and not yet told deleted: a relist tells those it no longer
         # finds (deleted while the watch was gone, with no DELETED event).
@@ -649,13 +653,14 @@ class KubeFeeder:
             self._pending = {k: v for k, v in self._pending.items() if k in listing.pending}
         if self.on_pod_seen is not None:
             listing.learn.sort(key=creation_order)
-            for pod in listing.learn:
-                with self._lock:
-                    self._shown.add(str(meta(pod).get("uid")))
-                try:
-                    self.on_pod_seen(pod)
-                except Exception:  # one odd pod must not fail the list (nor did it when shown while applied)
-                    log.exception("pod %s could not be shown to the placers", meta(pod).get("name"))
+            with self.learning_in_bulk():
+                for pod in listing.learn:
+                    with self._lock:
+                        self._shown.add(str(meta(pod).get("uid")))
+                    try:
+                        self.on_pod_seen(pod)
+                    except Exception:  # one odd pod must not fail the list (nor did it when shown while applied)
+                        log.exception("pod %s could not be shown to the placers", meta(pod).get("name"))
         listing.learn = []
         with self._lock:
             gone_known = [u for u in self._records if u not in seen]

@@ -28,8 +28,9 @@ Card capacity is in milli-cards: a card's idle share is ``min(core_free, 1000*me
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -581,6 +582,9 @@ class FragPlacerBase(PlacerBase):
         self._row_gen_of: Callable[[CardArrays], np.ndarray | None] | None = None
         self._row_groups_of: Callable[[CardArrays], tuple[np.ndarray, np.ndarray] | None] | None = None
         self._row_tick_of: Callable[[CardArrays], int | None] | None = None
+        # learning_in_bulk: how deep, and what the last rebuild point crossed inside would build from.
+        self._bulk_depth = 0
+        self._deferred: Any = None
 
     def track_rows(self, row_gen_of: Callable[[CardArrays], np.ndarray | None],
                    row_groups_of: Callable[[CardArrays], tuple[np.ndarray, np.ndarray] | None] | None = None,
@@ -603,9 +607,39 @@ class FragPlacerBase(PlacerBase):
         self._rebuild()
 
     def _rebuild(self) -> None:
-        self.table = FragTable(self.workload.typical(self.coverage))
+        """The table from the workload as it is now; within :meth:`learning_in_bulk`, what it
+        would be built from is kept and the build waits for the end of the bulk."""
+        if self._bulk_depth:
+            self._deferred = self._learned_state(copy=True)
+        else:
+            self._build(self._learned_state(copy=False))
+
+    def _learned_state(self, copy: bool) -> Any:
+        """What a table is built from (:meth:`_build`); ``copy``: one that later learning leaves
+        as it is (the learned classes' counts are a dict of up to MAX_CLASSES entries)."""
+        return Workload(dict(self.workload.counts), self.workload.total) if copy else self.workload
+
+    def _build(self, state: Any) -> None:
+        self.table = FragTable(state.typical(self.coverage))
         self.index = None
         self.version += 1
+
+    @contextmanager
+    def learning_in_bulk(self) -> Iterator[None]:
+        """Observe many pods at once (a restart's learned past, a what-if's replay): each rebuild
+        point crossed inside keeps only what its table would be built from, and one table is
+        built at the end, from the last point crossed. That is the table a replay one shape at a
+        time ends with (each rebuild replaces the one before, and nothing scores in between),
+        without building every table it throws away: 4,096 departed shapes of >= 128 pods each
+        made 4,096 full builds, ~115 s before the extender served at all."""
+        self._bulk_depth += 1
+        try:
+            yield
+        finally:
+            self._bulk_depth -= 1
+            if not self._bulk_depth and self._deferred is not None:
+                state, self._deferred = self._deferred, None
+                self._build(state)
 
     def bind_models(self, models: Sequence[str]) -> None:
         self._models = models
@@ -618,8 +652,8 @@ class FragPlacerBase(PlacerBase):
         return bound.describe() if bound is not None else None
 
     def _index(self, a: CardArrays) -> FragIndex:
-        if self.table is None:
-            self._rebuild()
+        if self.table is None:   # (never deferred: this table is needed now)
+            self._build(self._learned_state(copy=False))
         if self.index is None:
             self.index = FragIndex(self.table, self._models)
         gen = self._row_gen_of(a) if self._row_gen_of is not None else None

@@ -12,6 +12,8 @@ does nothing, so callers call hooks instead of probing for them:
   front (the paper's FGD) is given it; others ignore it.
 - :meth:`reseed`, :meth:`bind_models`, :meth:`watch_releases`: the tie-break seed, the model's
   GPU model names, the model's count of GPU pods released (churn mode).
+- :meth:`learning_in_bulk`: many observations follow before any score (a restart's learned
+  past); a placer may defer what they make it rebuild to the end.
 - :meth:`track_rows`: the owner's per-row change counters, for placers with an incremental index.
 - ``split_pairs`` / :meth:`local_pairs` + :meth:`global_pairs`: a share pod's node score is the
   max over the node's usable cards of a row-local pair score plus a cluster-wide term; hosts
@@ -23,7 +25,8 @@ best or worst fit for shares) and :func:`attach_placer`. Pure: no I/O.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -62,6 +65,7 @@ class Placer(Protocol):
         that learned tables are rebuilt at most once."""
 
     def reseed(self, seed: int) -> None: ...
+    def learning_in_bulk(self) -> ContextManager[None]: ...
     def bind_models(self, models: Sequence[str]) -> None: ...
     def watch_releases(self, count: Callable[[], int]) -> None: ...
     def note_release(self) -> None: ...
@@ -101,6 +105,11 @@ class PlacerBase:
 
     def reseed(self, seed: int) -> None:
         return None
+
+    def learning_in_bulk(self) -> ContextManager[None]:
+        """Many observations follow and nothing scores until they end: a placer may defer work
+        they make (a learned table rebuilt), as long as the end leaves what one at a time would."""
+        return nullcontext()
 
     def bind_models(self, models: Sequence[str]) -> None:
         return None

@@ -198,8 +198,9 @@ class Learned:
         template = self._taught.get(name)
         if template is None:
             template = _placer(name)
-            for req, models, n in self.shapes:
-                template.observe(req, models, n)
+            with template.learning_in_bulk():
+                for req, models, n in self.shapes:
+                    template.observe(req, models, n)
             if self.gpu_pods_left:
                 template.note_release()
             self._taught[name] = template

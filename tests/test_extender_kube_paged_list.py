@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from extender.kube import LIST_PAGE_SIZE, NODES, PODS, creation_order
 from extender.kube_objects import pod_for_learn
 from extender.service import ExtenderService
+from packing.model import ClusterModel
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, encode_allocation
 
 SCHED = "stowage-scheduler"
@@ -240,3 +241,29 @@ def test_a_pod_the_placers_fail_on_does_not_fail_the_list(kube, caplog):
     assert shown == [p["metadata"]["uid"] for p in sorted(pods, key=creation_order) if p["metadata"]["uid"] != bad]
     assert f.streams[PODS].synced and set(f.model.allocations) == bound(pods)
     assert any("could not be shown to the placers" in r.getMessage() for r in caplog.records)
+
+
+def test_a_lists_pods_are_learned_with_one_table_build_and_end_as_one_at_a_time(kube, monkeypatch):
+    """The pods of a list are shown to the placers at once, after its last page: the learned
+    table used to be rebuilt every 128 of them (a 30,000-pod first list: 234 full builds, ~3 s
+    of the extender's start); inside ``learning_in_bulk`` (wired as the extender wires it) it is
+    built once, and is the table a service learning the same pods one at a time ends with."""
+    from test_extender_learned_past import count_table_builds, same_table
+
+    pods = cluster(kube, 700)
+    for i, p in enumerate(pods):         # shapes enough for a table that changes as it learns
+        kube.patch_pod(p["metadata"]["namespace"], p["metadata"]["name"], {"spec": {"containers": [
+            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(1 + i % 2), "cpu": f"{1 + i % 7}",
+                                                   "memory": f"{1 + i % 5}Gi"}}}]}}, emit=False)
+    builds = count_table_builds(monkeypatch)
+    f = new_feeder(kube)
+    svc = ExtenderService(f.model)
+    f.on_pod_seen, f.learning_in_bulk = svc.learn_pod, svc.learning_in_bulk     # as extender/cli.py does
+    f.sync_once()
+    assert len(builds) == 1
+    one = ExtenderService(ClusterModel())
+    for p in sorted(kube.objects(PODS), key=creation_order):
+        one.learn_pod(p)
+    assert svc.learned_summary() == one.learned_summary() and svc.learned_summary()["pods"] == 700
+    got, ref = svc.placers["pack"], one.placers["pack"]
+    assert same_table(got.table, ref.table) and got._cap_basis == ref._cap_basis

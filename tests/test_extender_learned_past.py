@@ -8,6 +8,7 @@ import json
 import logging
 import random
 
+import numpy as np
 import pytest
 
 from extender.kube import PODS, creation_order
@@ -173,6 +174,95 @@ def test_observing_n_pods_at_once_learns_what_n_single_observations_do():
     assert bulk._next == one._next == next_rebuild(one.seen)   # the same rebuild points from here on
     bulk.observe(CPU, (), 0)
     assert bulk.seen == one.seen                                # a count of 0 learns nothing
+
+
+def same_table(t1, t2) -> bool:
+    """Two learned tables hold the same values (every array and plain attribute)."""
+    a, b = vars(t1), vars(t2)
+    if a.keys() != b.keys():
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            if not (isinstance(x, np.ndarray) and isinstance(y, np.ndarray) and np.array_equal(x, y)):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def count_table_builds(monkeypatch) -> list:
+    """A list that grows by one at every learned-table build (packing.frag.FragTable)."""
+    import packing.frag as frag
+
+    builds: list = []
+
+    class Counted(frag.FragTable):
+        def __init__(self, *a, **kw):
+            builds.append(1)
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(frag, "FragTable", Counted)
+    return builds
+
+
+def big_past() -> list[tuple[GpuRequest, tuple[str, ...], int]]:
+    """40 departed shapes of 130 pods (each crosses a rebuild point), then 3 new classes of 1
+    pod after the last point crossed: the table must not hold them yet."""
+    shapes = [(GpuRequest(mem_mib=1024 * (1 + s % 20), core_milli=10 * (1 + s), cpu_milli=1000 + 100 * s,
+                          host_mem_mib=2048 + s), ("A100",) if s % 3 == 0 else (), 130) for s in range(40)]
+    shapes += [(GpuRequest(gpus=1 + s, cpu_milli=500 + s), (), 1) for s in range(3)]
+    return shapes
+
+
+def test_a_restart_builds_the_learned_table_once_and_ends_as_one_shape_at_a_time(monkeypatch):
+    """learn_departed used to build a full table at every rebuild point a shape crossed (4,096
+    shapes of >= 128 pods: ~115 s before the extender answered /healthz); only the last one
+    counts. Now one build per placer, and the same table, demand basis and answers as a
+    replay one shape at a time."""
+    import packing.frag as frag
+
+    builds = count_table_builds(monkeypatch)
+    one = ExtenderService(cluster(), filter_keeps="fitting")          # the reference: shape by shape
+    for req, models, n in big_past():
+        for p in one._distinct_placers():
+            p.observe(req, models, n)
+    one_builds, builds[:] = len(builds), []
+    bulk = ExtenderService(cluster(), filter_keeps="fitting")
+    assert bulk.learn_shapes(big_past()) == 40 * 130 + 3
+    placers = [q for q in bulk._distinct_placers() if hasattr(q, "table")]    # the learning ones
+    assert placers and one_builds >= 40 * len(placers) and len(builds) == len(placers)
+    for p, q in zip([p for p in one._distinct_placers() if hasattr(p, "table")], placers):
+        assert same_table(p.table, q.table)
+        assert p._cap_basis == q._cap_basis
+        # The table is the last point's, not the end's (the 3 last classes are not in it yet).
+        assert not same_table(q.table, frag.FragTable(q.workload.typical(q.coverage)))
+    assert learned(bulk) == learned(one)
+    assert answers(bulk) == answers(one)
+
+
+def test_learning_in_bulk_without_a_rebuild_point_builds_nothing_and_nests():
+    p = StowageFragPlacer()
+    p.observe(WHOLE, (), 1)                 # the first point (1 pod): built
+    table = p.table
+    with p.learning_in_bulk():
+        with p.learning_in_bulk():
+            p.observe(SHARE, (), 1)          # 2 pods: a point, deferred
+        assert p.table is table              # the outer bulk is still open
+        p.observe(CPU, (), 1)                # 3: no point
+    assert p.table is not table              # built once, at the outer end
+    ref = StowageFragPlacer()
+    for req in (WHOLE, SHARE, CPU):
+        ref.observe(req, (), 1)
+    assert same_table(ref.table, p.table) and ref._cap_basis == p._cap_basis
+    with p.learning_in_bulk():
+        p.observe(CPU, (), 1)                # 4 pods: a point (1, 2, 4, ...)
+        p.observe(CPU, (), 1)
+    built = p.table
+    with p.learning_in_bulk():
+        p.observe(CPU, (), 1)                # 6, 7: no point
+        p.observe(CPU, (), 1)
+    assert p.table is built
 
 
 # ------------------------------------------------------------------ the service

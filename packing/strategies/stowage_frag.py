@@ -423,14 +423,19 @@ class StowageFragPlacer(FragPlacerBase):
         return np.maximum(idle - np.maximum(feed, 0), 0)
 
     # ------------------------------------------------------------------ model pressure
-    def _rebuild(self) -> None:
-        super()._rebuild()
+    def _learned_state(self, copy: bool) -> tuple:
+        # With the demand per GPU kind as of the rebuild point (the capability pressure's basis).
+        return super()._learned_state(copy), list(self.gpu_demand)
+
+    def _build(self, state: tuple) -> None:
+        workload, demand = state
+        super()._build(workload)
         self._pressure = None       # the demand shares moved: recompute with the new table
         self._capability = None
         # What the capability pressure is computed from, as of this table: it is computed at
         # the first score after the rebuild, and a host that skips scoring (the row cache)
         # must get the same values as one that scores every pod.
-        self._cap_basis = ([(c, n) for c, n in self.workload.counts.items() if protectable(c)], list(self.gpu_demand))
+        self._cap_basis = ([(c, n) for c, n in workload.counts.items() if protectable(c)], demand)
 
     def bind_models(self, models: Sequence[str]) -> None:
         super().bind_models(models)
