@@ -558,8 +558,9 @@ class KubeFeeder:
         resourceVersion; no resourceVersion is sent, so the snapshot is current). When that
         snapshot is compacted before the list ends, a page answers 410 (kube-apiserver's reason
         ``Expired``: "the provided continue parameter is too old"; any 410 to a continued page is
-        taken so): then ``restart`` is called (forget what the pages so far
-        gathered; what they applied is real and is applied again) and everything is listed in one
+        taken so): then ``restart`` is called (forget what the pages so far gathered; what they
+        applied is applied again, or removed if the full list no longer has it: it was deleted
+        meanwhile, and no watch will say so) and everything is listed in one
         request, as client-go's pager does (``FullListIfExpired``). Any other error propagates.
         """
         limit = max(0, int(self.page_size or 0))
@@ -622,7 +623,11 @@ class KubeFeeder:
                     seen.add(str(meta(node).get("name") or ""))
                     self._apply_node(node)
 
-            rv, count, requests = self._list_pages(NODES, apply, seen.clear)
+            def restart() -> None:   # what the pages so far applied goes too if the full list lacks it
+                before.update(seen)
+                seen.clear()
+
+            rv, count, requests = self._list_pages(NODES, apply, restart)
             for name in before - seen:
                 self._remove_node(name)
         else:
@@ -633,7 +638,11 @@ class KubeFeeder:
                     listing.seen.add(str(meta(pod).get("uid") or ""))
                     self._apply_pod(pod, listing=listing)
 
-            rv, count, requests = self._list_pages(PODS, apply, listing.clear)
+            def restart() -> None:   # what the pages so far applied goes too if the full list lacks it
+                before.update(listing.seen)
+                listing.clear()
+
+            rv, count, requests = self._list_pages(PODS, apply, restart)
             self._listed_pods(before, listing)
         now = self.clock()
         with self._lock:

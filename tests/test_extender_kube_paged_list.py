@@ -267,3 +267,31 @@ def test_a_lists_pods_are_learned_with_one_table_build_and_end_as_one_at_a_time(
     assert svc.learned_summary() == one.learned_summary() and svc.learned_summary()["pods"] == 700
     got, ref = svc.placers["pack"], one.placers["pack"]
     assert same_table(got.table, ref.table) and got._cap_basis == ref._cap_basis
+
+
+def test_an_expired_continue_leaves_nothing_of_the_first_pages_that_is_gone_since(kube):
+    """What the pages before a 410 Expired applied, and the full list no longer has (deleted in
+    between, no watch to tell), is removed as anything absent from a list is: a node, and a pod
+    bound without a record (it holds CPU, memory and a pod slot), both new since the list began."""
+    cluster(kube, 14, nodes=6)
+    ghost_node = kube.create_node(inv_node("a-ghost", [80] * 8), emit=False)
+    ghost_pod = kube.create_pod(make_pod("cpu-only", namespace="a", node="n0", phase="Running"), emit=False)
+
+    done: set[str] = set()
+
+    def between(kind: str, page: int) -> None:
+        if page == 0 and kind not in done:     # once per kind: not on the full list's one page
+            done.add(kind)
+            if kind == NODES:
+                kube.delete_node("a-ghost", emit=False)
+            else:
+                kube.delete_pod("a", "cpu-only", emit=False)
+            kube.expire_lists()
+
+    kube.on_list_page = between
+    f = new_feeder(kube, page_size=5)
+    f.sync_once()
+    assert [bool(q.get("continue")) for q in kube.list_requests(NODES)] == [False, True, False]
+    assert [bool(q.get("continue")) for q in kube.list_requests(PODS)] == [False, True, False]
+    assert ghost_node["metadata"]["name"] not in f.model.node_names()
+    assert ghost_pod["metadata"]["uid"] not in f.model.allocations
