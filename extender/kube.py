@@ -190,6 +190,18 @@ class Gone(Exception):
     """The resourceVersion we wanted to resume from is too old: relist."""
 
 
+class ListLoop(RuntimeError):
+    """A paged list that would never end: its pages come again (a proxy that drops ``continue``
+    answers every request with the first page and a token), or a page gives back the token it
+    was asked with. One consistent list has each object once; the list fails (back-off, then a
+    new list) rather than go on for ever, keeping a learn copy of each pod of every page."""
+
+    @classmethod
+    def twice(cls, kind: str, key: str) -> "ListLoop":
+        return cls(f"{kind} list: {key} listed twice (the API server, or a proxy before it, served a page "
+                   "again: is the continue parameter passed on?); the list is abandoned")
+
+
 class ShortWatch(Exception):
     """The API server ended a watch cleanly, at once, without an event: taken as a failure (backed
     off), as client-go's reflector does, rather than as the clean end of a working stream."""
@@ -588,9 +600,12 @@ class KubeFeeder:
             apply(items)
             count += len(items)
             del items
-            cont = str(lmeta.get("continue") or "") if limit else ""
+            sent, cont = cont, str(lmeta.get("continue") or "") if limit else ""
             if not cont:
                 return rv, count, requests
+            if cont == sent:   # asked again, it would answer again: the list would never end
+                raise ListLoop(f"{kind} list: the API server answered a page with the very continue token it "
+                               f"was sent, after {count} objects in {requests} requests; the list is abandoned")
 
     def _relist(self, st: StreamState) -> None:
         """List every object of the kind and make the model match it exactly.
@@ -620,7 +635,10 @@ class KubeFeeder:
 
             def apply(items: list) -> None:
                 for node in items:
-                    seen.add(str(meta(node).get("name") or ""))
+                    name = str(meta(node).get("name") or "")
+                    if name and name in seen:
+                        raise ListLoop.twice(NODES, name)
+                    seen.add(name)
                     self._apply_node(node)
 
             def restart() -> None:   # what the pages so far applied goes too if the full list lacks it
@@ -635,7 +653,10 @@ class KubeFeeder:
 
             def apply(items: list) -> None:
                 for pod in items:
-                    listing.seen.add(str(meta(pod).get("uid") or ""))
+                    uid = str(meta(pod).get("uid") or "")
+                    if uid and uid in listing.seen:
+                        raise ListLoop.twice(PODS, uid)
+                    listing.seen.add(uid)
                     self._apply_pod(pod, listing=listing)
 
             def restart() -> None:   # what the pages so far applied goes too if the full list lacks it

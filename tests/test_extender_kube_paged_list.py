@@ -295,3 +295,63 @@ def test_an_expired_continue_leaves_nothing_of_the_first_pages_that_is_gone_sinc
     assert [bool(q.get("continue")) for q in kube.list_requests(PODS)] == [False, True, False]
     assert ghost_node["metadata"]["name"] not in f.model.node_names()
     assert ghost_pod["metadata"]["uid"] not in f.model.allocations
+
+
+class _Page:
+    """An unread list response, as ``_list_call`` returns one."""
+
+    def __init__(self, doc: dict) -> None:
+        import json
+        self.data = json.dumps(doc).encode()
+
+    def release_conn(self) -> None:
+        pass
+
+
+def _bounded(f, calls: int = 40):
+    """Wrap ``f._list_call`` so that a list looping forever fails the test instead of hanging it."""
+    orig, n = f._list_call, [0]
+
+    def call(kind: str, limit: int = 0, cont: str = ""):
+        n[0] += 1
+        assert n[0] <= calls, f"{kind} list still going after {calls} requests"
+        return orig(kind, limit, cont)
+
+    f._list_call = call
+    return call
+
+
+def test_a_list_whose_pages_come_again_fails_instead_of_looping(kube):
+    """A proxy that drops the ``continue`` parameter answers every request with the first page
+    and a continue token: the list would go on for ever, keeping a learn copy of each pod of
+    every page. The feed tells the same object listed twice and fails the list (back-off, then
+    a new list) with a clear error."""
+    cluster(kube, 12)
+    f = new_feeder(kube, page_size=5)
+    shown = shown_by(f)
+    orig = f._list_call
+    f._list_call = lambda kind, limit=0, cont="": orig(kind, limit)      # continue dropped on the way
+    _bounded(f)
+    with pytest.raises(RuntimeError, match="twice"):
+        f.sync_once()
+    assert not f.streams[NODES].synced or not f.streams[PODS].synced
+    assert shown == []
+
+
+def test_a_continue_token_given_back_unchanged_fails_the_list(kube):
+    """A server answering a continued page with the very token it was sent (and no objects)
+    would be asked for that page for ever: the list fails instead."""
+    cluster(kube, 3)
+    f = new_feeder(kube, page_size=5)
+    real = f._list_call
+
+    def call(kind: str, limit: int = 0, cont: str = ""):
+        if kind == PODS:
+            return _Page({"metadata": {"resourceVersion": "7", "continue": "same"}, "items": []})
+        return real(kind, limit, cont)
+
+    f._list_call = call
+    _bounded(f)
+    with pytest.raises(RuntimeError, match="continue"):
+        f.sync_once()
+    assert not f.streams[PODS].synced
