@@ -588,10 +588,8 @@ class KubeFeeder:
                             "(%s); listing all %s in one request instead", kind, count, requests - 1,
                             api_message(exc), kind)
                 restart()
-                doc = read_json(self._list_call(kind))
-                items = doc.get("items") or []
-                apply(items)
-                return str((doc.get("metadata") or {}).get("resourceVersion") or ""), len(items), requests + 1
+                limit, cont, count = 0, "", 0   # the next request lists everything at once
+                continue
             lmeta = doc.get("metadata") or {}
             items = doc.get("items") or []
             del doc
