@@ -123,8 +123,7 @@ class WatchStream:
         blocked waiting for the next one (its socket is shut down under it, which a blocked TLS
         read notices where closing the response from another thread could hang)."""
         self._stopped = True
-        resp = self._resp
-        sock = getattr(getattr(resp, "connection", None), "sock", None)
+        sock = _socket_of(self._resp)
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -153,6 +152,21 @@ class WatchStream:
             self._resp = None
             resp.close()
             resp.release_conn()
+
+
+def _socket_of(resp: Any) -> socket.socket | None:
+    """The socket a urllib3 response reads from, or None.
+
+    Usually the pooled connection's (``resp.connection.sock``). But when the server answers
+    ``Connection: close`` (a proxy before the API server may), http.client gives the socket to the
+    response and empties the connection's ``sock``; the response still reads it through its file
+    object (``http.client.HTTPResponse.fp``, a buffered reader over a ``socket.SocketIO``)."""
+    sock = getattr(getattr(resp, "connection", None), "sock", None)
+    if isinstance(sock, socket.socket):
+        return sock
+    raw = getattr(getattr(getattr(resp, "_fp", None), "fp", None), "raw", None)
+    sock = getattr(raw, "_sock", None)
+    return sock if isinstance(sock, socket.socket) else None
 
 
 def watch_lines(chunks: Iterator[bytes]) -> Iterator[bytes]:

@@ -115,3 +115,58 @@ def test_a_non_2xx_answer_is_an_api_exception():
     with pytest.raises(ApiException) as exc:
         list(WatchStream().stream(lambda **_: resp))
     assert exc.value.status == 403 and resp.closed
+
+
+@pytest.mark.parametrize("connection_header", ["", "Connection: close\r\n"])
+def test_stop_interrupts_a_read_blocked_on_a_quiet_stream(connection_header):
+    """A watch that is open and quiet blocks its reading thread in the socket read; ``stop`` must
+    end it at once, also when the server answered ``Connection: close`` (a proxy in front of the
+    API server may): http.client then hands the socket to the response and the pooled connection
+    no longer holds it, so shutting down only the connection's socket left the feeder waiting for
+    its stop timeout. A real socket server and the real kubernetes client and urllib3."""
+    import socket
+    import threading
+    import time
+
+    import kubernetes
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    release = threading.Event()
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+                          f"{connection_header}\r\n").encode())
+            release.wait(30)     # open and quiet until the test ends
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    cfg = kubernetes.client.Configuration()
+    cfg.host = f"http://127.0.0.1:{srv.getsockname()[1]}"
+    core = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(cfg))
+    w = WatchStream()
+    ended = threading.Event()
+    outcome: list = []
+
+    def read() -> None:
+        try:
+            outcome.extend(w.stream(core.list_node, timeout_seconds=300))
+        except Exception as exc:    # an interrupted read may end in a protocol error: the feeder retries
+            outcome.append(exc)
+        ended.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 10
+        while w._resp is None and time.monotonic() < deadline:   # the response headers are in
+            time.sleep(0.01)
+        assert w._resp is not None
+        w.stop()
+        assert ended.wait(5), "stop() did not interrupt the blocked read"
+        assert not any(isinstance(x, dict) for x in outcome)
+    finally:
+        release.set()
+        srv.close()
