@@ -187,6 +187,43 @@ def test_the_device_plugin_may_change_only_its_two_annotations(policy_k8s: Local
     assert not can("watch", "pods", "-A") and not can("update", "nodes", "--subresource=status")
 
 
+def test_a_device_plugin_whose_token_names_its_node_writes_only_that_node(policy_k8s: LocalK8s) -> None:
+    """From Kubernetes 1.30 a pod's service account token says which node the pod runs on (the
+    user's extra ``authentication.kubernetes.io/node-name``): the device plugin of one node may then
+    write neither another node's inventory nor the record of a pod bound elsewhere. v1.28 tokens do
+    not carry it, so the request comes as the API server would see such a token: the admin
+    impersonates the account with that extra (real authentication, RBAC and admission)."""
+    import kubernetes
+    mine, other = (f"dp-{w}-{uuid.uuid4().hex[:6]}" for w in ("mine", "other"))
+    for node in (mine, other):
+        fake_gpu_node(policy_k8s, node, [Card(index=0, uuid="GPU-0", model="NVIDIA A100-SXM4-80GB", memory_mib=81920)])
+    client = policy_k8s.api_client()
+    client.set_default_header("Impersonate-User", f"system:serviceaccount:{NS}:stowage-device-plugin")
+    client.set_default_header("Impersonate-Extra-authentication.kubernetes.io%2Fnode-name", mine)
+    core = kubernetes.client.CoreV1Api(client)
+
+    def refusal(call, *args) -> str:
+        try:
+            call(*args, _content_type="application/merge-patch+json")
+            return ""
+        except kubernetes.client.ApiException as exc:
+            assert exc.status in (403, 422), exc
+            return str(exc.body)
+    inv = {"metadata": {"annotations": {INVENTORY: '{"version":1,"cards":[]}'}}}
+    assert refusal(core.patch_node, mine, inv) == ""
+    assert "only its own node" in refusal(core.patch_node, other, inv)
+    on_mine, on_other = f"m-{uuid.uuid4().hex[:6]}", f"o-{uuid.uuid4().hex[:6]}"
+    _ok(policy_k8s.kubectl("create", "-n", "team-a", "-f", "-", input=_pod(on_mine, node=mine), check=False))
+    _ok(policy_k8s.kubectl("create", "-n", "team-a", "-f", "-", input=_pod(on_other, node=other), check=False))
+    assert refusal(core.patch_namespaced_pod, on_mine, "team-a",
+                   {"metadata": {"annotations": {ALLOC: RECORD % mine}}}) == ""
+    assert "only its own node" in refusal(core.patch_namespaced_pod, on_other, "team-a",
+                                          {"metadata": {"annotations": {ALLOC: RECORD % other}}})
+    # The account itself is unchanged: a token without the extra (v1.28's) still writes any node.
+    client.default_headers.pop("Impersonate-Extra-authentication.kubernetes.io%2Fnode-name")
+    assert refusal(core.patch_node, other, inv) == ""
+
+
 def test_exporter_and_kube_scheduler_accounts_hold_no_stowage_writes(policy_k8s: LocalK8s) -> None:
     exporter = As(policy_k8s, "stowage-exporter", NS)
     assert exporter.kubectl("auth", "can-i", "get", "nodes").stdout.strip() == "no"
