@@ -252,7 +252,8 @@ class FakeKube:
         self._closed = False
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
-        self._watch_socks: set[socket.socket] = set()
+        self._watch_socks: dict[socket.socket, str] = {}   # open watch stream -> its kind
+        self._kind_drop_gen: dict[str, int] = {}           # drop_watches(kind) of one kind only
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> "FakeKube":
@@ -424,11 +425,16 @@ class FakeKube:
         return [q for m, p, q in list(self.requests)
                 if m == "GET" and p.endswith("/" + kind) and q.get("watch") not in ("true", "1")]
 
-    def drop_watches(self) -> None:
-        """Cut every open watch stream abruptly (as a dying API server or load balancer would)."""
+    def drop_watches(self, kind: str | None = None) -> None:
+        """Cut every open watch stream abruptly (as a dying API server or load balancer would), or
+        only those of ``kind`` ("nodes", "pods"): a test of one stream whose hand-moved clock must
+        not leave the other stream's reopening to chance."""
         with self._cond:
-            self._drop_gen += 1
-            socks = list(self._watch_socks)
+            if kind is None:
+                self._drop_gen += 1
+            else:
+                self._kind_drop_gen[kind] = self._kind_drop_gen.get(kind, 0) + 1
+            socks = [s for s, k in self._watch_socks.items() if kind is None or k == kind]
             self._cond.notify_all()
         for s in socks:
             try:
@@ -650,7 +656,7 @@ class FakeKube:
             return (namespace is None or o["metadata"].get("namespace") == namespace) and _selector_matches(o, fsel, lsel)
 
         with self._cond:
-            drop_gen = self._drop_gen
+            drop_gen = (self._drop_gen, self._kind_drop_gen.get(kind, 0))
             self._check_watch_start(kind, q)
             broken = copy.deepcopy(self._watch_errors.get(kind))
             if kind in self._watch_ends:
@@ -684,7 +690,7 @@ class FakeKube:
             with self._cond:
                 pending = [e for e in self._events if e.rv > cursor and e.kind == kind]
                 if not pending:
-                    if self._closed or self._drop_gen != drop_gen:
+                    if self._closed or (self._drop_gen, self._kind_drop_gen.get(kind, 0)) != drop_gen:
                         if self._compacted_rv > cursor and self.gone_mode == "event":
                             break  # the history this stream needs is gone: say so
                         return False
@@ -830,7 +836,7 @@ class _Handler(BaseHTTPRequestHandler):
 
         keep = False
         with kube._cond:
-            kube._watch_socks.add(sock)
+            kube._watch_socks[sock] = kind
         try:
             kube._check_watch_start(kind, q)  # errors (410 in "status" mode, bad rv) before any header
             # Headers go out at once, as a real API server does: the client's watch is open now.
@@ -846,7 +852,7 @@ class _Handler(BaseHTTPRequestHandler):
             keep = False
         finally:
             with kube._cond:
-                kube._watch_socks.discard(sock)
+                kube._watch_socks.pop(sock, None)
             # A stream that ended cleanly keeps its connection, as a real API server's does: closed,
             # the client may take it from its pool for its next request at once and fail on it.
             self.close_connection = not keep
