@@ -12,7 +12,7 @@ from stowage.allocation import (ALLOCATION_ANNOTATION, AllocationError, Allocati
                                 allocation_of_pod)
 from packing.model import ClusterModel
 from stowage.inventory import Inventory, InventoryError, inventory_from_node
-from packing.pod_policy import OWN_KEYS, POLICY_KEYS, PREFIX
+from packing.pod_policy import policy_annotations, small_like
 from stowage.resources import (REQUEST_RESOURCES, GpuRequest, RequestError, parse_quantity, pod_host_request,
                                quantity_to_bytes, quantity_to_milli)
 
@@ -44,23 +44,19 @@ def pod_for_bind(pod: Mapping[str, Any]) -> dict:
     author can keep pods pending forever, each with 256 KiB of annotations (~5 MiB parsed, as many
     small keys) and long container specs. Whatever bind makes of this copy it makes of the pod:
     the fields kept are the ones read, as they are; a field of an unexpected shape (which an API
-    server never sends) is kept as it is, so it fails the same way. Of the annotations, the policy
-    keys, plus the first other ``stowage.io/`` key, which ``parse_policy`` refuses by name.
+    server never sends) is kept as it is, so it fails the same way. Of the annotations, what
+    ``parse_policy`` reads, bounded (:func:`~packing.pod_policy.policy_annotations`: each value
+    up to one character past its length limit, where it is refused whatever follows; ~20 KiB at
+    most): kept as they were, a pod written to be big kept ~256 KiB until bound, that is for ever.
+    Annotations that are not a map (only the port sends them) fail by their type alone.
     """
     m = meta(pod)
     out_meta: dict[str, Any] = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in m}
     ann = m.get("annotations")
     if isinstance(ann, Mapping):
-        kept: dict[str, Any] = {}
-        for key, value in ann.items():
-            if not isinstance(key, str) or not key.startswith(PREFIX) or key in OWN_KEYS:
-                continue
-            kept[key] = value
-            if key not in POLICY_KEYS:
-                break    # parse_policy stops at the first unknown key: no later one is read
-        out_meta["annotations"] = kept
-    elif "annotations" in m:
-        out_meta["annotations"] = ann
+        out_meta["annotations"] = policy_annotations(ann)
+    elif "annotations" in m:   # None reads as no annotations: kept None
+        out_meta["annotations"] = small_like(ann)
     out: dict[str, Any] = {"metadata": out_meta}
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):

@@ -12,7 +12,8 @@
 Models match exactly on whole tokens (:func:`stowage.inventory.model_matches`): "A10" never
 selects an A100. An unknown key under ``stowage.io/`` that looks like a policy key, or an
 unknown value, raises :class:`PolicyError`; the extender reports it on every node so the pod's
-FailedScheduling event says what to fix.
+FailedScheduling event says what to fix. So does a value past its length limit
+(:data:`MAX_VALUE_CHARS`: 9 KiB for a model list, 256 characters for the others).
 """
 from __future__ import annotations
 
@@ -64,6 +65,23 @@ def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:
 
 MAX_MODELS_PER_LIST = 64   # GPU models one annotation may name
 MAX_MODEL_NAME = 128       # characters in one model name
+# Characters in one policy annotation value, checked before anything else of it. Why: the feed
+# keeps each pending pod of Stowage's schedulers until it is bound
+# (``extender.kube_objects.pod_for_bind``), a pod refused at filter stays pending for ever, and
+# each value may be ~256 KiB; refused past its limit whatever follows, a value is kept only up to
+# one character past it, and the copy fails as the pod does. Each limit is far above any value
+# that means something: a model list holds at most 64 names of 128 characters, 8,318 characters
+# written "a, b" (so ~900 characters of blanks and empty items to spare); a setting (pack,
+# spread, prefer-local, any) or a card size (80Gi) is a word. Per key, so that a crafted pod's
+# copy (~20 KiB) is about the size of a valid one with both longest lists (~17 KiB).
+MAX_MODEL_LIST_CHARS = 9 * 1024
+MAX_SETTING_CHARS = 256
+MAX_VALUE_CHARS: dict[str, int] = {key: MAX_SETTING_CHARS for key in POLICY_KEYS} | {
+    GPU_MODEL: MAX_MODEL_LIST_CHARS, GPU_MODEL_EXCLUDE: MAX_MODEL_LIST_CHARS}
+# Characters in the longest annotation key an API server accepts: a DNS-subdomain prefix (253),
+# "/", a name (63). An unknown key past it is refused without its exact length, for the same copy.
+MAX_KEY_CHARS = 253 + 1 + 63
+SHOWN_KEY = 80   # characters of an unknown key its error shows
 
 
 def _models(key: str, value: str) -> tuple[str, ...]:
@@ -99,6 +117,46 @@ def _memory_mib(key: str, value: str) -> int:
     return int(mib)
 
 
+def _key_shown(key: str) -> str:
+    """An unknown key for its error: short, and past MAX_KEY_CHARS without its exact length."""
+    if len(key) > MAX_KEY_CHARS:
+        return shown(key[:SHOWN_KEY], SHOWN_KEY)[1:-1] + f"... (longer than {MAX_KEY_CHARS} characters)"
+    return shown(key, SHOWN_KEY)[1:-1]
+
+
+def policy_annotations(annotations: Mapping[str, Any]) -> dict[str, Any]:
+    """What :func:`parse_policy` reads of ``annotations``, bounded in size whatever they hold:
+    ``parse_policy`` returns or raises for this what it returns or raises for ``annotations``.
+
+    Why: the Kubernetes feed keeps this of each pending pod of Stowage's schedulers until it is
+    bound, and a pod refused at filter stays pending for ever; its author can make each value
+    ~256 KiB. Kept: the policy keys in order, each text value up to one character past its limit
+    (:data:`MAX_VALUE_CHARS`: past it the error is the same), each other value as an empty one of
+    its type (its error names the type only); then the first unknown ``stowage.io/`` key, up to
+    one character past :data:`MAX_KEY_CHARS`, without its value (refused by name before its
+    value is read, and no key after it is read). At most 2 x 9 KiB + 4 x 256 + 318 characters.
+    """
+    kept: dict[str, Any] = {}
+    for key, raw in annotations.items():
+        if not isinstance(key, str) or not key.startswith(PREFIX) or key in OWN_KEYS:
+            continue
+        if key not in POLICY_KEYS:
+            kept[key[:MAX_KEY_CHARS + 1]] = ""
+            break
+        kept[key] = raw[:MAX_VALUE_CHARS[key] + 1] if isinstance(raw, str) else small_like(raw)
+    return kept
+
+
+def small_like(value: Any) -> Any:
+    """An empty value of ``value``'s type (``[]`` for a list, ``0`` for an int), or ``value`` itself
+    when its type has none (``None``): what a reader that names a value by its type only
+    (:func:`~stowage.resources.shown`) makes of it is what it makes of ``value``, in bounded size."""
+    try:
+        return type(value)()
+    except (TypeError, ValueError):   # a type without an empty value (None): kept; JSON has no other
+        return value
+
+
 def parse_policy(annotations: Mapping[str, Any] | None, default: PodPolicy | None = None) -> PodPolicy:
     """The pod's policy: the cluster default overridden by its ``stowage.io/`` annotations."""
     pol = default or PodPolicy()
@@ -106,10 +164,12 @@ def parse_policy(annotations: Mapping[str, Any] | None, default: PodPolicy | Non
     for key, raw in ann.items():
         if not isinstance(key, str) or not key.startswith(PREFIX) or key in OWN_KEYS:
             continue
-        if key not in POLICY_KEYS:
-            raise PolicyError(f"unknown annotation {shown(key, 80)[1:-1]} (known: {' '.join(sorted(POLICY_KEYS))})")
+        if key not in POLICY_KEYS:   # refused by name: its value is never read
+            raise PolicyError(f"unknown annotation {_key_shown(key)} (known: {' '.join(sorted(POLICY_KEYS))})")
         if not isinstance(raw, str):   # an API server stores only text; anything else came by the port
             raise PolicyError(f"annotation {key}: the value must be a text, not {shown(raw)}")
+        if len(raw) > MAX_VALUE_CHARS[key]:   # first, and whatever the rest: see MAX_VALUE_CHARS
+            raise PolicyError(f"annotation {key}: longer than {MAX_VALUE_CHARS[key]} characters")
         value = raw
         if key == NODE_POLICY:
             pol = replace(pol, node=_choice(key, value, (PACK, SPREAD)))

@@ -18,7 +18,9 @@ import pytest
 from extender.service import ExtenderService
 from extender.wire import encode, parse_extender_args
 from extender_harness import gpus, model_from
-from packing.pod_policy import PolicyError, parse_policy
+from packing.pod_policy import (GPU_MODEL, GPU_MODEL_EXCLUDE, MAX_KEY_CHARS, MAX_MODEL_LIST_CHARS, MAX_MODEL_NAME,
+                                MAX_MODELS_PER_LIST, MAX_SETTING_CHARS, MAX_VALUE_CHARS, MIN_CARD_MEMORY, NODE_POLICY,
+                                POLICY_KEYS, PolicyError, parse_policy)
 from stowage.resources import RequestError, parse_quantity, pod_host_request
 
 LONG = "x" * 262_000
@@ -64,6 +66,49 @@ def test_an_unknown_annotation_key_is_shown_short():
     with pytest.raises(PolicyError) as exc:
         parse_policy({"stowage.io/" + "k" * 100_000: "v"})
     assert len(str(exc.value)) < 400
+
+
+@pytest.mark.parametrize("key", sorted(POLICY_KEYS))
+def test_a_value_past_the_limit_is_refused_by_its_length_alone(key):
+    """The feed keeps of a pending pod's policy values only up to one character past their limit
+    (``extender.kube_objects.pod_for_bind``), so the error must not depend on anything past it:
+    not the rest of the value, not its exact length."""
+    limit = MAX_VALUE_CHARS[key]
+    errors = set()
+    for value in ("x" * (limit + 1), "pack" + " " * limit, "y" * 262_000):
+        with pytest.raises(PolicyError) as exc:
+            parse_policy({key: value})
+        errors.add(str(exc.value))
+    assert errors == {f"annotation {key}: longer than {limit} characters"}
+
+
+def test_the_longest_meaningful_values_are_within_the_limits():
+    """The limits refuse nothing that means something: the longest model list allowed (64 names
+    of 128 characters), with ", " between names, and padded with blanks and empty items up to
+    the limit itself; settings and sizes padded with blanks up to theirs."""
+    assert MAX_VALUE_CHARS[GPU_MODEL] == MAX_VALUE_CHARS[GPU_MODEL_EXCLUDE] == MAX_MODEL_LIST_CHARS
+    names = [f"{i:03d}" + "m" * (MAX_MODEL_NAME - 3) for i in range(MAX_MODELS_PER_LIST)]
+    longest = ", ".join(names)
+    padded = (" , " + longest + " ," * MAX_MODEL_LIST_CHARS)[:MAX_MODEL_LIST_CHARS]
+    for value in (longest, padded):
+        assert parse_policy({GPU_MODEL: value}).models_include == tuple(names)
+        assert parse_policy({GPU_MODEL_EXCLUDE: value}).models_exclude == tuple(names)
+    assert parse_policy({MIN_CARD_MEMORY: " " * (MAX_SETTING_CHARS - 4) + "80Gi"}).min_card_mem_mib == 80 * 1024
+    assert parse_policy({NODE_POLICY: "spread".center(MAX_SETTING_CHARS)}).node == "spread"
+
+
+def test_an_unknown_key_past_kubernetes_bound_is_refused_without_its_length():
+    """An API server accepts annotation keys of at most 317 characters (a 253-character prefix,
+    '/', a 63-character name); the feed keeps one character more of a longer unknown key, so
+    its error says "longer than 317", the same for any longer key."""
+    errors = set()
+    for n in (MAX_KEY_CHARS + 1, 5000, 100_000):
+        with pytest.raises(PolicyError) as exc:
+            parse_policy({("stowage.io/" + "k" * n)[:n]: "v"})
+        errors.add(str(exc.value))
+    assert len(errors) == 1 and f"longer than {MAX_KEY_CHARS} characters" in errors.pop()
+    with pytest.raises(PolicyError, match=r"\(317 characters\)"):
+        parse_policy({("stowage.io/" + "k" * 400)[:MAX_KEY_CHARS]: "v"})   # within the bound: as before
 
 
 def test_the_filter_answer_stays_small_whatever_the_annotation():

@@ -491,7 +491,65 @@ def _odd_pods() -> list[dict]:
     odd_res["spec"]["containers"][0]["resources"]["limits"] = [["nvidia.com/gpu", "1"]]
     no_spec = base()
     no_spec["spec"] = "nothing"
-    return pods + [limits_only, bad_qty, init, odd_ann, odd_spec, odd_res, no_spec]
+    return pods + [limits_only, bad_qty, init, odd_ann, odd_spec, odd_res, no_spec] + _crafted_pods()
+
+
+CRAFTED = 40 * 1024   # characters: each of a crafted pod's Stowage annotations (256 KiB in all at most)
+
+
+def _crafted_pods() -> list[dict]:
+    """Pods whose Stowage annotations are written to be big: each policy key and an unknown
+    ``stowage.io/`` key with ~40 KiB values (all of them on one pod, and each alone, so that
+    each key's own error is compared), a key 5,000 characters long (an API server allows 317),
+    values that are not text (only the port can send them), annotations that are a long list,
+    and the longest valid model lists, padded with separators up to the limit."""
+    from packing.pod_policy import (GPU_MODEL, GPU_MODEL_EXCLUDE, MAX_MODEL_LIST_CHARS, MAX_MODEL_NAME,
+                                    MAX_MODELS_PER_LIST, POLICY_KEYS)
+    base = lambda **kw: make_pod("p", uid="u1", gpus=1, **kw)  # noqa: E731
+    big = {k: k[-1] * CRAFTED for k in sorted(POLICY_KEYS)}
+    unknown = {"stowage.io/zzz": "z" * CRAFTED}
+    pods = [base(annotations={**big, **unknown}), base(annotations={**unknown, **big})]
+    pods += [base(annotations={k: v}) for k, v in big.items()]
+    pods.append(base(annotations={GPU_MODEL: "A100", "stowage.io/" + "k" * 5000: "v" * CRAFTED}))
+    pods.append(base(annotations={GPU_MODEL: "A100", "stowage.io/" + "k" * 306: "v"}))   # 317: kept whole
+    pods.append(base(annotations={GPU_MODEL: ["m" * 100] * 2000}))
+    pods.append(base(annotations={GPU_MODEL: {f"k{i}": "v" * 100 for i in range(2000)}}))
+    pods.append(base(annotations={GPU_MODEL: 10 ** 4000}))
+    pods.append(base(annotations={GPU_MODEL: None}))
+    listed = base()
+    listed["metadata"]["annotations"] = ["x" * 100] * 1000
+    pods.append(listed)
+    longest = ", ".join(f"{i:03d}" + "m" * (MAX_MODEL_NAME - 3) for i in range(MAX_MODELS_PER_LIST))
+    padded = (longest + " ," * MAX_MODEL_LIST_CHARS)[:MAX_MODEL_LIST_CHARS]
+    for value in (longest, padded, padded + ","):
+        pods.append(base(annotations={GPU_MODEL: value, GPU_MODEL_EXCLUDE: value[::-1]}))
+    return pods
+
+
+@pytest.mark.parametrize("i", range(len(_crafted_pods())))
+def test_the_kept_copy_is_bounded_whatever_the_annotations_hold(i):
+    """The feed keeps a pending pod's copy until it is bound, and a pod refused at filter stays
+    pending for ever: the copy once kept Stowage's annotation values as they were, ~256 KiB for
+    a pod written to be big (~1.4 KiB for an ordinary one), so a user who kept thousands of such
+    pods pending grew the extender past its memory limit. Now each value is kept only as far as
+    ``parse_policy`` reads it (one character past its limit, ``MAX_VALUE_CHARS``; the unknown key's value not
+    at all), and bind still makes of the copy what it makes of the pod (the tests above). The
+    bound: both longest model lists, four short settings and a key, with room for the rest."""
+    import json
+    from extender.kube_objects import pod_for_bind, pod_for_learn
+    from packing.pod_policy import MAX_KEY_CHARS, MAX_MODEL_LIST_CHARS, MAX_SETTING_CHARS, MAX_VALUE_CHARS
+    pod = _crafted_pods()[i]
+    bound = 2 * MAX_MODEL_LIST_CHARS + 4 * MAX_SETTING_CHARS + MAX_KEY_CHARS + 1024
+    for copy in (pod_for_bind(pod), pod_for_learn(pod)):
+        assert len(json.dumps(copy, default=str)) < bound
+        ann = copy["metadata"]["annotations"]
+        for key, value in (ann.items() if isinstance(ann, dict) else [("", ann)]):
+            assert len(key) <= MAX_KEY_CHARS + 1
+            limit = MAX_VALUE_CHARS.get(key, 0)
+            assert len(json.dumps(value, default=str)) <= limit + 3   # text: one past the limit, quoted
+    # The copy of an ordinary pod is not bigger than it was.
+    plain = make_pod("p", uid="u1", gpus=1, annotations={"stowage.io/gpu-model": "A100,H100"})
+    assert len(json.dumps(pod_for_bind(plain))) < 400
 
 
 @pytest.mark.parametrize("i", range(len(_odd_pods())))
