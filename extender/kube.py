@@ -221,19 +221,35 @@ class ShortWatch(Exception):
     off), as client-go's reflector does, rather than as the clean end of a working stream."""
 
 
+def api_status(exc: ApiException) -> dict:
+    """The Status object an ApiException's body carries ({} when the body is none: e.g. a proxy's
+    error page)."""
+    body = exc.body
+    if body:
+        try:
+            doc = _loads(body if isinstance(body, (bytes, bytearray)) else str(body).encode())
+        except ValueError:
+            return {}
+        if isinstance(doc, dict):
+            return doc
+    return {}
+
+
 def api_message(exc: BaseException) -> str:
     """The API server's own message from an ApiException (its Status body), else a short repr."""
     if isinstance(exc, ApiException):
-        body = exc.body
-        if body:
-            try:
-                doc = _loads(body if isinstance(body, (bytes, bytearray)) else str(body).encode())
-                if isinstance(doc, dict) and doc.get("message"):
-                    return f"{doc['message']} (HTTP {exc.status})"
-            except ValueError:
-                pass
+        message = api_status(exc).get("message")
+        if message:
+            return f"{message} (HTTP {exc.status})"
         return f"HTTP {exc.status} {exc.reason or ''}".strip()
     return f"{type(exc).__name__}: {exc}"
+
+
+def resource_expired(exc: ApiException) -> bool:
+    """The Status's reason is ``Expired`` (apimachinery's ``errors.IsResourceExpired``, which reads
+    the reason only: kube-apiserver sends it with a 410, for a continue token or resourceVersion
+    whose etcd revision was compacted). The HTTP reason phrase (``exc.reason``) is not it."""
+    return api_status(exc).get("reason") == "Expired"
 
 
 def load_api_client(kubeconfig: str | None = None, in_cluster: bool = False,
@@ -582,12 +598,15 @@ class KubeFeeder:
 
         The API server serves every page of one list from the same snapshot (the first page's
         resourceVersion; no resourceVersion is sent, so the snapshot is current). When that
-        snapshot is compacted before the list ends, a page answers 410 (kube-apiserver's reason
-        ``Expired``: "the provided continue parameter is too old"; any 410 to a continued page is
-        taken so): then ``restart`` is called (forget what the pages so far gathered; what they
-        applied is applied again, or removed if the full list no longer has it: it was deleted
-        meanwhile, and no watch will say so) and everything is listed in one
-        request, as client-go's pager does (``FullListIfExpired``). Any other error propagates.
+        snapshot is compacted before the list ends, a continued page answers 410 with the Status
+        reason ``Expired`` ("the provided continue parameter is too old"): then ``restart`` is
+        called (forget what the pages so far gathered; what they applied is applied again, or
+        removed if the full list no longer has it: it was deleted meanwhile, and no watch will
+        say so) and everything is listed in one request, as client-go's pager does
+        (``FullListIfExpired``, only when ``errors.IsResourceExpired``). Any other error
+        propagates, a 410 of another reason (``Gone``, a proxy's) or an Expired first page
+        included: the list fails, and the feed backs off and lists again from the start, as
+        client-go does. (Before, any 410 to a continued page was taken for Expired.)
         """
         limit = max(0, int(self.page_size or 0))
         rv, count, cont, requests = "", 0, "", 0
@@ -596,7 +615,7 @@ class KubeFeeder:
             try:
                 doc = read_json(self._list_call(kind, limit, cont))
             except ApiException as exc:
-                if not cont or exc.status != 410:
+                if not cont or not resource_expired(exc):
                     raise
                 log.warning("%s list: the API server no longer holds the list's snapshot after %d objects in %d pages "
                             "(%s); listing all %s in one request instead", kind, count, requests - 1,

@@ -203,6 +203,7 @@ class _Fault:
     status: int
     path_re: re.Pattern | None
     method: str | None
+    reason: str | None = None   # the Status's reason (None: InternalError for 5xx, else Injected)
 
 
 def kubeconfig_file(directory: Any, server: str) -> str:
@@ -448,10 +449,12 @@ class FakeKube:
             self._bookmark_gen = getattr(self, "_bookmark_gen", 0) + 1
             self._cond.notify_all()
 
-    def fail_next(self, n: int = 1, status: int = 500, path: str | None = None, method: str | None = None) -> None:
-        """The next ``n`` requests whose path matches the regex ``path`` (and ``method``) fail with ``status``."""
+    def fail_next(self, n: int = 1, status: int = 500, path: str | None = None, method: str | None = None,
+                  reason: str | None = None) -> None:
+        """The next ``n`` requests whose path matches the regex ``path`` (and ``method``) fail with
+        ``status``, and a Status of that ``reason`` (e.g. 410 ``Gone``, not ``Expired``)."""
         with self._cond:
-            self._faults.append(_Fault(n, status, re.compile(path) if path else None, method))
+            self._faults.append(_Fault(n, status, re.compile(path) if path else None, method, reason))
 
     def error_watches(self, kind: str, code: int = 500, reason: str = "InternalError",
                       message: str = "Internal error occurred: unable to transform key") -> None:
@@ -492,7 +495,7 @@ class FakeKube:
             time.sleep(interval)
 
     # ------------------------------------------------------------ internals
-    def _take_fault(self, method: str, path: str) -> int | None:
+    def _take_fault(self, method: str, path: str) -> _Fault | None:
         with self._cond:
             for f in self._faults:
                 if f.remaining > 0 and (f.path_re is None or f.path_re.search(path)) \
@@ -500,7 +503,7 @@ class FakeKube:
                     f.remaining -= 1
                     if f.remaining == 0:
                         self._faults.remove(f)
-                    return f.status
+                    return f
         return None
 
     def _list(self, kind: str, namespace: str | None, q: dict[str, str]) -> Obj:
@@ -766,7 +769,9 @@ class _Handler(BaseHTTPRequestHandler):
                 kube.bodies.append(copy.deepcopy(body))
             fault = kube._take_fault(method, parts.path)
             if fault is not None:
-                raise ApiError(fault, "InternalError" if fault >= 500 else "Injected", f"injected failure ({fault})")
+                reason = fault.reason if fault.reason is not None else \
+                    "InternalError" if fault.status >= 500 else "Injected"
+                raise ApiError(fault.status, reason, f"injected failure ({fault.status})")
             for rx, route in _PATHS:
                 m = rx.match(parts.path)
                 if m:

@@ -175,6 +175,29 @@ def test_an_expired_continue_falls_back_to_one_full_list(kube, caplog):
                for r in caplog.records)
 
 
+@pytest.mark.parametrize("reason", ["Gone", "Injected"])
+def test_a_410_to_a_continued_page_that_is_not_expired_fails_the_list(kube, reason):
+    """client-go's pager lists everything again only when a continued page answers "resource
+    expired" (``errors.IsResourceExpired``: the Status's reason ``Expired``); any other error,
+    a 410 of another reason included (a proxy's, or ``Gone``), fails the list, which the feed
+    backs off from and lists again. Before, any 410 to a continued page was taken for Expired."""
+    pods = cluster(kube, 15)
+    f = new_feeder(kube, page_size=5)
+    kube.on_list_page = lambda kind, page: (kind == PODS and page == 0
+                                            and kube.fail_next(1, status=410, path="/api/v1/pods$", reason=reason))
+    with pytest.raises(ApiException) as exc:
+        f.sync_once()
+    assert exc.value.status == 410
+    got = kube.list_requests(PODS)
+    assert [(q.get("limit"), bool(q.get("continue"))) for q in got] == [("5", False), ("5", True)]   # no full list
+    st = f.streams[PODS]
+    assert not st.synced and st.rv == ""
+    assert set(f.model.allocations) == bound(first_page(pods, 5))   # the first page's bound pods: real, kept
+    kube.on_list_page = None
+    f.sync_once()                                                    # the next list: complete
+    assert set(f.model.allocations) == bound(pods) and f.streams[PODS].synced
+
+
 def test_a_list_failing_part_way_removes_nothing_and_sets_no_resource_version(kube):
     """A list that fails on its third page has applied two pages: those objects are real and
     current, but what is absent from the list is only removed, and the watch's resourceVersion

@@ -37,3 +37,65 @@ def test_the_feeder_lists_pods_in_pages_from_kube_apiserver(k8s: LocalK8s, pool:
     mine = {p.metadata.uid for p in pool.pods().values()}
     assert len(mine) == 7 and mine <= set(shown) and len(shown) == len(set(shown))
     assert f.streams[PODS].synced and int(f.streams[PODS].rv) > 0
+
+
+def _compact_etcd(k8s: LocalK8s) -> None:
+    """Compact etcd at its current revision (through its HTTP gateway), as kube-apiserver does
+    every 5 minutes: a list under way loses its snapshot."""
+    import base64
+    import json
+    from urllib.request import Request, urlopen
+
+    def post(path: str, body: dict) -> dict:
+        req = Request(f"http://127.0.0.1:{k8s.port_base}{path}", data=json.dumps(body).encode(),
+                      headers={"Content-Type": "application/json"})
+        with urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    rev = post("/v3/kv/range", {"key": base64.b64encode(b"/registry/namespaces").decode()})["header"]["revision"]
+    post("/v3/kv/compaction", {"revision": rev, "physical": True})
+
+
+def test_a_compacted_list_answers_expired_and_the_feeder_lists_again_in_one_request(k8s: LocalK8s, pool: Pool) -> None:
+    """kube-apiserver answers a continued page whose snapshot etcd compacted with 410 and the
+    Status reason ``Expired``, the one error after which the feeder (as client-go's pager) lists
+    everything again in one request; tests/fakekube.py answers the same."""
+    from kubernetes.client.exceptions import ApiException
+
+    from extender.kube import api_status
+
+    def make(name: str) -> None:
+        k8s.core.create_namespaced_pod(pool.namespace, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {POOL_LABEL: pool.name}},
+            "spec": {"schedulerName": "nobody", "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "main", "image": IMAGE}]}})
+
+    for i in range(5):
+        make(f"expiring-{i}")
+    f = KubeFeeder(ClusterModel(), k8s.api_client(), page_size=2)
+    calls: list[tuple[str, int, bool]] = []
+    errors: list[tuple[int, str]] = []
+    list_call = f._list_call
+
+    def recorded(kind: str, limit: int = 0, cont: str = "") -> Any:
+        calls.append((kind, limit, bool(cont)))
+        try:
+            resp = list_call(kind, limit, cont)
+        except ApiException as exc:
+            errors.append((exc.status, api_status(exc).get("reason")))
+            raise
+        if kind == PODS and limit and not cont:   # the first page: then the snapshot goes
+            make("late")
+            _compact_etcd(k8s)
+        return resp
+
+    f._list_call = recorded  # type: ignore[method-assign]
+    shown: list[str] = []
+    f.on_pod_seen = lambda pod: shown.append(pod["metadata"]["uid"])
+    f.sync_once()
+    pages = [(limit, cont) for kind, limit, cont in calls if kind == PODS]
+    assert pages == [(2, False), (2, True), (0, False)]
+    assert errors == [(410, "Expired")]
+    mine = {p.metadata.uid for p in pool.pods().values()}
+    assert len(mine) == 6 and mine <= set(shown) and len(shown) == len(set(shown))
+    assert f.streams[PODS].synced
