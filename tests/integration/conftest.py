@@ -14,6 +14,7 @@ import pytest
 from realk8s import LocalK8s, _port_base, new_cluster_dir, require_control_plane
 
 if TYPE_CHECKING:
+    from kubeletbed import GpuNode
     from schedbed import Pool, SchedBed
 
 
@@ -54,6 +55,21 @@ def pool(request: pytest.FixtureRequest, k8s: LocalK8s) -> Iterator["Pool"]:
         yield p
     finally:
         p.cleanup()
+
+
+@pytest.fixture(scope="module")
+def gpu_node(k8s: LocalK8s) -> Iterator["GpuNode"]:
+    """The real kubelet's node (kubelet started on first use, kept for the session) with this
+    module's own device plugin on a fresh fake NVML (``kubeletbed.py``)."""
+    from kubeletbed import gpu_node_on
+    yield from gpu_node_on(k8s)
+
+
+@pytest.fixture
+def clean(gpu_node: "GpuNode") -> Iterator["GpuNode"]:
+    """Each test starts and ends with no pod on the node and the kubelet running."""
+    from kubeletbed import clean_node
+    yield from clean_node(gpu_node)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,9 @@ container from our Allocate answer is read back from the container's log. Pods a
 extender binds them (its ``KubeBinder``: one Binding that carries the record), without a scheduler, so each test
 controls exactly which card a pod is recorded on and when it is bound.
 
+The node, the plugin and the pod helpers are ``kubeletbed.py``'s (fixtures ``gpu_node`` and
+``clean`` in ``conftest.py``), shared with the exporter's real-kubelet tests.
+
 The two bugs of issue 11 are pinned here: a pod bound while the kubelet is down must get ITS
 recorded card during the restarted kubelet's re-admission (not a running pod's card that the
 PodResources API does not list yet), and the plugin must re-register within 200 ms of the
@@ -14,170 +17,20 @@ kubelet's registration server coming back even while it was backing off.
 """
 from __future__ import annotations
 
-import json
 import re
-import shutil
-import tempfile
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any, Iterator
 
 import pytest
 
-from dp_harness import container
-from fakenvml import FakeNvml, default_cards
-from realk8s import LocalK8s, require_kubelet, wait_until
+from kubeletbed import NODE, NS, GpuNode, create_and_bind, gpu_container, whole_and_shared_pods
+from realk8s import LocalK8s, wait_until
 
-from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, decode_allocation
+from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
 from stowage.inventory import INVENTORY_ANNOTATION, decode_inventory
-from stowage.resources import CORE_MILLI_PER_CARD, RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY
-
-NODE = "gpu-node-1"
-NS = "dp-it"
-IMAGE = "example.local/fakegpu-test:1"
-PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+from stowage.resources import RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@dataclass
-class GpuNode:
-    """The real kubelet's node, our plugin on it, and the fake NVML under the plugin."""
-
-    k8s: LocalK8s
-    nvml: FakeNvml
-    plugin: Any
-    dev_root: str
-
-    def uuid(self, i: int) -> str:
-        return self.nvml.cards[i].uuid
-
-    def restart_plugin(self, wait_registered: bool = True) -> None:
-        """Stop the plugin and start a fresh one (empty memory), as a DaemonSet pod restart does."""
-        from deviceplugin.server import DevicePlugin
-        cfg = self.plugin.cfg
-        self.plugin.stop()
-        self.plugin = DevicePlugin(cfg)
-        self.plugin.start()
-        if wait_registered:
-            self.wait_registered()
-
-    def registered(self) -> bool:
-        kino = self.plugin._kubelet_ino()
-        return all(ep.registered_with is not None and ep.registered_with == kino for ep in self.plugin.endpoints)
-
-    def wait_registered(self, timeout: float = 10) -> None:
-        wait_until(self.registered, timeout, "the plugin to register all three resources")
-
-    # --- pods ------------------------------------------------------------------------------
-    def record(self, cards: list[int], whole: bool, mem_gib: int = 0, core_pct: int = 0) -> AllocationRecord:
-        infos = {c.index: c for c in self.plugin.state.table.cards}
-        return AllocationRecord(node=NODE, whole=whole, cards=tuple(
-            CardShare(index=k, uuid=infos[k].uuid,
-                      memory_mib=infos[k].memory_mib if whole else mem_gib * 1024,
-                      core_milli=CORE_MILLI_PER_CARD if whole else core_pct * 10) for k in cards))
-
-    def create_pod(self, name: str, containers: list[dict], init: list[dict] | None = None) -> dict:
-        """A pod no scheduler picks up (schedulerName names none): the test binds it itself."""
-        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
-                "spec": {"schedulerName": "stowage-it-manual", "terminationGracePeriodSeconds": 1,
-                         "containers": containers, **({"initContainers": init} if init else {})}}
-        return self.k8s.core.api_client.sanitize_for_serialization(
-            self.k8s.core.create_namespaced_pod(NS, body))
-
-    def bind(self, pod: dict, rec: AllocationRecord) -> None:
-        from extender.kube_binder import KubeBinder
-        meta = pod["metadata"]
-        KubeBinder(self.k8s.api_client()).bind(NS, meta["name"], meta["uid"], NODE, rec)
-
-    def pod(self, name: str) -> dict:
-        resp = self.k8s.core.read_namespaced_pod(name, NS, _preload_content=False)
-        return json.loads(resp.data)
-
-    def wait_running(self, name: str, timeout: float = 60) -> dict:
-        def running() -> dict | None:
-            p = self.pod(name)
-            phase = p["status"].get("phase")
-            if phase in ("Failed", "Succeeded"):
-                raise AssertionError(f"pod {name} is {phase}: {p['status'].get('reason')} "
-                                     f"{p['status'].get('message')}")
-            return p if phase == "Running" else None
-        return wait_until(running, timeout, f"pod {name} Running")
-
-    def container_env(self, name: str, container: str, timeout: float = 30) -> dict[str, str]:
-        """The environment the container printed (``fakegpu-test env``), from its log on this node."""
-        uid = self.pod(name)["metadata"]["uid"]
-
-        def read() -> dict[str, str] | None:
-            logs = sorted(Path("/var/log/pods").glob(f"{NS}_{name}_{uid}/{container}/*.log"))
-            if not logs:
-                return None
-            env = {}
-            for line in logs[0].read_text(errors="replace").splitlines():
-                m = re.search(r"\bENV ([A-Za-z_][A-Za-z0-9_]*)=(.*)$", line)
-                if m:
-                    env[m.group(1)] = m.group(2)
-            return env or None
-        return wait_until(read, timeout, f"the printed environment of {name}/{container}")
-
-    def delete_all_pods(self) -> None:
-        for p in self.k8s.core.list_namespaced_pod(NS).items:
-            self.k8s.core.delete_namespaced_pod(p.metadata.name, NS, grace_period_seconds=0)
-        wait_until(lambda: not self.k8s.core.list_namespaced_pod(NS).items, 60, "the test pods to be gone")
-
-    def node_resources(self) -> tuple[dict[str, str], dict[str, str]]:
-        st = self.k8s.core.read_node(NODE).status
-        return dict(st.capacity or {}), dict(st.allocatable or {})
-
-
-def gpu_container(name: str, gpus: int = 0, mem: int = 0, core: int = 0, exit_after: bool = False) -> dict:
-    """dp_harness's container on the test image, which prints its environment (then sleeps or exits)."""
-    return {**container(name, gpus, mem, core), "image": IMAGE, "imagePullPolicy": "Never",
-            "args": ["env", "exit"] if exit_after else ["env"]}
-
-
-@pytest.fixture(scope="module")
-def gpu_node(k8s: LocalK8s) -> Iterator[GpuNode]:
-    require_kubelet()
-    from deviceplugin.server import DevicePlugin, PluginConfig
-    import kubernetes.client
-
-    if k8s.kubelet_node is None:
-        k8s.start_kubelet(NODE)
-    nvml = FakeNvml(default_cards())
-    undo = nvml.install()
-    dev_root = tempfile.mkdtemp(prefix="dp-dev-")   # no /dev/nvidia* here: the plugin sends no device specs
-    if not any(n.metadata.name == NS for n in k8s.core.list_namespace().items):
-        k8s.core.create_namespace({"metadata": {"name": NS}})
-    cfg = PluginConfig(node=NODE, plugin_dir=PLUGIN_DIR, dev_root=dev_root, recovery_quiet_s=2.0,
-                       probe_interval_s=0.5, event_wait_ms=100, reconcile_interval_s=1.0,
-                       core_api=kubernetes.client.CoreV1Api(k8s.api_client()))
-    plugin = DevicePlugin(cfg)
-    plugin.start()
-    node = GpuNode(k8s, nvml, plugin, dev_root)
-    try:
-        node.wait_registered()
-        yield node
-    finally:
-        try:
-            node.delete_all_pods()
-        finally:
-            node.plugin.stop()
-            undo()
-            shutil.rmtree(dev_root, ignore_errors=True)
-
-
-@pytest.fixture
-def clean(gpu_node: GpuNode) -> Iterator[GpuNode]:
-    """Each test starts and ends with no pod on the node and the kubelet running."""
-    gpu_node.delete_all_pods()
-    yield gpu_node
-    if gpu_node.k8s.kubelet_pid() is None:
-        gpu_node.k8s.start_kubelet_again()
-        wait_until(lambda: Path(PLUGIN_DIR, "kubelet.sock").exists(), 30, "kubelet.sock")
-    gpu_node.delete_all_pods()
 
 
 def test_registers_three_resources_and_the_node_shows_them(gpu_node: GpuNode) -> None:
@@ -196,18 +49,8 @@ def test_registers_three_resources_and_the_node_shows_them(gpu_node: GpuNode) ->
 
 def test_each_container_gets_exactly_its_recorded_cards(clean: GpuNode) -> None:
     n = clean
-    pods = {
-        # two whole cards on the NVLinked pair
-        "whole-two": ([gpu_container("main", gpus=2)], None, n.record([0, 1], whole=True)),
-        # an init container and the app container, one whole card each (the kubelet reuses the init's)
-        "whole-init": ([gpu_container("main", gpus=1)], [gpu_container("prep", gpus=1, exit_after=True)],
-                       n.record([2], whole=True)),
-        # two slices of memory + compute on the same card
-        "slice-a": ([gpu_container("main", mem=4, core=25)], None, n.record([3], whole=False, mem_gib=4, core_pct=25)),
-        "slice-b": ([gpu_container("main", mem=2, core=10)], None, n.record([3], whole=False, mem_gib=2, core_pct=10)),
-    }
-    for name, (containers, init, rec) in pods.items():
-        n.bind(n.create_pod(name, containers, init), rec)
+    pods = whole_and_shared_pods(n)
+    create_and_bind(n, pods)
     for name in pods:
         n.wait_running(name)
 
