@@ -3,7 +3,8 @@ device-manager checkpoint, its pod log directories and a host ``/proc`` tree: ev
 exporter reads on a node.
 
 Like the kubelet, ``List`` returns every pod with every container (containers without devices
-included, with an empty device list) and no pod UID; the checkpoint holds the same allocations keyed
+included, with an empty device list; init containers are the test's to leave out, the kubelet
+lists only ``spec.containers``), one row per device ID, and no pod UID; the checkpoint holds the same allocations keyed
 by pod UID and container name, in the kubelet >= 1.20 format (``DeviceIDs`` by NUMA node).
 """
 from __future__ import annotations
@@ -53,9 +54,12 @@ class FakePodResources(pb_grpc.PodResourcesListerServicer):
 
     # ---- the kubelet's service ---------------------------------------------------------------
     def _pod(self, p: FakePod) -> Any:
+        # One ContainerDevices row per device ID, as the real kubelet answers (v1.28: a row per
+        # device, and per NUMA node of a device that reports topology; seen in
+        # tests/integration/test_real_exporter.py), not one row holding a resource's IDs.
         return pb.PodResources(name=p.name, namespace=p.namespace, containers=[
-            pb.ContainerResources(name=c, devices=[pb.ContainerDevices(resource_name=r, device_ids=ids)
-                                                   for r, ids in res.items()])
+            pb.ContainerResources(name=c, devices=[pb.ContainerDevices(resource_name=r, device_ids=[i])
+                                                   for r, ids in res.items() for i in ids])
             for c, res in p.containers.items()])
 
     def List(self, request: Any, context: Any) -> Any:
@@ -125,7 +129,13 @@ def cgroup_v2_systemd(uid: str, container_id: str, qos: str = "burstable") -> st
             f"cri-containerd-{container_id}.scope\n")
 
 
-def cgroup_v1_cgroupfs(uid: str, container_id: str, qos: str = "besteffort") -> str:
-    lines = [f"{i}:{ctl}:/kubepods/{qos}/pod{uid}/{container_id}" for i, ctl in
-             ((12, "memory"), (11, "cpu,cpuacct"), (10, "devices"), (4, "pids"))]
-    return "\n".join(lines + ["1:name=systemd:/kubepods/" + qos + "/pod" + uid + "/" + container_id, "0::/"]) + "\n"
+def cgroup_v1_cgroupfs(uid: str, container_id: str, qos: str = "besteffort", unified: bool = True) -> str:
+    """cgroup v1, cgroupfs driver, as the real kubelet (v1.28) and runc lay it out: every hierarchy
+    names ``/kubepods[/<qos>]/pod<uid>/<container id>`` (guaranteed pods: no QoS level; a pod
+    asking only for extended resources such as GPUs is besteffort). ``unified``: the cgroup v2
+    hierarchy is mounted beside v1 ("hybrid", as on the integration tests' node, where the ``0::``
+    line carries the same path); else the ``0::`` line is ``/``."""
+    path = f"/kubepods/{qos}/pod{uid}/{container_id}" if qos != "guaranteed" else f"/kubepods/pod{uid}/{container_id}"
+    lines = [f"{i}:{ctl}:{path}" for i, ctl in ((9, "name=systemd"), (8, "pids"), (7, "blkio"), (6, "freezer"),
+                                                (5, "devices"), (4, "memory"), (3, "cpuset"), (2, "cpuacct"), (1, "cpu"))]
+    return "\n".join(lines + [f"0::{path if unified else '/'}"]) + "\n"

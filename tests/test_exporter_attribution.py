@@ -12,6 +12,7 @@ from exporter.attribution import ContainerRef, Holding, Owner, card_of_device, h
 from exporter.cgroups import PodCgroup, ProcessGone, parse_cgroup_path, parse_proc_cgroup, pod_of_pid
 from exporter.checkpoint import PodKey
 from exporter.nvmlreader import CardSample, ProcUsage
+from fakepodresources import cgroup_v1_cgroupfs
 from gpunode.podresources.client import ContainerDevices
 
 UID = "1a2b3c4d-0000-1111-2222-333344445555"
@@ -72,6 +73,34 @@ def test_proc_cgroup_v1_file_uses_any_controller_line(tmp_path):
     assert pod_of_pid(42, str(tmp_path)) == PodCgroup(UID, CID)
     with pytest.raises(ProcessGone):
         pod_of_pid(43, str(tmp_path))
+
+
+# /proc/<pid>/cgroup of a container's process on the integration tests' node (kubelet v1.28.7,
+# cgroupfs driver, containerd 1.6 + runc; cgroup v1 with the v2 hierarchy mounted beside it), as read
+# there: a burstable pod's container (a guaranteed pod has no QoS level: /kubepods/pod<uid>/<id>).
+REAL_V1_HYBRID = """\
+9:name=systemd:/kubepods/burstable/podb62492fa-547e-48f6-a993-12a769cac6d5/7819a956ca25468727099fd020e134d87c8f68afd2427c94d88a51cbcf60e066
+8:pids:/kubepods/burstable/podb62492fa-547e-48f6-a993-12a769cac6d5/7819a956ca25468727099fd020e134d87c8f68afd2427c94d88a51cbcf60e066
+7:blkio:/kubepods/burstable/podb62492fa-547e-48f6-a993-12a769cac6d5/7819a956ca25468727099fd020e134d87c8f68afd2427c94d88a51cbcf60e066
+6:freezer:/kubepods/burstable/podb62492fa-547e-48f6-a993-12a769cac6d5/7819a956ca25468727099fd020e134d87c8f68afd2427c94d88a51cbcf60e066
+5:devices:/kubepods/burstable/podb62492fa-547e-48f6-a993-12a769cac6d5/7819a956ca25468727099fd020e134d87c8f68afd2427c94d88a51cbcf60e066
+4:memory:/kubepods/burstable/podb62492fa-547e-48f6-a993-12a769cac6d5/7819a956ca25468727099fd020e134d87c8f68afd2427c94d88a51cbcf60e066
+3:cpuset:/kubepods/burstable/podb62492fa-547e-48f6-a993-12a769cac6d5/7819a956ca25468727099fd020e134d87c8f68afd2427c94d88a51cbcf60e066
+2:cpuacct:/kubepods/burstable/podb62492fa-547e-48f6-a993-12a769cac6d5/7819a956ca25468727099fd020e134d87c8f68afd2427c94d88a51cbcf60e066
+1:cpu:/kubepods/burstable/podb62492fa-547e-48f6-a993-12a769cac6d5/7819a956ca25468727099fd020e134d87c8f68afd2427c94d88a51cbcf60e066
+0::/kubepods/burstable/podb62492fa-547e-48f6-a993-12a769cac6d5/7819a956ca25468727099fd020e134d87c8f68afd2427c94d88a51cbcf60e066
+"""
+
+
+def test_the_real_nodes_cgroup_v1_hybrid_file_and_the_fake_of_it():
+    want = PodCgroup("b62492fa-547e-48f6-a993-12a769cac6d5",
+                     "7819a956ca25468727099fd020e134d87c8f68afd2427c94d88a51cbcf60e066")
+    assert parse_proc_cgroup(REAL_V1_HYBRID) == want
+    # the unit tests' fake writes exactly this layout
+    assert cgroup_v1_cgroupfs(want.pod_uid, want.container_id, qos="burstable") == REAL_V1_HYBRID
+    guaranteed = cgroup_v1_cgroupfs(want.pod_uid, want.container_id, qos="guaranteed", unified=False)
+    assert f"4:memory:/kubepods/pod{want.pod_uid}/{want.container_id}\n" in guaranteed
+    assert parse_proc_cgroup(guaranteed) == want
 
 
 # ------------------------------------------------------------------------------ checkpoint
