@@ -977,7 +977,7 @@ class KubeFeeder:
             if uid in self._unrecorded:
                 return
         try:
-            req = pod_gpu_request(pod, self.memory_unit_mib)
+            req = pod_gpu_request(pod, self.memory_unit_mib, max_containers=None)
         except (ValueError, TypeError, AttributeError):   # RequestError, or an object of the wrong shape
             return
         if not req.is_gpu:

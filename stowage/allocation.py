@@ -250,7 +250,7 @@ def honoured_allocation_of_pod(pod: Mapping[str, Any], key: RecordKey | None = N
         raise AllocationError(f"{ALLOCATION_ANNOTATION} names node {rec.node!r} but the pod is bound to {node!r}: "
                               "not honoured")
     try:
-        req = pod_gpu_request(pod, memory_unit_mib)
+        req = pod_gpu_request(pod, memory_unit_mib, max_containers=None)   # a record of any pod's size counts
     except RequestError as exc:
         raise AllocationError(f"{ALLOCATION_ANNOTATION} on a pod whose GPU request is invalid ({exc}): "
                               "not honoured") from exc

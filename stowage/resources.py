@@ -41,6 +41,18 @@ MAX_GPUS_PER_POD = 64
 # beyond it is refused for that pod before anything learns from it: it fits nowhere, and numbers
 # that large would overflow the model's 64-bit arithmetic.
 MAX_CARD_MEMORY_MIB = 1 << 24
+# The most containers and init containers together (those that are objects) of a pod Stowage
+# schedules. Kubernetes has no such limit: a real kube-apiserver 1.28 stored a pod of 25,774
+# minimal containers (etcd's 1.5 MiB request limit ends it there), and kube-scheduler places it.
+# Real pods have a few, a few dozen at most (sidecars, a pipeline's steps); GPU pods one to
+# three. Why a limit: the extender's watch keeps a copy of each pending pod of Stowage's
+# schedulers until it is bound, with each container's name and requests
+# (extender.kube_objects.pod_for_bind), and a pod refused at filter stays pending for ever: a pod
+# of ~18,000 containers kept ~5-11 MiB, and 100 of them put the extender past its 1 GiB. At most
+# 129 are kept now: ~60 KiB at worst, packed (63-character names, ten 20-character quantities each).
+# Checked before any container is read, with an error that does not depend on how many there
+# are past the limit, so that a copy keeping one more than the limit is refused as the pod is.
+MAX_CONTAINERS_PER_POD = 128
 
 
 class RequestError(ValueError):
@@ -270,23 +282,19 @@ def _host_amounts(container: Mapping[str, Any]) -> tuple[int, int]:
     return cpu_milli, quantity_to_bytes(mem, f"memory of container {name}")
 
 
-def pod_host_request(pod: Mapping[str, Any]) -> tuple[int, float]:
+def pod_host_request(pod: Mapping[str, Any], max_containers: int | None = MAX_CONTAINERS_PER_POD) -> tuple[int, float]:
     """(milli-CPU, host memory MiB) of a pod by Kubernetes' effective-request rule, as
     kube-scheduler's NodeResourcesFit counts it: max(sum of app containers + sidecars, the
     largest init container + the sidecars started before it), plus ``spec.overhead``.
 
     Memory is bytes / 2**20 as a float, exact (a power-of-two division of a whole number far
     below 2**53), so sums over a node agree with kube-scheduler's byte counts to the byte.
-    Raises :class:`RequestError` for a malformed quantity (an API server never stores one).
+    Raises :class:`RequestError` for a malformed quantity (an API server never stores one), and
+    for more than ``max_containers`` containers (:func:`pod_containers`).
     """
-    spec = _spec(pod)
-    containers = spec.get("containers") or []
-    init_containers = spec.get("initContainers") or []
-    if not isinstance(containers, list) or not isinstance(init_containers, list):
-        raise RequestError("pod.spec.containers must be a list")
-    app = [_host_amounts(c) for c in containers if isinstance(c, Mapping)]
-    init = [(_host_amounts(c), c.get("restartPolicy") == "Always")
-            for c in init_containers if isinstance(c, Mapping)]
+    spec, app_containers, init_containers = pod_containers(pod, max_containers)
+    app = [_host_amounts(c) for c in app_containers]
+    init = [(_host_amounts(c), c.get("restartPolicy") == "Always") for c in init_containers]
     cpu, mem = _effective(app, init, width=2)
     overhead = spec.get("overhead") or {}
     if isinstance(overhead, Mapping):
@@ -307,21 +315,16 @@ def pod_request(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UN
                       min_card_mem_mib=req.min_card_mem_mib, cpu_milli=cpu, host_mem_mib=mem)
 
 
-def _spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    if not isinstance(pod, Mapping):
-        raise RequestError("pod is not an object")
-    spec = pod.get("spec") or {}
-    if not isinstance(spec, Mapping):
-        raise RequestError("pod.spec is not an object")
-    return spec
+def pod_containers(pod: Mapping[str, Any], max_containers: int | None = MAX_CONTAINERS_PER_POD
+                   ) -> tuple[Mapping[str, Any], list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """(spec, app containers, init containers) of a pod, the entries that are objects (what the
+    request rule reads; an API server stores no other). Refuses more than ``max_containers`` of
+    them together (:data:`MAX_CONTAINERS_PER_POD`; None: no limit) before any is read, with the
+    same error whatever the count past the limit.
 
-
-def pod_gpu_request(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB) -> GpuRequest:
-    """The GPU request of a pod object (Kubernetes JSON, camelCase), by the effective-request rule.
-
-    Raises :class:`RequestError` with a message meant for the user when the request is
-    malformed (negative, fractional, or an impossible combination).
-    """
+    ``max_containers=None`` is for reading what a pod placed already holds (its record, its
+    host CPU and memory on its node): it holds them whatever its size, and the limit is on what
+    Stowage schedules."""
     if not isinstance(pod, Mapping):
         raise RequestError("pod is not an object")
     spec = pod.get("spec") or {}
@@ -331,9 +334,25 @@ def pod_gpu_request(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMOR
     init_containers = spec.get("initContainers") or []
     if not isinstance(containers, list) or not isinstance(init_containers, list):
         raise RequestError("pod.spec.containers must be a list")
-    app = [_amounts(c, memory_unit_mib) for c in containers if isinstance(c, Mapping)]
-    init = [(_amounts(c, memory_unit_mib), c.get("restartPolicy") == "Always")
-            for c in init_containers if isinstance(c, Mapping)]
+    app = [c for c in containers if isinstance(c, Mapping)]
+    init = [c for c in init_containers if isinstance(c, Mapping)]
+    if max_containers is not None and len(app) + len(init) > max_containers:
+        raise RequestError(f"more than {max_containers} containers (init containers included): Stowage schedules "
+                           f"pods of at most {max_containers}")
+    return spec, app, init
+
+
+def pod_gpu_request(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB,
+                    max_containers: int | None = MAX_CONTAINERS_PER_POD) -> GpuRequest:
+    """The GPU request of a pod object (Kubernetes JSON, camelCase), by the effective-request rule.
+
+    Raises :class:`RequestError` with a message meant for the user when the request is
+    malformed (negative, fractional, or an impossible combination), or the pod has more than
+    ``max_containers`` containers (:func:`pod_containers`).
+    """
+    spec, app_containers, init_containers = pod_containers(pod, max_containers)
+    app = [_amounts(c, memory_unit_mib) for c in app_containers]
+    init = [(_amounts(c, memory_unit_mib), c.get("restartPolicy") == "Always") for c in init_containers]
     gpus, mem_mib, core_milli = _effective(app, init)
     overhead = spec.get("overhead") or {}
     if isinstance(overhead, Mapping) and RESOURCE_GPU in overhead:

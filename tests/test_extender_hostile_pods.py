@@ -149,3 +149,23 @@ def test_negative_overhead_cpu_is_refused():
                                         ("1E3", 1000)])
 def test_exa_binary_suffix_is_a_unit_not_an_exponent(text, value):
     assert parse_quantity(text) == value
+
+
+def test_a_pod_of_more_containers_than_stowage_schedules_is_that_pods_error():
+    """A real API server stores a pod of 25,774 minimal containers; the feed kept each one's name
+    and requests of a pending pod for ever (~11.5 MiB for 18,000). Stowage schedules pods of at
+    most MAX_CONTAINERS_PER_POD (init containers included): more is that pod's short error on
+    every node, the same whatever the count, and the next pod is unharmed."""
+    from stowage.resources import MAX_CONTAINERS_PER_POD as N
+    s = svc()
+    errors = set()
+    for n, uid in ((N + 1, "uid-a"), (25_774, "uid-b")):
+        p = pod(uid=uid)
+        p["spec"]["containers"] = [{"name": f"c{i}", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+                                   for i in range(n)]
+        ans = s.filter(parse_extender_args({"Pod": p, "NodeNames": NODES}))
+        assert set(ans.unresolvable) == set(NODES)
+        errors.update(ans.unresolvable.values())
+    assert errors == {f"Stowage cannot schedule this pod: more than {N} containers (init containers included): "
+                      f"Stowage schedules pods of at most {N}"}
+    assert s.pod_info(pod(uid="uid-c")).req.gpus == 1

@@ -438,7 +438,7 @@ def test_pending_pods_are_kept_slim_and_only_for_stowages_schedulers(kube, feede
     ours, theirs = kube.create_pod(ours), kube.create_pod(theirs)
     trust = RecordTrust(scheduler_names=frozenset({"stowage-scheduler"}))
     f = started(kube, feeders, trust=trust)
-    kept = f._pending["default/ours"]
+    kept = f._pending.get("default/ours")
     assert kept == pod_for_bind(ours)
     assert kept["metadata"]["annotations"] == {GPU_MODEL: "H100"}
     assert [sorted(c) for c in kept["spec"]["containers"]] == [["name", "resources"]]
@@ -491,7 +491,38 @@ def _odd_pods() -> list[dict]:
     odd_res["spec"]["containers"][0]["resources"]["limits"] = [["nvidia.com/gpu", "1"]]
     no_spec = base()
     no_spec["spec"] = "nothing"
-    return pods + [limits_only, bad_qty, init, odd_ann, odd_spec, odd_res, no_spec] + _crafted_pods()
+    return pods + [limits_only, bad_qty, init, odd_ann, odd_spec, odd_res, no_spec] + _crafted_pods() + _many_containers()
+
+
+def _many_containers() -> list[dict]:
+    """Pods at, just past and far past the containers Stowage schedules (MAX_CONTAINERS_PER_POD,
+    init containers included), with GPU requests, sidecars, and bad quantities past the limit,
+    up to the most a real API server took (25,774: etcd's 1.5 MiB request limit ends it)."""
+    from stowage.resources import MAX_CONTAINERS_PER_POD as N
+
+    def many(n: int, prefix: str = "c", **extra) -> list[dict]:
+        return [{"name": f"{prefix}{i}", "resources": {"requests": {"cpu": "10m", "memory": "1Mi"}}, **extra}
+                for i in range(n)]
+
+    def pod(app: list, init: list | None = None) -> dict:
+        p = make_pod("p", uid="u1", gpus=1)
+        p["spec"]["containers"] += app
+        if init is not None:
+            p["spec"]["initContainers"] = init
+        return p
+
+    bad = {"name": "late", "resources": {"limits": {"nvidia.com/gpu": "-1", "cpu": "lots"}}}
+    return [pod(many(N - 1)),                                          # N in all: scheduled
+            pod(many(N // 2), many(N // 2 - 1, "s", restartPolicy="Always")),
+            pod(many(N - 3), many(2, "i")),
+            pod(many(N)),                                              # N + 1: refused, by count
+            pod([], many(N, "i")),
+            pod(many(N - 1), many(1, "s", restartPolicy="Always")),
+            pod(many(N) + [bad]),                                      # the bad one is past the copy
+            pod(many(2), many(N, "i") + [bad]),
+            pod(many(N - 1) + ["not a container"] * 50),               # not objects: not counted
+            pod(many(5_000), many(5_000, "i")),
+            pod(many(25_773))]
 
 
 CRAFTED = 40 * 1024   # characters: each of a crafted pod's Stowage annotations (256 KiB in all at most)
@@ -550,6 +581,46 @@ def test_the_kept_copy_is_bounded_whatever_the_annotations_hold(i):
     # The copy of an ordinary pod is not bigger than it was.
     plain = make_pod("p", uid="u1", gpus=1, annotations={"stowage.io/gpu-model": "A100,H100"})
     assert len(json.dumps(pod_for_bind(plain))) < 400
+
+
+def test_a_placed_pod_counts_whatever_its_containers(kube, feeders):
+    """The container limit is on what Stowage schedules: a pod bound already (by another
+    scheduler, or by an extender before the limit) holds its CPU, memory and recorded cards
+    on its node whatever its number of containers."""
+    kube.create_node(inv_node("n1", [80, 80]))
+    big = make_pod("big", node="n1", phase="Running")
+    big["spec"]["containers"] += [{"name": f"c{k}", "resources": {"requests": {"cpu": "10m"}}} for k in range(300)]
+    recorded = make_pod("recorded", gpus=1, node="n1", phase="Running", annotations={
+        ALLOCATION_ANNOTATION: encode_allocation(AllocationRecord(node="n1", whole=True, cards=(
+            CardShare(index=1, uuid="GPU-n1-1", memory_mib=80 * 1024, core_milli=1000),)))})
+    recorded["spec"]["containers"] += [{"name": f"c{k}"} for k in range(300)]
+    big, recorded = kube.create_pod(big), kube.create_pod(recorded)
+    f = started(kube, feeders)
+    assert f.model.allocations[big["metadata"]["uid"]].cpu_milli == 3000
+    assert f.model.allocations[recorded["metadata"]["uid"]].cards == (1,)
+    assert not f.status()["pod_errors"]
+
+
+@pytest.mark.parametrize("i", range(len(_many_containers())))
+def test_the_kept_copy_is_bounded_whatever_the_containers(i):
+    """A pod's copy kept every container's name and requests: a pod of ~18,000 containers (within
+    etcd's 1.5 MiB) kept ~11.5 MiB until bound, for ever if refused, and 100 of them put the
+    extender past its 1 GiB. Now a copy keeps at most one container past the limit (a pod with
+    more is refused by their count alone, so the copy is too), and bind and learning still make
+    of the copy what they make of the pod (the tests below)."""
+    import json
+    from extender.kube_objects import pod_for_bind, pod_for_learn
+    from stowage.resources import MAX_CONTAINERS_PER_POD as N
+    pod = _many_containers()[i]
+    within = sum(isinstance(c, dict) for k in ("containers", "initContainers")
+                 for c in pod["spec"].get(k, [])) <= N
+    for copy in (pod_for_bind(pod), pod_for_learn(pod)):
+        kept = [c for k in ("containers", "initContainers") for c in copy["spec"].get(k, [])]
+        assert len(kept) <= N + 1
+        assert len(json.dumps(copy)) < 100 * (N + 1)
+        if within:   # kept whole
+            assert len(kept) == sum(isinstance(c, dict) for k in ("containers", "initContainers")
+                                    for c in pod["spec"].get(k, []))
 
 
 @pytest.mark.parametrize("i", range(len(_odd_pods())))

@@ -70,3 +70,48 @@ def test_exact_model_matching():
     assert model_matches("a10", "NVIDIA A10")
     assert not model_matches("A100", "NVIDIA A10")
     assert not model_matches("A10", "NVIDIA A10G")
+
+
+def _containers(n: int, first: str = "c") -> list[dict]:
+    return [{"name": f"{first}{i}", "resources": {"requests": {"cpu": "1"}}} for i in range(n)]
+
+
+def test_more_containers_than_stowage_schedules_are_refused_by_their_count_alone():
+    """Kubernetes has no limit on a pod's containers (a real API server took 25,774), and the
+    extender's watch kept each container's name and requests of every pending pod for ever: a pod
+    of ~18,000 kept ~11.5 MiB. Stowage schedules pods of at most MAX_CONTAINERS_PER_POD, init
+    containers included, checked before any is read, and the error is the same whatever the
+    count past it and whatever the containers past it hold (the copy keeps one past the limit:
+    extender.kube_objects.pod_for_bind)."""
+    from stowage.resources import MAX_CONTAINERS_PER_POD as N, pod_host_request
+    bad = {"name": "late", "resources": {"limits": {"nvidia.com/gpu": "-1", "cpu": "lots"}}}
+    errors = set()
+    for app, init in ((N + 1, 0), (0, N + 1), (N, 1), (N + 5, 3), (5_000, 5_000), (25_774, 0)):
+        for p in (pod(_containers(app), _containers(init, "i")),
+                  pod(_containers(app) + [bad], _containers(init, "i")),
+                  pod(_containers(app), _containers(init, "i") + [bad])):
+            for read in (pod_gpu_request, pod_host_request):
+                with pytest.raises(RequestError) as exc:
+                    read(p)
+                errors.add(str(exc.value))
+    assert errors == {f"more than {N} containers (init containers included): Stowage schedules pods of at most {N}"}
+
+
+def test_a_pod_within_the_container_limit_is_read_as_before():
+    from stowage.resources import MAX_CONTAINERS_PER_POD as N, pod_host_request
+    assert pod_host_request(pod(_containers(N))) == (N * 1000, 0.0)
+    assert pod_host_request(pod(_containers(N - 2), _containers(2, "i"))) == ((N - 2) * 1000, 0.0)
+    # entries that are not objects (only the port sends them) are not containers: not counted
+    assert pod_host_request(pod(_containers(N) + ["x"] * 10)) == (N * 1000, 0.0)
+    assert pod_gpu_request(pod(_containers(N - 1) + [{"name": "g", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]
+                               )) == GpuRequest(gpus=2)
+
+
+def test_what_a_placed_pod_holds_is_read_whatever_its_containers():
+    """The limit is on what Stowage schedules: a pod already placed (its record, its CPU and
+    memory on its node, read with ``max_containers=None``) holds what it asks for whatever its
+    size, as kube-scheduler counts it."""
+    from stowage.resources import pod_host_request
+    big = pod(_containers(5_000) + [{"name": "g", "resources": {"limits": {"nvidia.com/gpu": "2"}}}])
+    assert pod_host_request(big, max_containers=None) == (5_000 * 1000, 0.0)
+    assert pod_gpu_request(big, max_containers=None) == GpuRequest(gpus=2)
