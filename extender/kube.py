@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import random
 import socket
+import sys
 import threading
 import time
 from contextlib import nullcontext
@@ -47,6 +48,7 @@ from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request
 from .errors import KubeConfigError
 from .kube_objects import (assign_args, meta, node_into_model, node_view, pod_for_bind, pod_for_learn, pod_view,
                            record_by_uuid, resource_version)
+from .pending_pods import PENDING_BYTES, PENDING_ENTRIES, PendingPods, pack, unpack
 from packing.model import ClusterModel
 
 try:  # orjson is a declared dependency; fall back to json only so the module never fails to import
@@ -92,6 +94,18 @@ PODS = "pods"
 # memory is then a page's, whatever the size of the cluster (one 30,000-pod list once took the
 # feeder's RSS up by ~2 GiB, over the extender's 1 GiB limit; docs/kube.md).
 LIST_PAGE_SIZE = 500
+# The learn copies (pod_for_learn) a pod list keeps until its last page, packed
+# (extender.pending_pods.pack), in bytes: past it, those kept are shown to on_pod_seen at once, in
+# creation order among themselves, and the list goes on. Why: a copy is kept for every pod of
+# Stowage's schedulers in the cluster, and every list (the first after a restart included) held
+# them all at once. Packed, an ordinary pod's takes ~0.75 KiB (~2.2 KiB parsed, as they were kept
+# before), one written to be big ~80 KiB (the biggest policy annotations and 128 containers with
+# long names and quantities; ~210 KiB parsed, and without the container limit no bound at all), so
+# their number is what a pod author could still grow. ~85,000 ordinary pods stay within it, shown
+# in creation order across all pages as before.
+LIST_LEARN_BYTES = 64 << 20
+# What a learn entry holds besides its texts and bytes: its two tuples and list slot (rounded up).
+_LEARN_ENTRY_BYTES = 160
 
 
 def creation_order(obj: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -337,13 +351,16 @@ class PodListing:
 
     seen: set[str] = field(default_factory=set)      # uids listed
     pending: set[str] = field(default_factory=set)   # ns/name of the pending pods it wrote for bind
-    learn: list[dict] = field(default_factory=list)  # pod_for_learn copies, for on_pod_seen at the end
+    # (creation_order, packed pod_for_learn copy) of each pod, for on_pod_seen at the end
+    learn: list[tuple[tuple[str, str, str], bytes]] = field(default_factory=list)
+    learn_bytes: int = 0                             # what they hold (sys.getsizeof)
 
     def clear(self) -> None:
         """Start again (the list is read again from its first object)."""
         self.seen.clear()
         self.pending.clear()
         self.learn.clear()
+        self.learn_bytes = 0
 
 
 class KubeFeeder:
@@ -360,6 +377,9 @@ class KubeFeeder:
     asked again straight away, every time.
     ``page_size``: objects per list request (client-go's 500; 0 = one request): a list's peak
     memory is a page's, not the cluster's.
+    ``pending_entries``, ``pending_bytes``: the bounds of the pending pods kept for bind
+    (:mod:`extender.pending_pods`).
+    ``list_learn_bytes``: the learn copies a pod list keeps before it shows them (:data:`LIST_LEARN_BYTES`).
     """
 
     def __init__(self, model: ClusterModel, api_client: kubernetes.client.ApiClient,
@@ -368,10 +388,13 @@ class KubeFeeder:
                  backoff_max_s: float = 30.0, request_timeout_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
                  trust: RecordTrust | None = None, open_grace_s: float = 5.0,
-                 short_watch_s: float = 1.0, page_size: int = LIST_PAGE_SIZE) -> None:
+                 short_watch_s: float = 1.0, page_size: int = LIST_PAGE_SIZE,
+                 pending_entries: int = PENDING_ENTRIES, pending_bytes: int = PENDING_BYTES,
+                 list_learn_bytes: int = LIST_LEARN_BYTES) -> None:
         self.model = model
         # Objects per list request (0: everything in one request).
         self.page_size = page_size
+        self.list_learn_bytes = list_learn_bytes
         # Which records count: by default, well-formed ones that book exactly the pod's request.
         self.trust = trust or RecordTrust(memory_unit_mib=memory_unit_mib)
         self.api_client = api_client
@@ -397,8 +420,9 @@ class KubeFeeder:
         self._pod_errors: dict[str, str] = {}    # uid -> malformed-annotation message (logged once)
         self._unrecorded: dict[str, str] = {}    # uid -> node: GPU pods bound without our record
         # ns/name -> pending pod of Stowage's schedulers, only what bind reads (pod_for_bind): for
-        # get_pod at bind and pending_uid at requeue. Small whatever the pod's annotations and containers.
-        self._pending: dict[str, dict] = {}
+        # get_pod at bind and pending_uid at requeue. Small whatever the pod's annotations and
+        # containers, and bounded together (extender/pending_pods.py: what a dropped copy costs).
+        self._pending = PendingPods(pending_entries, pending_bytes)
         # Called with the model's generation after it gained room (a pod left, a node came or
         # changed): kube-scheduler may have retried a waiting pod on the same event before this
         # watch delivered it.
@@ -488,11 +512,11 @@ class KubeFeeder:
     def get_pod(self, namespace: str, name: str) -> dict | None:
         """A pod as camelCase JSON, None when it does not exist: a pending pod of Stowage's
         schedulers from the watch's cache, holding only what bind reads (:func:`pod_for_bind`),
-        else the whole pod by a GET."""
+        else (another pod, or one whose copy went past the cache's bounds) the whole pod by a GET."""
         with self._lock:
-            pod = self._pending.get(f"{namespace}/{name}")
-        if pod is not None:
-            return pod
+            packed = self._pending.packed(f"{namespace}/{name}")
+        if packed is not None:
+            return unpack(packed)
         try:
             return read_or_none(self.core.read_namespaced_pod, name, namespace,
                                 _request_timeout=self.request_timeout_s)
@@ -654,7 +678,10 @@ class KubeFeeder:
         Pods are shown to ``on_pod_seen`` in creation order across all pages, after the last
         one, as the whole list sorted once showed them: pods a restarted extender learns from
         are shown to its placers in the order the running one saw them arrive. Until then only
-        what learning reads is kept of each (:func:`pod_for_learn`), not the whole object.
+        what learning reads is kept of each (:func:`pod_for_learn`), not the whole object, and
+        those up to ``list_learn_bytes`` (:data:`LIST_LEARN_BYTES`): past it, the copies kept
+        are shown at once, in creation order among themselves (a pod shown that a list
+        restarted after a 410 Expired no longer finds is told deleted, as any other).
         """
         if st.kind == PODS:
             with self.model.lock:
@@ -689,6 +716,8 @@ class KubeFeeder:
                         raise ListLoop.twice(PODS, uid)
                     listing.seen.add(uid)
                     self._apply_pod(pod, listing=listing)
+                    if listing.learn_bytes > self.list_learn_bytes:
+                        self._show_listed(listing)
 
             def restart() -> None:   # what the pages so far applied goes too if the full list lacks it
                 before.update(listing.seen)
@@ -711,18 +740,8 @@ class KubeFeeder:
         the model match it (``before``: the allocations the model held when the list began)."""
         seen = listing.seen
         with self._lock:   # the pending pods this list did not write are gone
-            self._pending = {k: v for k, v in self._pending.items() if k in listing.pending}
-        if self.on_pod_seen is not None:
-            listing.learn.sort(key=creation_order)
-            with self.learning_in_bulk():
-                for pod in listing.learn:
-                    with self._lock:
-                        self._shown.add(str(meta(pod).get("uid")))
-                    try:
-                        self.on_pod_seen(pod)
-                    except Exception:  # one odd pod must not fail the list (nor did it when shown while applied)
-                        log.exception("pod %s could not be shown to the placers", meta(pod).get("name"))
-        listing.learn = []
+            self._pending.keep_only(listing.pending)
+        self._show_listed(listing)
         with self._lock:
             gone_known = [u for u in self._records if u not in seen]
             gone_shown = self._shown - seen
@@ -735,6 +754,22 @@ class KubeFeeder:
                 self.on_pod_deleted(uid)
         if self.marks is not None:
             self.marks.keep_only(seen)
+
+    def _show_listed(self, listing: "PodListing") -> None:
+        """Show the learn copies a pod list kept to ``on_pod_seen``, in creation order, and drop them."""
+        if self.on_pod_seen is not None:
+            listing.learn.sort(key=lambda kept: kept[0])
+            with self.learning_in_bulk():
+                for _, data in listing.learn:
+                    pod = unpack(data)
+                    with self._lock:
+                        self._shown.add(str(meta(pod).get("uid")))
+                    try:
+                        self.on_pod_seen(pod)
+                    except Exception:  # one odd pod must not fail the list (nor did it when shown while applied)
+                        log.exception("pod %s could not be shown to the placers", meta(pod).get("name"))
+        listing.learn = []
+        listing.learn_bytes = 0
 
     def _watch(self, st: StreamState) -> None:
         """One watch request from ``st.rv`` until the server ends it; events applied as they come."""
@@ -878,10 +913,10 @@ class KubeFeeder:
             self.on_cards_freed(self.model.generation)
 
     def pending_uid(self, key: str) -> str | None:
-        """The uid of the pending (unbound) pod ``namespace/name``, or None."""
+        """The uid of the pending (unbound) pod ``namespace/name``, or None (also when its copy went
+        past the cache's bounds: :mod:`extender.pending_pods`)."""
         with self._lock:
-            pod = self._pending.get(key)
-        return ((pod or {}).get("metadata") or {}).get("uid")
+            return self._pending.uid(key)
 
     def _apply_pod(self, pod: Mapping[str, Any], deleted: bool = False, listing: PodListing | None = None) -> None:
         try:
@@ -900,11 +935,12 @@ class KubeFeeder:
         # honoured), and bind reads little of them; a GET serves any other.
         ours = self.trust.scheduler_names is None or v.scheduler in self.trust.scheduler_names
         kept = pod_for_bind(pod) if ours and not (deleted or v.terminal or v.node) else None
+        packed = pack(kept) if kept is not None else None   # (outside the lock: get_pod waits on it)
         with self._lock:
-            if kept is None:
-                self._pending.pop(v.key, None)
+            if packed is None:   # (a copy that cannot be packed, only a hand-made object's: a GET at bind)
+                self._pending.pop(v.key)
             else:
-                self._pending[v.key] = kept
+                self._pending.put(v.key, meta(kept).get("uid"), packed)
                 if listing is not None:
                     listing.pending.add(v.key)
         if not v.uid:
@@ -917,7 +953,14 @@ class KubeFeeder:
                 self.on_pod_deleted(v.uid)
         elif self.on_pod_seen is not None and ours:
             if listing is not None:   # shown at the list's end, in creation order (_listed_pods)
-                listing.learn.append(pod_for_learn(pod))
+                copy = pod_for_learn(pod)
+                data = pack(copy)
+                if data is None:   # only a hand-made object holds what JSON has no form for
+                    log.error("pod %s could not be kept for the placers until the list's end; not shown", v.key)
+                else:
+                    order = creation_order(copy)
+                    listing.learn.append((order, data))
+                    listing.learn_bytes += _LEARN_ENTRY_BYTES + sum(map(sys.getsizeof, order)) + sys.getsizeof(data)
             else:
                 with self._lock:
                     self._shown.add(v.uid)

@@ -93,8 +93,8 @@ def pod_for_learn(pod: Mapping[str, Any]) -> dict:
     that :func:`extender.kube.creation_order` sorts the copy where it sorts the pod.
 
     Why: a paged list applies each page and drops it, but shows the pods to the placers in
-    creation order across all pages, after the last one; it keeps this copy of each (~1-2 KiB)
-    until then, not the whole object (4-8 KiB of JSON, several times that parsed, with
+    creation order across all pages, after the last one; it keeps this copy of each (~1-2 KiB
+    parsed, kept packed: :data:`extender.kube.LIST_LEARN_BYTES`) until then, not the whole object (4-8 KiB of JSON, several times that parsed, with
     managedFields). Whatever learning makes of this copy it makes of the pod (tested on unusual
     pods, as :func:`pod_for_bind` is).
     """

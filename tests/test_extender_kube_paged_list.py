@@ -90,7 +90,7 @@ def test_pods_are_learned_in_creation_order_across_pages_as_from_one_list(kube):
         learn = f.on_pod_seen
         f.on_pod_seen = lambda pod, learn=learn, svc=svc: (learn(pod), svc.learn_pod(pod))
         f.sync_once()
-        runs[page_size] = (shown, svc.learned_summary(), set(f.model.allocations), dict(f._pending))
+        runs[page_size] = (shown, svc.learned_summary(), set(f.model.allocations), dict(f._pending.items()))
     assert len(kube.list_requests(PODS)) == 1 + 6
     assert runs[4] == runs[0]
     assert runs[4][0] == [p["metadata"]["uid"] for p in sorted(pods, key=creation_order)]
