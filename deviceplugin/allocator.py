@@ -14,7 +14,9 @@ that the kubelet has already contradicted are matched in their corrected form
 (:mod:`deviceplugin.corrections`). A pod with ``status.startTime`` has been admitted (the kubelet
 sets it only after admission, devices included) and is never a candidate: during a restarted
 kubelet's re-admission PodResources lists only the pods re-added so far, so "not listed" alone
-does not mean "waiting for devices".
+does not mean "waiting for devices". A pod that finished (phase Succeeded/Failed) holds nothing,
+even while PodResources still lists it with devices (a restarted kubelet does until it has admitted
+the pods of its first list).
 
 - GetPreferredAllocation (a hint): candidates whose next container asks for exactly
   ``allocation_size`` devices and whose recorded card(s) have enough of the offered devices.
@@ -24,11 +26,22 @@ does not mean "waiting for devices".
 - Allocate (authoritative): the device IDs' cards and count must match a candidate's record.
   Two pods of the same size on different cards are told apart by the card; a request that
   matches no record, or several records that disagree, is refused with a gRPC error naming the
-  devices and the candidates. A container never gets a card other than its pod's record.
+  devices and the candidates. A container never gets a card other than its pod's record, except:
+- A recorded card the kubelet does not offer (its checkpoint still gives it to a pod deleted or
+  finished since: a restarted kubelet admits the pods of its first list before it drops those,
+  ../shared/kubelet/README.md): the pod, if nothing was given to it yet, is moved to an equal card
+  (same model and memory) that the kubelet offers and that no other pod of the node holds or is
+  recorded on (:func:`relocation`), preferring one NVLinked / on the NUMA node of its other cards.
+  Refusing would fail its admission although a card is free; the reconciler then corrects the
+  record to the card it got, and the extender follows. A whole pod is moved only for
+  ``nvidia.com/gpu`` (its memory/compute devices follow the moved record). Only when no waiting
+  pod's record matches the offered devices, and only when every pod that could be the one
+  admitted would be moved alike (the kubelet does not say which one it admits: a pod must not
+  land on another model's card).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from stowage.allocation import AllocationError, AllocationRecord, RecordTrust
@@ -36,7 +49,7 @@ from stowage.resources import (GPU_RESOURCES, RESOURCE_GPU, RESOURCE_GPU_CORE, R
                                quantity_to_int)
 
 from gpunode.devices import DeviceTable, UnknownDevice
-from .corrections import KubeletView, bind_order as _order
+from .corrections import KubeletView, bind_order as _order, share_on
 
 FAILED_PRECONDITION = "FAILED_PRECONDITION"
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
@@ -65,6 +78,8 @@ class Candidate:
     done: int                   # Allocate calls already answered for this pod and resource
     order: tuple[str, ...]      # bind time, creation time, namespace, name: kubelet admission order
     in_progress: bool = False   # the kubelet gave it some of its devices but not all: being admitted
+    started: bool = False       # some device of any of our resources was given to it (ledger or kubelet list)
+    moved_from: AllocationRecord | None = None   # its record before :func:`relocation` moved it
 
     @property
     def ref(self) -> str:
@@ -118,6 +133,10 @@ class Ledger:
             if not entries:
                 del self.given[(uid, resource)]
 
+    def uids(self) -> set[str]:
+        """Pods this process has answered at least one Allocate for."""
+        return {uid for uid, _ in self.given}
+
     def forget_except(self, live_uids: set[str]) -> None:
         """Drop pods that no longer exist, so the ledger does not grow forever."""
         for key in [k for k in self.given if k[0] not in live_uids]:
@@ -158,6 +177,15 @@ def _view_done(view: KubeletView | None, ref: tuple[str, str], named: list[tuple
 class PodSurvey:
     candidates: list[Candidate]
     notes: list[str]            # pods that need the resource but cannot be candidates, and why
+    # card uuid -> the pods (uid, or namespace/name for one the API does not list) that hold devices
+    # on it or whose record names it: a card claimed by no other pod may take a moved pod
+    claimed: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # PodResources answered: a moved pod's record can be corrected to the card it got (without the
+    # kubelet's list the reconciler cannot see it, the record would stay wrong: no move then)
+    can_move: bool = False
+
+    def free_for(self, uid: str, uuid: str) -> bool:
+        return self.claimed.get(uuid, frozenset()) <= {uid}
 
 
 def _progress(pod: Mapping[str, Any], uid: str, ref: tuple[str, str], ledger: Ledger,
@@ -186,6 +214,9 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
     live = {str(m.get("uid") or ""): (str(m.get("namespace") or ""), str(m.get("name") or ""))
             for p in pods if (p.get("status") or {}).get("phase") not in _TERMINAL
             for m in [p.get("metadata") or {}] if not m.get("deletionTimestamp")}
+    finished = {(str(m.get("namespace") or ""), str(m.get("name") or ""))
+                for p in pods if (p.get("status") or {}).get("phase") in _TERMINAL
+                for m in [p.get("metadata") or {}]} - set(live.values())
     for pod in pods:
         meta = pod.get("metadata") or {}
         ref = f"{meta.get('namespace')}/{meta.get('name')}"
@@ -220,23 +251,65 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
         if rec.node != node or not rec.cards:
             notes.append(f"{ref}: its record names node {rec.node!r} with {len(rec.cards)} card(s), this is {node!r}")
             continue
-        clash = _held_by_others(view, ledger, live, table, uid,
+        clash = _held_by_others(view, ledger, live, finished, table, uid,
                                 (str(meta.get("namespace") or ""), str(meta.get("name") or "")), rec)
         if clash:
             notes.append(f"{ref}: {clash}")
             continue
+        started = any(served > 0 for served, _ in progress.values())
         cands.append(Candidate(uid=uid, namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""),
-                               record=rec, sizes=sizes, done=done, order=_order(pod), in_progress=in_progress))
+                               record=rec, sizes=sizes, done=done, order=_order(pod), in_progress=in_progress,
+                               started=started))
     cands.sort(key=lambda c: c.order)
     busy = [c for c in cands if c.in_progress]
     if busy:
         notes += [f"{c.ref}: waits, the kubelet is admitting {', '.join(b.ref for b in busy)}" for c in cands if not c.in_progress]
         cands = busy
-    return PodSurvey(cands, notes)
+    claimed = _claims(pods, node, ledger, view, overrides or {}, trust or RecordTrust(), table, live, finished)
+    return PodSurvey(cands, notes, claimed, can_move=view is not None)
+
+
+def _claims(pods: list[Mapping[str, Any]], node: str, ledger: Ledger, view: KubeletView | None,
+            overrides: Mapping[str, AllocationRecord], trust: RecordTrust, table: DeviceTable | None,
+            live: Mapping[str, tuple[str, str]], finished: set[tuple[str, str]]) -> dict[str, frozenset[str]]:
+    """Card uuid -> who holds devices on it or is recorded on it, for :attr:`PodSurvey.claimed`.
+
+    Recorded: every pod of the node not finished (a terminating pod still runs on its cards; a
+    pending one will be admitted onto them). Holding: the kubelet's list, except pods that finished;
+    a pod it lists that the API does not (deleted, still being torn down) counts, by name. Without
+    the list, the devices this process gave the live pods.
+    """
+    if table is None:
+        return {}
+    out: dict[str, set[str]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if (pod.get("status") or {}).get("phase") in _TERMINAL:
+            continue
+        uid = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")   # as survey names candidates
+        try:
+            rec = overrides.get(uid) or trust.record_of(pod)
+        except AllocationError:
+            continue
+        if rec is not None and rec.node == node:
+            for u in rec.uuids:
+                out.setdefault(u, set()).add(uid)
+    if view is not None:
+        uid_of = {ref: uid for uid, ref in live.items()}
+        for r in GPU_RESOURCES:
+            for i, ref in view.owners(r).items():
+                if ref not in finished:
+                    out.setdefault(table.card_of(r, i).uuid, set()).add(uid_of.get(ref, f"{ref[0]}/{ref[1]}"))
+    else:
+        for uid in live:
+            for u in ledger.cards(table, uid, GPU_RESOURCES):
+                out.setdefault(u, set()).add(uid)
+    return {u: frozenset(who) for u, who in out.items()}
 
 
 def _held_by_others(view: KubeletView | None, ledger: Ledger, live: Mapping[str, tuple[str, str]],
-                    table: DeviceTable | None, uid: str, ref: tuple[str, str], rec: AllocationRecord) -> str:
+                    finished: set[tuple[str, str]], table: DeviceTable | None, uid: str, ref: tuple[str, str],
+                    rec: AllocationRecord) -> str:
     """Why ``rec``'s cards are not this pod's to have ('' if they are).
 
     A whole card is its pod's alone: its record cannot name a card on which another pod holds
@@ -244,7 +317,9 @@ def _held_by_others(view: KubeletView | None, ledger: Ledger, live: Mapping[str,
     three resources apart, so only the plugin can see this). Who holds what is the kubelet's own
     list; without it (PodResources unreachable) the devices this process gave the live pods
     (``live``: uid -> ref, pods not finished or deleted), so a forged record is refused in the
-    fallback too, except for cards handed out before a plugin restart.
+    fallback too, except for cards handed out before a plugin restart. A pod that finished holds
+    nothing (``finished``: namespace/name), though a restarted kubelet lists it with its devices
+    until it has admitted the pods of its first list.
     """
     if table is None:
         return ""
@@ -252,7 +327,8 @@ def _held_by_others(view: KubeletView | None, ledger: Ledger, live: Mapping[str,
     kinds = GPU_RESOURCES if rec.whole else (RESOURCE_GPU,)   # whole: any device of theirs; share: their whole cards
     if view is not None:
         taken: Iterable[tuple[tuple[str, str], str]] = (
-            (other, table.card_of(r, i).uuid) for r in kinds for i, other in view.owners(r).items() if other != ref)
+            (other, table.card_of(r, i).uuid) for r in kinds for i, other in view.owners(r).items()
+            if other != ref and other not in finished)
     else:
         taken = ((o_ref, u) for o, o_ref in live.items() if o != uid for u in ledger.cards(table, o, kinds))
     for other, uuid in taken:
@@ -297,10 +373,106 @@ def preferred(table: DeviceTable, resource: str, available: list[str], must_incl
         pick += rest[: size - len(pick)]
         if len(pick) == size:
             fits.append((c, pick))
-    if not fits:
-        raise AllocationRefused(FAILED_PRECONDITION, f"{resource}: no pod waiting on this node matches a request for "
-                                f"{size} device(s) among the {len(available)} offered; candidates: {_explain(found)}")
-    return fits[0]  # sorted by bind order: the pod the kubelet admits first
+    if fits:
+        return fits[0]  # sorted by bind order: the pod the kubelet admits first
+    offered = _by_card(card_of, available)
+    movable = [c for c in found.candidates if c.next_size == size and _move_kind(table, resource, c, offered)]
+    kinds = {_move_kind(table, resource, c, offered) for c in movable}
+    if movable and len(kinds) == 1 and not must_include:
+        # Any of them may be the pod being admitted; moved alike, the card is as right for each
+        # (the reconciler then corrects the record of the one the kubelet lists on it).
+        moved = relocation(table, resource, movable[0], offered, found)
+        if moved is not None:
+            return moved
+    raise AllocationRefused(FAILED_PRECONDITION, f"{resource}: no pod waiting on this node matches a request for "
+                            f"{size} device(s) among the {len(available)} offered; candidates: {_explain(found)}"
+                            f"{_not_moved(movable, len(kinds), found.can_move)}")
+
+
+def _by_card(card_of: Mapping[str, str], ids: Iterable[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for i in ids:
+        out.setdefault(card_of[i], []).append(i)
+    return out
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Cards a pod may be moved between: same model and memory, so every constraint the extender
+    placed it by (model lists, minimum card memory, the share's size) holds on either."""
+    return a.name == b.name and a.memory_mib == b.memory_mib
+
+
+def _blocked(c: Candidate, offered: Mapping[str, list[str]]) -> list[str]:
+    """The recorded cards the kubelet offers too few devices on for ``c``'s next container."""
+    need = 1 if c.record.whole else c.next_size
+    return [u for u in c.record.uuids if len(offered.get(u, ())) < need]
+
+
+def _move_kind(table: DeviceTable, resource: str, c: Candidate,
+               offered: Mapping[str, list[str]]) -> tuple[Any, ...] | None:
+    """What a move of ``c`` would look like (None: it is not to be moved): whole or share, the cards
+    it keeps, the model and memory of those it leaves. Pods of one kind are moved alike."""
+    if c.started or c.in_progress or (c.record.whole and resource != RESOURCE_GPU):
+        return None
+    blocked = _blocked(c, offered)
+    if not blocked:
+        return None
+    kept = tuple(u for u in c.record.uuids if u not in blocked)
+    return c.record.whole, kept, tuple(sorted((table.by_uuid[u].name, table.by_uuid[u].memory_mib) for u in blocked))
+
+
+def relocation(table: DeviceTable, resource: str, c: Candidate, offered: Mapping[str, list[str]],
+               found: PodSurvey) -> tuple[Candidate, list[str]] | None:
+    """``c`` moved off the recorded cards the kubelet offers too few devices on, and the devices it
+    takes then; None when it cannot be moved.
+
+    ``offered``: card uuid -> the device IDs of ``resource`` the kubelet offers there (in Allocate:
+    the IDs it allocated). Only a pod nothing was given to yet moves (its containers must stay on
+    one set of cards), a share to one card with all its devices, a whole pod only for
+    ``nvidia.com/gpu`` (one device per card). Each blocked card is replaced by an equal card
+    (:func:`_equal`) that the kubelet offers and no other pod holds or is recorded on, one
+    NVLinked to or on the NUMA node of the pod's other cards first, then by index.
+    """
+    rec = c.record
+    if not found.can_move or _move_kind(table, resource, c, offered) is None:
+        return None
+    need = 1 if rec.whole else c.next_size
+    blocked = _blocked(c, offered)
+    spare = [u for u, ids in offered.items()
+             if u not in rec.uuids and len(ids) >= need and found.free_for(c.uid, u)]
+    moved: dict[str, str] = {}
+    for b in blocked:
+        taken = [u for u in rec.uuids if u not in blocked] + list(moved.values())
+        options = [u for u in spare if u not in moved.values() and _equal(table.by_uuid[u], table.by_uuid[b])]
+        if not options:
+            return None
+        moved[b] = min(options, key=lambda u: (not _near(table, u, taken), table.by_uuid[u].index))
+    new = replace(rec, cards=tuple(share_on(table, s, moved[s.uuid], rec.whole) if s.uuid in moved else s
+                                   for s in rec.cards))
+    pick: list[str] = []
+    for u in new.uuids:
+        pick += sorted(offered.get(u, ()), key=lambda i: (table.unit_number(i), i))[: c.next_size - len(pick)]
+    if len(pick) != c.next_size:
+        return None
+    return replace(c, record=new, moved_from=rec), pick
+
+
+def _near(table: DeviceTable, uuid: str, others: list[str]) -> bool:
+    card = table.by_uuid[uuid]
+    return any(table.by_uuid[o].index in card.nvlink or (card.numa >= 0 and table.by_uuid[o].numa == card.numa)
+               for o in others)
+
+
+def _not_moved(movable: list[Candidate], kinds: int, can_move: bool) -> str:
+    """Why pods whose recorded cards the kubelet does not offer were not moved (for the refusal)."""
+    if not movable:
+        return ""
+    why = ("the kubelet's PodResources API is unavailable, so its record could not be corrected" if not can_move else
+           "they are not alike (the plugin cannot tell which one the kubelet is admitting)" if kinds > 1 else
+           "no equal card (same model and memory) that the kubelet offers is free of other pods' devices and records")
+    return (f"; the kubelet offers no device (or too few) on the recorded card(s) of {', '.join(c.ref for c in movable)}: "
+            "its checkpoint gives them to another pod, possibly one gone or finished while it was down, until it has "
+            f"admitted the pods it found on its start; not moved elsewhere: {why}")
 
 
 def allocate(table: DeviceTable, resource: str, ids: list[str], found: PodSurvey,
@@ -318,6 +490,13 @@ def allocate(table: DeviceTable, resource: str, ids: list[str], found: PodSurvey
     cards = set(card_of.values())
     fits = [c for c in found.candidates if c.next_size == len(ids) and cards <= c.cards]
     if not fits:
+        # GetPreferredAllocation moved the pod off recorded cards the kubelet did not offer (only it
+        # sees what is offered): the same move, onto exactly these devices, is that pod's
+        for c in found.candidates:
+            if c.uid == steered and c.next_size == len(ids):
+                moved = relocation(table, resource, c, _by_card(card_of, ids), found)
+                if moved is not None and set(moved[1]) == set(ids):
+                    return moved[0]
         raise AllocationRefused(FAILED_PRECONDITION, f"{resource}: devices {', '.join(ids)} (card(s) "
                                 f"{', '.join(sorted(cards))}) match no pod's allocation record on this node; "
                                 f"candidates: {_explain(found)}")

@@ -114,7 +114,7 @@ def bind_order(pod: Mapping[str, Any]) -> tuple[str, ...]:
     return (bound, str(meta.get("creationTimestamp") or ""), str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
-def _share_on(table: DeviceTable, old: CardShare, uuid: str, whole: bool) -> CardShare:
+def share_on(table: DeviceTable, old: CardShare, uuid: str, whole: bool) -> CardShare:
     """``old`` moved to card ``uuid``: same amounts, except that a whole card's memory is that card's."""
     card = table.by_uuid[uuid]
     return CardShare(index=card.index, uuid=uuid, memory_mib=card.memory_mib if whole else old.memory_mib,
@@ -170,7 +170,7 @@ def corrections(pods: Iterable[Mapping[str, Any]], view: KubeletView, node: str,
                 cards.append(c)
                 continue
             new = todo.pop(0)
-            cards.append(_share_on(table, c, new, p.record.whole))
+            cards.append(share_on(table, c, new, p.record.whole))
             taken.append((p, new, c))
         fixes.append(Correction(p.uid, p.ref[0], p.ref[1], p.record, replace(p.record, cards=tuple(cards)),
                                 f"the kubelet gave it card(s) {', '.join(p.actual)}; its record named "
@@ -185,7 +185,7 @@ def corrections(pods: Iterable[Mapping[str, Any]], view: KubeletView, node: str,
                 continue
             if not q.record.whole and (share.memory_mib, share.core_milli) != (freed.memory_mib, freed.core_milli):
                 continue
-            cards = tuple(_share_on(table, c, freed.uuid, q.record.whole) if c.uuid == card else c for c in q.record.cards)
+            cards = tuple(share_on(table, c, freed.uuid, q.record.whole) if c.uuid == card else c for c in q.record.cards)
             partners.append(Correction(q.uid, q.ref[0], q.ref[1], q.record, replace(q.record, cards=cards),
                                        f"pod {p.ref[0]}/{p.ref[1]} was admitted first and took its card {card}; "
                                        f"moved to the card {freed.uuid} that pod left free, so each card keeps its "

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import grpc
 
 from stowage import genprotos
-from stowage.allocation import RecordTrust
+from stowage.allocation import AllocationRecord, RecordTrust
 from stowage.inventory import Card, encode_inventory
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES, RESOURCE_GPU_MEMORY
 
@@ -217,6 +217,10 @@ class Allocations:
         self.kubelet, self.on_allocated = kubelet, on_allocated
         self.ledger = allocator.Ledger()
         self._steered: dict[tuple[str, frozenset[str]], str] = {}
+        # pod uid -> its record as moved by allocator.relocation, until the kubelet's list says where
+        # it is: the kubelet reuses an init container's devices for the app container without a
+        # GetPreferredAllocation, and PodResources (v1.28) does not list init containers
+        self._moved: dict[str, AllocationRecord] = {}
         self._lock = threading.Lock()  # one decision at a time: two calls must not pick the same pod
 
     def _survey(self, resource: str, table: DeviceTable) -> allocator.PodSurvey:
@@ -231,15 +235,19 @@ class Allocations:
         self.ledger.forget_except({str((p.get("metadata") or {}).get("uid")) for p in pods})
         rows = self.kubelet.rows() if self.kubelet is not None else None
         if rows is None:  # PodResources unreachable: this process's ledger is all we know
-            return allocator.survey(pods, self.node, resource, self.ledger, trust=self.trust, table=table)
+            self._moved = {u: r for u, r in self._moved.items() if u in self.ledger.uids()}
+            return allocator.survey(pods, self.node, resource, self.ledger, None, dict(self._moved),
+                                    trust=self.trust, table=table)
         view = corrections.kubelet_view(rows, table)
         uid_of = {(str(m.get("namespace") or ""), str(m.get("name") or "")): str(m.get("uid") or "")
                   for m in ((p.get("metadata") or {}) for p in pods)}
         owners = {r: view.owners(r) for r in GPU_RESOURCES}
         self.ledger.reattribute(lambda r, i: uid_of.get(owners[r][i]) if i in owners.get(r, {}) else None)
+        # a moved pod whose answers the kubelet lists under another pod was not the one admitted
+        self._moved = {u: r for u, r in self._moved.items() if u in self.ledger.uids()}
         fixes, _ = corrections.corrections(pods, view, self.node, table, self.trust)
-        return allocator.survey(pods, self.node, resource, self.ledger, view, {f.uid: f.new for f in fixes},
-                                trust=self.trust, table=table)
+        return allocator.survey(pods, self.node, resource, self.ledger, view,
+                                {**self._moved, **{f.uid: f.new for f in fixes}}, trust=self.trust, table=table)
 
     def preferred(self, resource: str, req: Any) -> Any:
         out = []
@@ -250,6 +258,11 @@ class Allocations:
                 cand, ids = allocator.preferred(table, resource, list(creq.available_deviceIDs),
                                                 list(creq.must_include_deviceIDs), int(creq.allocation_size), found)
                 self._steered[(resource, frozenset(ids))] = cand.uid
+                if cand.moved_from is not None:
+                    log.warning("%s: the kubelet offers no device on %s's recorded card(s) %s (its checkpoint still "
+                                "gives them to another pod, e.g. one gone while it was down); steering it to the "
+                                "equal free card(s) %s", resource, cand.ref, ", ".join(cand.moved_from.uuids),
+                                ", ".join(cand.record.uuids))
                 log.info("%s: steering %s to %s", resource, cand.ref, ", ".join(ids))
                 out.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return pb.PreferredAllocationResponse(container_responses=out)
@@ -265,6 +278,10 @@ class Allocations:
                 cand = allocator.allocate(table, resource, ids, found, steered)
                 ans = allocator.container_answer(table, resource, ids, cand)
                 self.ledger.add(cand.uid, resource, ids)
+                if cand.moved_from is not None:   # the reconciler corrects the record once the kubelet lists it
+                    self._moved[cand.uid] = cand.record
+                    log.warning("%s: %s moved from card(s) %s, which the kubelet did not offer, to %s", resource,
+                                cand.ref, ", ".join(cand.moved_from.uuids), ", ".join(cand.record.uuids))
                 specs = [pb.DeviceSpec(container_path=f"/dev/{n}", host_path=f"/dev/{n}", permissions="rw")
                          for n in ans.dev_names if os.path.exists(os.path.join(self.dev_root, n))]
                 log.info("%s: allocated %s to %s (container %d of %d)", resource, ", ".join(ids), cand.ref,

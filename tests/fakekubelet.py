@@ -13,6 +13,7 @@ It behaves as ../shared/kubelet/README.md records for a real kubelet v1.28:
 - a plugin whose ListAndWatch stream ends has all its devices marked Unhealthy;
 - ``restart()``: deletes every file in the directory except the checkpoint (the plugin's socket
   included), serves a new ``kubelet.sock`` and never reconnects to old endpoints;
+- ``forget(uid)``: a pod deleted while a restarted kubelet still holds its devices (see there);
 - ``pod_resources()``: what its PodResources API would list (feed it to
   ``fakepodresources.FakePodResources.source``): every admitted pod by namespace/name, no UID,
   regular containers only (a v1.28 kubelet does not list init containers), each container's
@@ -186,6 +187,15 @@ class FakeKubelet:
         """The pod ended: its devices are free again."""
         with self.cond:
             self.allocated.pop(uid, None)
+            self.pods.pop(uid, None)
+
+    def forget(self, uid: str) -> None:
+        """The pod left this kubelet's pod list (deleted while the kubelet was down) but its devices
+        stay allocated: neither offered nor listed by PodResources, until :meth:`release`. A real
+        v1.28 kubelet, restarted, admits the pods of its first list from the API server before it
+        drops such checkpoint entries (../shared/kubelet/README.md). A pod that finished instead
+        (phase Succeeded/Failed in the API) stays listed, with its devices, until then: leave it here."""
+        with self.cond:
             self.pods.pop(uid, None)
 
     def pod_resources(self) -> list[Any]:
