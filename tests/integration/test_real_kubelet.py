@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import time
 from datetime import datetime, timezone
+from typing import Callable
 
 import pytest
 
@@ -89,15 +90,20 @@ def test_each_container_gets_exactly_its_recorded_cards(clean: GpuNode) -> None:
         assert decode_allocation(n.pod(name)["metadata"]["annotations"][ALLOCATION_ANNOTATION]) == rec
 
 
-def _kubelet_lines(k8s: LocalK8s, pid: int, needle: str) -> list[float]:
-    """Wall times of the log lines of kubelet process ``pid`` that contain ``needle`` (klog's
-    header: ``I1201 13:50:20.702962   19270 file.go:79] ...``; earlier kubelets append to the same log)."""
+def _kubelet_log_of(k8s: LocalK8s, pid: int, needle: str) -> list[str]:
+    """The log lines of kubelet process ``pid`` that contain ``needle`` (klog's header:
+    ``I1201 13:50:20.702962   19270 file.go:79] ...``; earlier kubelets append to the same log)."""
     out = []
     for line in k8s.kubelet_log().splitlines():
         fields = line.split(None, 3)
         if needle in line and len(fields) > 2 and fields[2] == str(pid):
-            out.append(_kubelet_log_time(line))
+            out.append(line)
     return out
+
+
+def _kubelet_lines(k8s: LocalK8s, pid: int, needle: str) -> list[float]:
+    """Wall times of the log lines of kubelet process ``pid`` that contain ``needle``."""
+    return [_kubelet_log_time(line) for line in _kubelet_log_of(k8s, pid, needle)]
 
 
 def _kubelet_registration_server_started(k8s: LocalK8s, pid: int) -> float | None:
@@ -136,6 +142,169 @@ def test_pod_bound_while_the_kubelet_is_down_gets_its_own_card(clean: GpuNode) -
     assert decode_allocation(p["metadata"]["annotations"][ALLOCATION_ANNOTATION]).uuids == [n.uuid(0)]
     assert not n.plugin.reconciler.applied, [c.why for c in n.plugin.reconciler.applied]
 
+
+# --- pods bound, while the kubelet is down, on cards its checkpoint still gives to pods gone since ---
+#
+# A restarted kubelet admits the pods of its first list from the API server BEFORE its device
+# manager drops the checkpoint allocations of pods that are gone (deleted while it was down) or
+# finished: for that first batch those devices are neither free nor listed for a live pod. The
+# extender, which saw the pod go, may already have bound a new pod on its card.
+
+def _restart_kubelet(n: GpuNode, while_down: Callable[[], None]) -> int:
+    """Stop the kubelet, do ``while_down``, start it again; the new kubelet's pid."""
+    n.k8s.stop_kubelet()
+    while_down()
+    n.k8s.start_kubelet_again()
+    pid = n.k8s.kubelet_pid()
+    assert pid is not None
+    return pid
+
+
+def _first_batch(k8s: LocalK8s, pid: int) -> list[str]:
+    """The pods (namespace/name, sorted) of kubelet ``pid``'s first "SyncLoop ADD" from the API
+    server (the line lists them as received, in no fixed order; the kubelet admits them by
+    creation time, pods created in the same second in either order)."""
+    line = wait_until(lambda: next(iter(_kubelet_log_of(k8s, pid, '"SyncLoop ADD" source="api"')), None), 30,
+                      "the kubelet's first SyncLoop ADD")
+    m = re.search(r"pods=\[(.*?)\]", line)
+    assert m, line
+    return sorted(p.strip('"') for p in m.group(1).split(",") if p)
+
+
+def _read_stale_entry(k8s: LocalK8s, pid: int, uid: str) -> bool:
+    """Whether kubelet ``pid`` read a device allocation of pod ``uid`` from its checkpoint at start."""
+    return bool(_kubelet_log_of(k8s, pid, f'"Get checkpoint entry" podUID="{uid}"'))
+
+
+def _record_of(n: GpuNode, name: str) -> list[str]:
+    return decode_allocation(n.pod(name)["metadata"]["annotations"][ALLOCATION_ANNOTATION]).uuids
+
+
+def _extender_cards(n: GpuNode) -> dict[str, tuple[int, ...]]:
+    """The extender's model of this node, read afresh from the API server by its own feeder:
+    namespace/name -> card indices of every pod it counts there."""
+    from extender.kube import KubeFeeder
+    from packing.model import ClusterModel
+    f = KubeFeeder(ClusterModel(), n.k8s.api_client())
+    f.sync_once()
+    return {a.name: a.cards for a in f.model.allocations.values() if a.node == NODE and a.cards}
+
+
+def _corrections_of(n: GpuNode, name: str) -> list[tuple[list[str], list[str]]]:
+    return [(c.old.uuids, c.new.uuids) for c in n.plugin.reconciler.applied if c.ref == f"{NS}/{name}"]
+
+
+def test_pod_bound_on_the_card_of_a_pod_deleted_while_the_kubelet_was_down_runs_on_a_free_card(clean: GpuNode) -> None:
+    """Variant (a), other cards free. The force-deleted pod's card 0 is still "held" in the
+    restarted kubelet's checkpoint when it admits the pod bound there, so it offers cards 1-3 only.
+    The plugin used to refuse (the pod failed admission: UnexpectedAdmissionError, "no pod waiting
+    on this node matches a request for 1 device(s) among the 3 offered"); it now gives the pod a
+    free offered card that no other pod is recorded on, and the reconciler corrects the record.
+    Card 0 is not lost: the kubelet drops the stale allocation at its next admission."""
+    n = clean
+    gone = n.create_pod("deleted-while-down", [gpu_container("main", gpus=1)])
+    n.bind(gone, n.record([0], whole=True))
+    n.wait_running("deleted-while-down")
+    newer = n.create_pod("bound-on-its-card", [gpu_container("main", gpus=1)])
+
+    def while_down() -> None:
+        n.k8s.core.delete_namespaced_pod("deleted-while-down", NS, grace_period_seconds=0)  # gone from the API at once
+        n.bind(newer, n.record([0], whole=True))       # the extender saw card 0 freed
+    pid = _restart_kubelet(n, while_down)
+    n.wait_running("bound-on-its-card")
+    assert _read_stale_entry(n.k8s, pid, gone["metadata"]["uid"])
+    assert _first_batch(n.k8s, pid) == [f"{NS}/bound-on-its-card"]
+    env = n.container_env("bound-on-its-card", "main")
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["STOWAGE_POD"]) == (n.uuid(1), f"{NS}/bound-on-its-card")
+    wait_until(lambda: _record_of(n, "bound-on-its-card") == [n.uuid(1)], 30, "the record corrected to card 1")
+    assert _corrections_of(n, "bound-on-its-card") == [([n.uuid(0)], [n.uuid(1)])]
+    # card 0 is free again, for the kubelet as for the extender
+    nxt = n.create_pod("next-on-card-0", [gpu_container("main", gpus=1)])
+    n.bind(nxt, n.record([0], whole=True))
+    n.wait_running("next-on-card-0")
+    assert n.container_env("next-on-card-0", "main")["NVIDIA_VISIBLE_DEVICES"] == n.uuid(0)
+    assert _extender_cards(n) == {f"{NS}/bound-on-its-card": (1,), f"{NS}/next-on-card-0": (0,)}
+
+
+def test_pod_bound_on_the_card_of_a_deleted_pod_fails_admission_when_no_card_is_free(clean: GpuNode) -> None:
+    """Variant (b), every other card held. The restarted kubelet counts no free device for the
+    pod bound on the deleted pod's card and fails it without calling the plugin: unavoidable
+    kubelet behaviour (docs/deviceplugin.md). What must hold around it: the extender frees the
+    failed pod's card, the running pods keep theirs, and a replacement (what a controller creates)
+    bound on that card runs there, the failed pod's record on the same card not honoured."""
+    n = clean
+    for i in range(4):
+        n.bind(n.create_pod(f"running-{i}", [gpu_container("main", gpus=1)]), n.record([i], whole=True))
+    for i in range(4):
+        n.wait_running(f"running-{i}")
+    newer = n.create_pod("bound-on-its-card", [gpu_container("main", gpus=1)])
+
+    def while_down() -> None:
+        n.k8s.core.delete_namespaced_pod("running-0", NS, grace_period_seconds=0)
+        n.bind(newer, n.record([0], whole=True))
+    pid = _restart_kubelet(n, while_down)
+    st = n.wait_phase("bound-on-its-card", "Failed")["status"]
+    assert st.get("reason") == "UnexpectedAdmissionError", st
+    assert ("requested number of devices unavailable for nvidia.com/gpu. Requested: 1, Available: 0"
+            in st.get("message", "")), st
+    assert _first_batch(n.k8s, pid) == [f"{NS}/bound-on-its-card"] + [f"{NS}/running-{i}" for i in (1, 2, 3)]
+    assert not n.plugin.allocs.ledger.count(newer["metadata"]["uid"], RESOURCE_GPU)   # the plugin was not asked
+    assert _extender_cards(n) == {f"{NS}/running-{i}": (i,) for i in (1, 2, 3)}
+    for i in (1, 2, 3):
+        p = n.pod(f"running-{i}")
+        assert p["status"]["phase"] == "Running"
+        assert all(cs.get("restartCount", 0) == 0 for cs in p["status"].get("containerStatuses", []))
+    rep = n.create_pod("replacement", [gpu_container("main", gpus=1)])
+    n.bind(rep, n.record([0], whole=True))
+    n.wait_running("replacement")
+    env = n.container_env("replacement", "main")
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["STOWAGE_POD"]) == (n.uuid(0), f"{NS}/replacement")
+    assert _record_of(n, "bound-on-its-card") == [n.uuid(0)]    # the failed pod's record is left as it was
+
+
+def test_pods_bound_on_cards_of_whole_pods_gone_while_the_kubelet_was_down(clean: GpuNode) -> None:
+    """Variant (c): shares recorded on cards whole pods held, one that finished before the kubelet
+    went down (the API keeps it, Succeeded), one force-deleted while it was down. The whole pods
+    held only ``nvidia.com/gpu``, so the restarted kubelet offers the cards' memory and compute
+    devices, but its PodResources lists the finished pod with card 0 until it drops the stale
+    allocation. The plugin took that for the card's holder and refused the share on card 0 (the
+    pod failed admission: "which pod dp-it/finished already holds whole"): a finished pod holds
+    nothing. And a whole pod recorded on the A10 of another deleted pod has no equal card to move to
+    (the A100s are the shares', the T4 is another model): the plugin refuses it, saying why."""
+    n = clean
+    fin = n.create_pod("finished", [gpu_container("main", gpus=1, exit_after=True)], restart_policy="Never")
+    n.bind(fin, n.record([0], whole=True))
+    gone = [n.create_pod(f"deleted-while-down-{i}", [gpu_container("main", gpus=1)]) for i in (1, 2)]
+    for i, p in zip((1, 2), gone):
+        n.bind(p, n.record([i], whole=True))
+    n.wait_phase("finished", "Succeeded")
+    for i in (1, 2):
+        n.wait_running(f"deleted-while-down-{i}")
+    shares = [n.create_pod(f"share-{i}", [gpu_container("main", mem=4, core=10)]) for i in (0, 1)]
+    on_a10 = n.create_pod("whole-on-a10", [gpu_container("main", gpus=1)])
+
+    def while_down() -> None:
+        for i in (1, 2):
+            n.k8s.core.delete_namespaced_pod(f"deleted-while-down-{i}", NS, grace_period_seconds=0)
+        for i, p in enumerate(shares):
+            n.bind(p, n.record([i], whole=False, mem_gib=4, core_pct=10))
+        n.bind(on_a10, n.record([2], whole=True))
+    pid = _restart_kubelet(n, while_down)
+    for i in (0, 1):
+        n.wait_running(f"share-{i}")
+    for p in [fin] + gone:
+        assert _read_stale_entry(n.k8s, pid, p["metadata"]["uid"])
+    assert _first_batch(n.k8s, pid) == [f"{NS}/finished", f"{NS}/share-0", f"{NS}/share-1", f"{NS}/whole-on-a10"]
+    for i in (0, 1):
+        env = n.container_env(f"share-{i}", "main")
+        assert (env["NVIDIA_VISIBLE_DEVICES"], env["STOWAGE_POD"]) == (n.uuid(i), f"{NS}/share-{i}")
+        assert _record_of(n, f"share-{i}") == [n.uuid(i)]
+        assert not _corrections_of(n, f"share-{i}")
+    st = n.wait_phase("whole-on-a10", "Failed")["status"]
+    assert st.get("reason") == "UnexpectedAdmissionError", st
+    assert f"the recorded card(s) of {NS}/whole-on-a10" in st.get("message", ""), st
+    assert "no equal card" in st.get("message", ""), st
+    assert _record_of(n, "whole-on-a10") == [n.uuid(2)]
 
 def test_reregisters_within_200ms_of_the_kubelets_return(clean: GpuNode) -> None:
     """Issue 11, bug 2. While the kubelet is down its stale kubelet.sock makes Register fail every
