@@ -234,20 +234,22 @@ class Allocations:
                                               f"{self.node} from the API server: {exc}") from exc
         self.ledger.forget_except({str((p.get("metadata") or {}).get("uid")) for p in pods})
         rows = self.kubelet.rows() if self.kubelet is not None else None
-        if rows is None:  # PodResources unreachable: this process's ledger is all we know
-            self._moved = {u: r for u, r in self._moved.items() if u in self.ledger.uids()}
-            return allocator.survey(pods, self.node, resource, self.ledger, None, dict(self._moved),
-                                    trust=self.trust, table=table)
-        view = corrections.kubelet_view(rows, table)
-        uid_of = {(str(m.get("namespace") or ""), str(m.get("name") or "")): str(m.get("uid") or "")
-                  for m in ((p.get("metadata") or {}) for p in pods)}
-        owners = {r: view.owners(r) for r in GPU_RESOURCES}
-        self.ledger.reattribute(lambda r, i: uid_of.get(owners[r][i]) if i in owners.get(r, {}) else None)
-        # a moved pod whose answers the kubelet lists under another pod was not the one admitted
-        self._moved = {u: r for u, r in self._moved.items() if u in self.ledger.uids()}
-        fixes, _ = corrections.corrections(pods, view, self.node, table, self.trust)
-        return allocator.survey(pods, self.node, resource, self.ledger, view,
-                                {**self._moved, **{f.uid: f.new for f in fixes}}, trust=self.trust, table=table)
+        view: corrections.KubeletView | None = None   # None: PodResources unreachable, the ledger is all we know
+        fixed: dict[str, AllocationRecord] = {}
+        if rows is not None:
+            view = corrections.kubelet_view(rows, table)
+            uid_of = {(str(m.get("namespace") or ""), str(m.get("name") or "")): str(m.get("uid") or "")
+                      for m in ((p.get("metadata") or {}) for p in pods)}
+            owners = {r: view.owners(r) for r in GPU_RESOURCES}
+            self.ledger.reattribute(lambda r, i: uid_of.get(owners[r][i]) if i in owners.get(r, {}) else None)
+            fixes, _ = corrections.corrections(pods, view, self.node, table, self.trust)
+            fixed = {f.uid: f.new for f in fixes}
+        # Moved pods this process answered for (a moved pod whose answers the kubelet lists under
+        # another pod was not the one admitted).
+        answered = self.ledger.uids()
+        self._moved = {u: r for u, r in self._moved.items() if u in answered}
+        return allocator.survey(pods, self.node, resource, self.ledger, view, {**self._moved, **fixed},
+                                trust=self.trust, table=table)
 
     def preferred(self, resource: str, req: Any) -> Any:
         out = []
