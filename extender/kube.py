@@ -41,6 +41,7 @@ from typing import Any, Callable, ContextManager, Iterator, Mapping
 
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
+from orjson import loads as _loads
 
 from stowage.allocation import AllocationRecord, RecordTrust
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request
@@ -50,17 +51,6 @@ from .kube_objects import (assign_args, meta, node_into_model, node_view, pod_fo
                            record_by_uuid, resource_version)
 from .pending_pods import PENDING_BYTES, PENDING_ENTRIES, PendingPods, pack, unpack
 from packing.model import ClusterModel
-
-try:  # orjson is a declared dependency; fall back to json only so the module never fails to import
-    import orjson as _json
-
-    def _loads(data: bytes) -> Any:
-        return _json.loads(data)
-except ImportError:  # pragma: no cover
-    import json as _stdjson
-
-    def _loads(data: bytes) -> Any:
-        return _stdjson.loads(data)
 
 log = logging.getLogger("stowage.kube")
 

@@ -37,22 +37,14 @@ import sys
 from collections import OrderedDict
 from typing import Any, Iterable, Iterator
 
-try:  # orjson is a declared dependency; the stdlib's json only so that the module always imports
-    import orjson
+import orjson
 
-    def _dumps(obj: Any) -> bytes:
-        # Copied to bytes of its own length: orjson's answer keeps the buffer it wrote into (4 KiB
-        # at least, measured with tracemalloc: ~4.1 KiB kept for an ordinary pod's 0.3 KiB).
-        return memoryview(orjson.dumps(obj)).tobytes()
 
-    _loads = orjson.loads
-except ImportError:  # pragma: no cover
-    import json
+def _dumps(obj: Any) -> bytes:
+    # Copied to bytes of its own length: orjson's answer keeps the buffer it wrote into (4 KiB at
+    # least, measured with tracemalloc: ~4.1 KiB kept for an ordinary pod's 0.3 KiB).
+    return memoryview(orjson.dumps(obj)).tobytes()
 
-    def _dumps(obj: Any) -> bytes:
-        return json.dumps(obj, separators=(",", ":")).encode()
-
-    _loads = json.loads
 
 log = logging.getLogger("stowage.extender")
 
@@ -74,7 +66,7 @@ def pack(copy: dict) -> bytes | None:
 
 
 def unpack(data: bytes) -> dict:
-    return _loads(data)
+    return orjson.loads(data)
 
 
 class PendingPods:
