@@ -1,0 +1,119 @@
+"""Reading a list from kube-apiserver in pages bounded by bytes as well as by objects.
+
+Why bytes too: a page of ``limit`` objects (client-go's 500) is bounded in memory only while
+objects are small, and a pod author decides how big a pod is. kube-apiserver v1.28.7 stores a pod
+of 20,000 minimal containers (etcd's 1.5 MiB request limit is the only bound) and serves it as
+~3 MiB of JSON, which parses to ~25 MB of Python objects: one list page holding 40 such pods took
+a component to ~1 GB (measured; the extender's limit is 1 GiB, the device plugin's 256 MiB), so
+a few dozen pods made it crash on every list, for ever. Here a page's body is read in chunks and
+abandoned (its connection closed, the rest never read) once it passes ``page_bytes``; the same
+page (same ``continue`` token, same snapshot) is then asked for again with fewer objects, down to
+one, which is always read whole: one object is what etcd bounds. Pages of ordinary objects
+never come near the bound (500 ordinary pods are 3-8 MiB of JSON), so nothing changes for them.
+
+The paging itself (``continue`` tokens, 410 Expired) stays with each caller; this module only
+says how big the next page may be and reads it. It imports nothing of ours and does no I/O of
+its own: it reads the response object it is handed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from orjson import loads
+
+# Objects per list request, as client-go's reflector and pager ask: a list's peak memory is a
+# page's, whatever the size of the cluster (one unpaged list of 30,000 ordinary pods once took the
+# extender's RSS up by ~2 GiB, over its 1 GiB limit; docs/kube.md).
+LIST_PAGE_SIZE = 500
+# JSON bytes of one list response past which it is abandoned and asked for again with fewer
+# objects (a page of one object is always read whole). 16 MiB parses to at most ~130 MB of
+# Python objects (measured: ~8x for container-heavy pods), well within every component's memory
+# limit, and is 2-5x what 500 ordinary pods take.
+LIST_PAGE_BYTES = 16 << 20
+# Bytes asked of the response per read while a page is bounded.
+_CHUNK = 1 << 20
+# A page too big asks next for this fraction of its objects; a page under 1/GROW_BELOW of the
+# bound lets the next one ask for twice as many (never more than the page size).
+_SHRINK = 8
+_GROW_BELOW = 4
+
+
+class PageTooBig(Exception):
+    """A list response passed its byte bound before it was read to the end."""
+
+    def __init__(self, limit: int, read: int, bound: int) -> None:
+        super().__init__(limit, read, bound)
+        self.limit, self.read, self.bound = limit, read, bound
+
+    def __str__(self) -> str:
+        return f"a page of {self.limit} objects passed {byte_size(self.bound)} of JSON ({self.read} bytes read)"
+
+
+def byte_size(n: int) -> str:
+    """``n`` bytes for a log line: whole MiB from 1 MiB, else whole KiB."""
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def read_page(resp: Any, max_bytes: int | None) -> tuple[Any, int]:
+    """The body of an unread (``_preload_content=False``) response, parsed, and its size in bytes.
+
+    ``max_bytes`` None: read whole. Else read in chunks, and past ``max_bytes`` close the response
+    (its connection is not reused: the rest of the body is never read) and raise
+    :class:`PageTooBig` (``limit`` left 0 for the caller to fill in). Either way the connection goes
+    back to the pool (a closed one is opened again on next use)."""
+    try:
+        if max_bytes is None:
+            data: bytes | bytearray = resp.data
+        else:
+            buf = bytearray()
+            while True:
+                chunk = resp.read(_CHUNK)
+                if not chunk:
+                    break
+                buf += chunk
+                if len(buf) > max_bytes:
+                    resp.close()
+                    raise PageTooBig(0, len(buf), max_bytes)
+            data = buf
+    finally:
+        resp.release_conn()
+    return loads(data), len(data)
+
+
+@dataclass
+class PageSizer:
+    """How many objects the next page of one list asks for, and how many bytes it may take.
+
+    Starts at ``page_size``; a page too big asks again for an eighth (at least one), and a page
+    that took under a quarter of ``page_bytes`` lets the next one ask for twice as many, up to
+    ``page_size`` again: a few big objects among many small ones cost a few small pages, not a
+    small page size for the rest of the list."""
+
+    page_size: int = LIST_PAGE_SIZE
+    page_bytes: int = LIST_PAGE_BYTES
+    limit: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if int(self.page_size) < 1:
+            raise ValueError(f"page_size must be at least 1, not {self.page_size!r}")
+        if int(self.page_bytes) < 1:
+            raise ValueError(f"page_bytes must be at least 1, not {self.page_bytes!r}")
+        self.limit = int(self.page_size)
+
+    def max_bytes(self) -> int | None:
+        """The bound for the page asked for now; None (read whole) for a page of one object."""
+        return None if self.limit <= 1 else int(self.page_bytes)
+
+    def read(self, resp: Any) -> Any:
+        """:func:`read_page` of the page asked for now, adjusting the next page's size: raises
+        :class:`PageTooBig` (with this page's limit) after shrinking it."""
+        try:
+            doc, size = read_page(resp, self.max_bytes())
+        except PageTooBig as big:
+            big.limit = self.limit
+            self.limit = max(1, self.limit // _SHRINK)
+            raise
+        if size * _GROW_BELOW < self.page_bytes:
+            self.limit = min(int(self.page_size), self.limit * 2)
+        return doc

@@ -1,0 +1,85 @@
+"""stowage.kubelist: a list page read in chunks and abandoned past its byte bound, and the size
+of the next page (fewer objects after a page too big, more again after small ones)."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from stowage.kubelist import PageSizer, PageTooBig, byte_size, read_page
+
+
+class Resp:
+    """An unread response: ``read(amt)``, ``close()``, ``release_conn()``, as urllib3's."""
+
+    def __init__(self, doc: object) -> None:
+        self.data = json.dumps(doc).encode()
+        self.body = io.BytesIO(self.data)
+        self.reads = 0
+        self.closed = self.released = False
+
+    def read(self, amt: int) -> bytes:
+        self.reads += 1
+        return self.body.read(amt)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def release_conn(self) -> None:
+        self.released = True
+
+
+def page(n: int, each: int) -> dict:
+    return {"metadata": {}, "items": [{"blob": "x" * each} for _ in range(n)]}
+
+
+def test_a_page_within_its_bound_is_read_and_parsed():
+    r = Resp(page(3, 100))
+    doc, size = read_page(r, 10_000)
+    assert len(doc["items"]) == 3 and size == len(r.data)
+    assert r.released and not r.closed
+
+
+def test_a_page_past_its_bound_is_closed_unread_and_its_connection_released():
+    r = Resp(page(8, 1 << 20))                     # ~8 MiB, read in 1 MiB chunks
+    with pytest.raises(PageTooBig) as exc:
+        read_page(r, 2 << 20)
+    assert r.closed and r.released
+    assert exc.value.read <= 3 << 20 and r.reads <= 3   # stopped at the bound, not read to the end
+    assert r.body.tell() < len(r.data)
+
+
+def test_no_bound_reads_the_whole_body():
+    r = Resp(page(8, 1 << 20))
+    doc, size = read_page(r, None)
+    assert len(doc["items"]) == 8 and r.released
+
+
+def test_the_sizer_shrinks_by_eight_to_one_and_grows_back_by_two_to_the_page_size():
+    s = PageSizer(500, 1 << 20)
+    limits = [s.limit]
+    for _ in range(3):                              # pages too big, one after another
+        with pytest.raises(PageTooBig) as exc:
+            s.read(Resp(page(2, 1 << 20)))
+        assert exc.value.limit == limits[-1]
+        limits.append(s.limit)
+    assert limits == [500, 62, 7, 1]
+    assert s.max_bytes() is None                    # one object: read whole, however big
+    s.read(Resp(page(1, 3 << 20)))                  # big and alone: read, no growth
+    assert s.limit == 1
+    grown = []
+    for _ in range(12):                             # small pages: x2 each, up to 500
+        s.read(Resp(page(1, 10)))
+        grown.append(s.limit)
+    assert grown[:4] == [2, 4, 8, 16] and grown[-1] == 500 and max(grown) == 500
+
+
+@pytest.mark.parametrize("size,bound", [(0, 1), (1, 0), (-1, 5)])
+def test_a_sizer_needs_one_object_and_one_byte_at_least(size, bound):
+    with pytest.raises(ValueError, match="at least 1"):
+        PageSizer(size, bound)
+
+
+def test_byte_sizes_read_well_in_logs():
+    assert byte_size(16 << 20) == "16 MiB" and byte_size(40 << 10) == "40 KiB"
