@@ -6,8 +6,10 @@ Why this shape:
   from the last resourceVersion seen when a stream ends or breaks (no event is applied twice, none
   is missed), and relisting only when the API server says the history is gone (410, as an HTTP
   status or as an ``ERROR`` watch event). A list comes in pages of :data:`LIST_PAGE_SIZE`
-  objects (``limit`` + ``continue``, as client-go's reflector lists), each applied as it arrives
-  and dropped: its peak memory is a page's, not the cluster's (:meth:`KubeFeeder._relist`).
+  objects (``limit`` + ``continue``, as client-go's reflector lists) and at most
+  :data:`LIST_PAGE_BYTES` of JSON (fewer objects when they are big: :mod:`stowage.kubelist`),
+  each applied as it arrives and dropped: its peak memory is a page's, not the cluster's, nor
+  what a pod author made of their pods (:meth:`KubeFeeder._relist`).
 - Errors back off exponentially with jitter, so a struggling API server is not hammered by
   every replica at once.
 - ``ready()`` is what ``/readyz`` reports: False until both first lists are applied, and False
@@ -44,6 +46,7 @@ from kubernetes.client.exceptions import ApiException
 from orjson import loads as _loads
 
 from stowage.allocation import AllocationRecord, RecordTrust
+from stowage.kubelist import LIST_PAGE_BYTES, LIST_PAGE_SIZE, PageSizer, PageTooBig, byte_size
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request
 
 from .errors import KubeConfigError
@@ -80,10 +83,6 @@ def read_or_none(read: Callable[..., Any], *args: Any, **kwargs: Any) -> dict | 
 NODES = "nodes"
 PODS = "pods"
 
-# Objects per list request. client-go's reflector lists in pages of 500 too: a list's peak
-# memory is then a page's, whatever the size of the cluster (one 30,000-pod list once took the
-# feeder's RSS up by ~2 GiB, over the extender's 1 GiB limit; docs/kube.md).
-LIST_PAGE_SIZE = 500
 # The learn copies (pod_for_learn) a pod list keeps until its last page, packed
 # (extender.pending_pods.pack), in bytes: past it, those kept are shown to on_pod_seen at once, in
 # creation order among themselves, and the list goes on. Why: a copy is kept for every pod of
@@ -94,6 +93,9 @@ LIST_PAGE_SIZE = 500
 # their number is what a pod author could still grow. ~85,000 ordinary pods stay within it, shown
 # in creation order across all pages as before.
 LIST_LEARN_BYTES = 64 << 20
+# How often one list starts again from its first page after its snapshot expired (410 Expired)
+# before it fails instead (:meth:`KubeFeeder._list_pages`).
+LIST_EXPIRED_RESTARTS = 3
 # What a learn entry holds besides its texts and bytes: its two tuples and list slot (rounded up).
 _LEARN_ENTRY_BYTES = 160
 
@@ -365,8 +367,9 @@ class KubeFeeder:
     ``short_watch_s``: a watch the server ends cleanly sooner than this, without an event, is a
     failure (client-go's "very short watch"), so a server that closes every watch at once is not
     asked again straight away, every time.
-    ``page_size``: objects per list request (client-go's 500; 0 = one request): a list's peak
-    memory is a page's, not the cluster's.
+    ``page_size``: objects per list request (client-go's 500): a list's peak memory is a page's,
+    not the cluster's. ``page_bytes``: the JSON one list response may take before it is asked
+    for again with fewer objects (:class:`~stowage.kubelist.PageSizer`).
     ``pending_entries``, ``pending_bytes``: the bounds of the pending pods kept for bind
     (:mod:`extender.pending_pods`).
     ``list_learn_bytes``: the learn copies a pod list keeps before it shows them (:data:`LIST_LEARN_BYTES`).
@@ -378,12 +381,12 @@ class KubeFeeder:
                  backoff_max_s: float = 30.0, request_timeout_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
                  trust: RecordTrust | None = None, open_grace_s: float = 5.0,
-                 short_watch_s: float = 1.0, page_size: int = LIST_PAGE_SIZE,
+                 short_watch_s: float = 1.0, page_size: int = LIST_PAGE_SIZE, page_bytes: int = LIST_PAGE_BYTES,
                  pending_entries: int = PENDING_ENTRIES, pending_bytes: int = PENDING_BYTES,
                  list_learn_bytes: int = LIST_LEARN_BYTES) -> None:
         self.model = model
-        # Objects per list request (0: everything in one request).
-        self.page_size = page_size
+        # Objects and JSON bytes per list request (checked here: a bad value fails at start).
+        self.page_size, self.page_bytes = PageSizer(page_size, page_bytes).page_size, page_bytes
         self.list_learn_bytes = list_learn_bytes
         # Which records count: by default, well-formed ones that book exactly the pod's request.
         self.trust = trust or RecordTrust(memory_unit_mib=memory_unit_mib)
@@ -605,37 +608,53 @@ class KubeFeeder:
         return fn(_preload_content=False, _request_timeout=self.request_timeout_s, **paging)
 
     def _list_pages(self, kind: str, apply: Callable[[list], None], restart: Callable[[], None]) -> tuple[str, int, int]:
-        """List every object of ``kind`` in pages of ``page_size`` (``limit`` + ``continue``, as
-        client-go's pager does), handing each page's items to ``apply`` as it arrives and dropping
-        it: the list's peak memory is a page's, not the cluster's. Returns (resourceVersion,
-        objects, requests).
+        """List every object of ``kind`` in pages of ``page_size`` objects and ``page_bytes`` of
+        JSON (``limit`` + ``continue``, as client-go's pager does), handing each page's items to
+        ``apply`` as it arrives and dropping it: the list's peak memory is a page's, not the
+        cluster's. Returns (resourceVersion, objects, requests).
+
+        A page whose body passes ``page_bytes`` is abandoned unread and asked for again, from the
+        same ``continue`` token (the same snapshot), with an eighth of the objects, down to one
+        (:class:`~stowage.kubelist.PageSizer`): a pod author's giant pods cost small pages, not the
+        component. The first page asked again is a new list (nothing was applied yet).
 
         The API server serves every page of one list from the same snapshot (the first page's
         resourceVersion; no resourceVersion is sent, so the snapshot is current). When that
         snapshot is compacted before the list ends, a continued page answers 410 with the Status
         reason ``Expired`` ("the provided continue parameter is too old"): then ``restart`` is
         called (forget what the pages so far gathered; what they applied is applied again, or
-        removed if the full list no longer has it: it was deleted meanwhile, and no watch will
-        say so) and everything is listed in one request, as client-go's pager does
-        (``FullListIfExpired``, only when ``errors.IsResourceExpired``). Any other error
-        propagates, a 410 of another reason (``Gone``, a proxy's) or an Expired first page
-        included: the list fails, and the feed backs off and lists again from the start, as
-        client-go does. (Before, any 410 to a continued page was taken for Expired.)
+        removed if the new list no longer has it: it was deleted meanwhile, and no watch will say
+        so) and the list starts again from its first page, in pages. client-go's pager lists
+        everything in one request there instead (``FullListIfExpired``), and that one response is
+        the whole cluster's size: the memory the pages bound. A snapshot lasts ~5 minutes (etcd
+        compaction), far longer than a list of pages takes, so a new list completes; after
+        :data:`LIST_EXPIRED_RESTARTS` expired in a row, the list fails (backs off, lists again).
+        Any other error propagates, a 410 of another reason (``Gone``, a proxy's) or an Expired
+        first page included: the list fails, and the feed backs off and lists again from the
+        start, as client-go does.
         """
-        limit = max(0, int(self.page_size or 0))
-        rv, count, cont, requests = "", 0, "", 0
+        sizer = PageSizer(self.page_size, self.page_bytes)
+        rv, count, cont, requests, expired = "", 0, "", 0, 0
         while True:
             requests += 1
             try:
-                doc = read_json(self._list_call(kind, limit, cont))
+                doc = sizer.read(self._list_call(kind, sizer.limit, cont))
+            except PageTooBig as big:
+                log.warning("%s list: a page of %d objects passed %s of JSON before it was read to the end; "
+                            "asking for %d from the same point instead (big objects: e.g. pods of very many "
+                            "containers)", kind, big.limit, byte_size(big.bound), sizer.limit)
+                continue
             except ApiException as exc:
                 if not cont or not resource_expired(exc):
                     raise
-                log.warning("%s list: the API server no longer holds the list's snapshot after %d objects in %d pages "
-                            "(%s); listing all %s in one request instead", kind, count, requests - 1,
+                expired += 1
+                if expired > LIST_EXPIRED_RESTARTS:
+                    raise
+                log.warning("%s list: the API server no longer holds the list's snapshot after %d objects in %d "
+                            "requests (%s); listing all %s again from the first page", kind, count, requests - 1,
                             api_message(exc), kind)
                 restart()
-                limit, cont, count = 0, "", 0   # the next request lists everything at once
+                cont, count = "", 0
                 continue
             lmeta = doc.get("metadata") or {}
             items = doc.get("items") or []
@@ -645,7 +664,7 @@ class KubeFeeder:
             apply(items)
             count += len(items)
             del items
-            sent, cont = cont, str(lmeta.get("continue") or "") if limit else ""
+            sent, cont = cont, str(lmeta.get("continue") or "")
             if not cont:
                 return rv, count, requests
             if cont == sent:   # asked again, it would answer again: the list would never end

@@ -73,6 +73,8 @@ from urllib.parse import parse_qs, urlsplit
 
 Obj = dict[str, Any]
 KINDS = ("nodes", "pods", "configmaps")
+# Paged-list snapshots the fake keeps (the newest); kube-apiserver keeps every one until etcd compacts.
+SNAPSHOTS_KEPT = 64
 # kube-apiserver's message for a list page whose snapshot etcd has compacted (410, reason Expired).
 CONTINUE_EXPIRED = ("The provided continue parameter is too old to display a consistent list result. You can start "
                     "a new list without the continue parameter, or use the continue token in this response to "
@@ -554,8 +556,11 @@ class FakeKube:
                 lmeta["continue"] = base64.b64encode(json.dumps(
                     {"id": snap_id, "next": end, "page": page_no + 1, "list": which}).encode()).decode()
                 lmeta["remainingItemCount"] = len(items) - end
-            elif snap_id:
-                self._snapshots.pop(snap_id, None)
+                # A token stays good until compaction, the last page's included (a client may ask
+                # for a page again, e.g. with a smaller limit, as kube-apiserver then serves it);
+                # the fake keeps the newest snapshots only.
+                while len(self._snapshots) > SNAPSHOTS_KEPT:
+                    self._snapshots.pop(min(self._snapshots))
         if self.on_list_page is not None:
             self.on_list_page(kind, page_no)
         return {"kind": "NodeList" if kind == "nodes" else "PodList", "apiVersion": "v1",

@@ -83,7 +83,7 @@ def test_pods_are_learned_in_creation_order_across_pages_as_from_one_list(kube):
     assert [p["metadata"]["name"] for p in sorted(pods, key=creation_order)] != sorted(
         p["metadata"]["name"] for p in pods)        # the fixture: name order is not creation order
     runs = {}
-    for page_size in (0, 4):
+    for page_size in (1000, 4):
         f = new_feeder(kube, page_size=page_size)
         svc = ExtenderService(f.model)
         shown = shown_by(f)
@@ -92,7 +92,7 @@ def test_pods_are_learned_in_creation_order_across_pages_as_from_one_list(kube):
         f.sync_once()
         runs[page_size] = (shown, svc.learned_summary(), set(f.model.allocations), dict(f._pending.items()))
     assert len(kube.list_requests(PODS)) == 1 + 6
-    assert runs[4] == runs[0]
+    assert runs[4] == runs[1000]
     assert runs[4][0] == [p["metadata"]["uid"] for p in sorted(pods, key=creation_order)]
     assert runs[4][1]["pods"] == 23
 
@@ -143,17 +143,18 @@ def test_watch_resumes_from_the_snapshot_of_the_pages(kube, feeders):
     assert len(kube.list_requests(PODS)) == 3     # no relist: the watch caught up
 
 
-def test_an_expired_continue_falls_back_to_one_full_list(kube, caplog):
-    """The list's snapshot is compacted before its second page: 410 Expired. As client-go's
-    pager does, everything is listed again in one request, and the model ends exactly as that
-    list says (a pod of the first page deleted since is gone, one created since is there)."""
+def test_an_expired_continue_starts_the_list_again_in_pages(kube, caplog):
+    """The list's snapshot is compacted before its second page: 410 Expired. The list starts
+    again from its first page, in pages (client-go's pager lists everything in one request, a
+    response the size of the cluster: what the pages bound), and the model ends exactly as that
+    new list says (a pod of the first page deleted since is gone, one created since is there)."""
     pods = cluster(kube, 14)
     first = min(pods, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
     assert first["spec"].get("nodeName")
 
     def between(kind: str, page: int) -> None:
         if kind == PODS and page == 0 and kube.on_list_page is not None:
-            kube.on_list_page = None      # once: not on the full list's one page
+            kube.on_list_page = None      # once: not on the new list's pages
             kube.delete_pod(first["metadata"]["namespace"], first["metadata"]["name"], emit=False)
             kube.create_pod(make_pod("late", gpus=1, node="n0", phase="Running",
                                      annotations={ALLOCATION_ANNOTATION: record("n0", 7)}), emit=False)
@@ -165,14 +166,16 @@ def test_an_expired_continue_falls_back_to_one_full_list(kube, caplog):
     with caplog.at_level(logging.WARNING, logger="stowage.kube"):
         f.sync_once()
     got = kube.list_requests(PODS)
-    assert [(q.get("limit"), bool(q.get("continue"))) for q in got] == [("5", False), ("5", True), (None, False)]
+    assert [(q.get("limit"), bool(q.get("continue"))) for q in got] == [
+        ("5", False), ("5", True), ("5", False), ("5", True), ("5", True)]   # 14 pods: 5 + 5 + 4
     now = kube.objects(PODS)
     assert set(f.model.allocations) == bound(now) and first["metadata"]["uid"] not in f.model.allocations
     assert f.streams[PODS].rv == str(kube.resource_version)
     assert shown == [p["metadata"]["uid"] for p in sorted(now, key=creation_order)]
     assert f._shown == set(shown)
-    assert any("listing all pods in one request" in r.getMessage() and r.levelno == logging.WARNING
+    assert any("listing all pods again from the first page" in r.getMessage() and r.levelno == logging.WARNING
                for r in caplog.records)
+    assert not any("one request" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("reason", ["Gone", "Injected"])
@@ -303,7 +306,7 @@ def test_an_expired_continue_leaves_nothing_of_the_first_pages_that_is_gone_sinc
     done: set[str] = set()
 
     def between(kind: str, page: int) -> None:
-        if page == 0 and kind not in done:     # once per kind: not on the full list's one page
+        if page == 0 and kind not in done:     # once per kind: not on the new list's first page
             done.add(kind)
             if kind == NODES:
                 kube.delete_node("a-ghost", emit=False)
@@ -314,8 +317,8 @@ def test_an_expired_continue_leaves_nothing_of_the_first_pages_that_is_gone_sinc
     kube.on_list_page = between
     f = new_feeder(kube, page_size=5)
     f.sync_once()
-    assert [bool(q.get("continue")) for q in kube.list_requests(NODES)] == [False, True, False]
-    assert [bool(q.get("continue")) for q in kube.list_requests(PODS)] == [False, True, False]
+    assert [bool(q.get("continue")) for q in kube.list_requests(NODES)] == [False, True, False, True]
+    assert [bool(q.get("continue")) for q in kube.list_requests(PODS)] == [False, True, False, True, True]
     assert ghost_node["metadata"]["name"] not in f.model.node_names()
     assert ghost_pod["metadata"]["uid"] not in f.model.allocations
 
@@ -324,8 +327,14 @@ class _Page:
     """An unread list response, as ``_list_call`` returns one."""
 
     def __init__(self, doc: dict) -> None:
+        import io
         import json
         self.data = json.dumps(doc).encode()
+        self._body = io.BytesIO(self.data)
+        self.read = self._body.read
+
+    def close(self) -> None:
+        self._body.close()
 
     def release_conn(self) -> None:
         pass
@@ -378,3 +387,96 @@ def test_a_continue_token_given_back_unchanged_fails_the_list(kube):
     with pytest.raises(RuntimeError, match="continue"):
         f.sync_once()
     assert not f.streams[PODS].synced
+
+
+def _fatten(kube: FakeKube, pod: dict, kib: int) -> None:
+    """Make a stored pod ~``kib`` KiB of JSON bigger (an annotation a pod author wrote; a real API
+    server stores such a pod as well: ~3 MiB of JSON for 20,000 minimal containers)."""
+    m = pod["metadata"]
+    kube.patch_pod(m["namespace"], m["name"], {"metadata": {"annotations": {"example.com/blob": "x" * (kib << 10)}}},
+                   emit=False)
+
+
+def _parsed_sizes(monkeypatch) -> list[int]:
+    """The byte size of every list body the feed parses."""
+    import stowage.kubelist as kubelist
+    sizes: list[int] = []
+    real = kubelist.loads
+
+    def loads(data):
+        sizes.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(kubelist, "loads", loads)
+    return sizes
+
+
+def test_a_page_past_its_bytes_is_asked_again_smaller_from_the_same_point(kube, monkeypatch, caplog):
+    """A pod author decides how big a pod is, so a page of ``limit`` pods is bounded only in
+    count. A page whose JSON passes ``page_bytes`` is abandoned unread (its connection closed)
+    and asked for again from the same continue token with an eighth of the objects, down to
+    one; ordinary pages after it grow back to the page size. No body past the bound is parsed
+    unless it holds one object, and the list ends exactly as an unbounded one: every pod once,
+    the same model, the same order shown to the placers."""
+    pods = cluster(kube, 40)
+    ordered = sorted(pods, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
+    fat = {p["metadata"]["uid"] for p in ordered[12:15]}          # the 2nd page holds them
+    for p in ordered[12:15]:
+        _fatten(kube, p, 48)
+    ref = new_feeder(kube, page_size=10, page_bytes=1 << 30)
+    ref_shown = shown_by(ref)
+    ref.sync_once()
+    before = len(kube.list_requests(PODS))
+
+    sizes = _parsed_sizes(monkeypatch)
+    f = new_feeder(kube, page_size=10, page_bytes=40 << 10)
+    shown = shown_by(f)
+    _bounded(f)
+    with caplog.at_level(logging.WARNING, logger="stowage.kube"):
+        f.sync_once()
+    got = [(int(q["limit"]), bool(q.get("continue"))) for q in kube.list_requests(PODS)[before:]]
+    assert got[0] == (10, False) and got[1] == (10, True)          # the 2nd page passes 40 KiB ...
+    assert got[2] == (1, True)                                      # ... asked again: 10 // 8 = 1
+    assert max(limit for limit, _ in got[3:]) == 10                 # ordinary pages grow back
+    assert shown == ref_shown and set(f.model.allocations) == set(ref.model.allocations)
+    assert len(shown) == 40 and fat <= set(shown)
+    assert f.streams[PODS].synced and f.streams[PODS].rv == ref.streams[PODS].rv
+    one_pod = 48 << 10
+    assert all(size <= 40 << 10 or size < one_pod + (8 << 10) for size in sizes)   # past it: one pod alone
+    assert any("a page of 10 objects passed 40 KiB of JSON" in r.getMessage() and "asking for 1 from the same point"
+               in r.getMessage() for r in caplog.records)
+
+
+def test_a_single_object_past_the_bound_is_read_whole(kube):
+    """One object is what etcd bounds (~1.5 MiB stored): a page of one is read whatever its size,
+    so a list always ends."""
+    pods = cluster(kube, 3)
+    _fatten(kube, pods[1], 64)
+    f = new_feeder(kube, page_size=4, page_bytes=16 << 10)
+    shown = shown_by(f)
+    _bounded(f)
+    f.sync_once()
+    assert sorted(shown) == sorted(p["metadata"]["uid"] for p in pods)
+    # 3 pods, the middle one fat: all 3 too big -> 1 (small: grows) -> 2 (fat + 1: too big) -> 1, 1
+    assert [int(q["limit"]) for q in kube.list_requests(PODS)] == [4, 1, 2, 1, 1]
+
+
+def test_a_list_whose_snapshot_keeps_expiring_fails_after_three_new_starts(kube):
+    """Each new start of a list whose snapshot expired (410 Expired) is a new list from the first
+    page; a server whose lists keep expiring gets three, then the list fails (the feed backs off
+    and lists again) instead of asking for ever."""
+    cluster(kube, 12)
+    kube.on_list_page = lambda kind, page: kind == PODS and page == 0 and kube.expire_lists()
+    f = new_feeder(kube, page_size=5)
+    _bounded(f)
+    with pytest.raises(ApiException) as exc:
+        f.sync_once()
+    assert exc.value.status == 410
+    assert [bool(q.get("continue")) for q in kube.list_requests(PODS)] == [False, True] * 4
+    assert not f.streams[PODS].synced and f.streams[PODS].rv == ""
+
+
+@pytest.mark.parametrize("page_size,page_bytes", [(0, 1 << 20), (-3, 1 << 20), (5, 0)])
+def test_a_page_size_or_bound_below_one_is_refused_at_start(kube, page_size, page_bytes):
+    with pytest.raises(ValueError, match="at least 1"):
+        new_feeder(kube, page_size=page_size, page_bytes=page_bytes)
