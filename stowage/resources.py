@@ -220,10 +220,17 @@ def fmt_mib(mib: float) -> str:
 
 
 def _container_requests(container: Mapping[str, Any]) -> dict[str, Any]:
-    """Requests of one container, falling back to limits (extended resources: requests == limits)."""
+    """Requests of one container, falling back to limits (extended resources: requests == limits).
+    Resources that are not objects are refused by name (no API server stores them, but anything
+    may reach the extender's port)."""
     res = container.get("resources") or {}
+    if not isinstance(res, Mapping):
+        raise RequestError(f"resources of container {shown(container.get('name', '?'))} is not an object")
     limits = res.get("limits") or {}
     requests = res.get("requests") or {}
+    for part, value in (("limits", limits), ("requests", requests)):
+        if not isinstance(value, Mapping):
+            raise RequestError(f"resources.{part} of container {shown(container.get('name', '?'))} is not an object")
     merged = dict(limits)
     merged.update(requests)
     return merged

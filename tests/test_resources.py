@@ -1,7 +1,9 @@
 """The pod request rule and quantity parsing that every component shares."""
+import re
+
 import pytest
 
-from stowage.resources import GpuRequest, RequestError, parse_quantity, pod_gpu_request
+from stowage.resources import GpuRequest, RequestError, parse_quantity, pod_gpu_request, pod_host_request
 from stowage.inventory import model_matches, normalize_model
 
 
@@ -115,3 +117,19 @@ def test_what_a_placed_pod_holds_is_read_whatever_its_containers():
     big = pod(_containers(5_000) + [{"name": "g", "resources": {"limits": {"nvidia.com/gpu": "2"}}}])
     assert pod_host_request(big, max_containers=None) == (5_000 * 1000, 0.0)
     assert pod_gpu_request(big, max_containers=None) == GpuRequest(gpus=2)
+
+
+@pytest.mark.parametrize("resources,what", [
+    ("lots", "resources of container 'c' is not an object"),
+    ({"limits": ["nvidia.com/gpu"]}, "resources.limits of container 'c' is not an object"),
+    ({"requests": 5}, "resources.requests of container 'c' is not an object"),
+])
+def test_container_resources_that_are_not_objects_are_refused_with_a_clear_error(resources, what):
+    """No API server stores such a pod, but anything reaching the extender's port may send one:
+    the request rule says what is wrong (it raised ValueError/AttributeError/TypeError with
+    Python's words: 'dictionary update sequence element #0 has length 14; 2 is required')."""
+    pod = {"spec": {"containers": [{"name": "c", "resources": resources}]}}
+    with pytest.raises(RequestError, match=re.escape(what)):
+        pod_gpu_request(pod)
+    with pytest.raises(RequestError, match=re.escape(what)):
+        pod_host_request(pod)
