@@ -46,7 +46,7 @@ from kubernetes.client.exceptions import ApiException
 from orjson import loads as _loads
 
 from stowage.allocation import AllocationRecord, RecordTrust
-from stowage.kubelist import LIST_PAGE_BYTES, LIST_PAGE_SIZE, PageSizer, PageTooBig, byte_size
+from stowage.kubelist import LIST_PAGE_BYTES, LIST_PAGE_SIZE, PageSizer, PageTooBig, byte_size, expired, status_of
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request
 
 from .errors import KubeConfigError
@@ -230,15 +230,7 @@ class ShortWatch(Exception):
 def api_status(exc: ApiException) -> dict:
     """The Status object an ApiException's body carries ({} when the body is none: e.g. a proxy's
     error page)."""
-    body = exc.body
-    if body:
-        try:
-            doc = _loads(body if isinstance(body, (bytes, bytearray)) else str(body).encode())
-        except ValueError:
-            return {}
-        if isinstance(doc, dict):
-            return doc
-    return {}
+    return status_of(exc.body)
 
 
 def api_message(exc: BaseException) -> str:
@@ -252,10 +244,9 @@ def api_message(exc: BaseException) -> str:
 
 
 def resource_expired(exc: ApiException) -> bool:
-    """The Status's reason is ``Expired`` (apimachinery's ``errors.IsResourceExpired``, which reads
-    the reason only: kube-apiserver sends it with a 410, for a continue token or resourceVersion
-    whose etcd revision was compacted). The HTTP reason phrase (``exc.reason``) is not it."""
-    return api_status(exc).get("reason") == "Expired"
+    """The Status's reason is ``Expired`` (:func:`stowage.kubelist.expired`). The HTTP reason
+    phrase (``exc.reason``) is not it."""
+    return expired(exc.body)
 
 
 def load_api_client(kubeconfig: str | None = None, in_cluster: bool = False,
@@ -385,8 +376,11 @@ class KubeFeeder:
                  pending_entries: int = PENDING_ENTRIES, pending_bytes: int = PENDING_BYTES,
                  list_learn_bytes: int = LIST_LEARN_BYTES) -> None:
         self.model = model
-        # Objects and JSON bytes per list request (checked here: a bad value fails at start).
-        self.page_size, self.page_bytes = PageSizer(page_size, page_bytes).page_size, page_bytes
+        # Objects and JSON bytes per list request (checked here: a bad value fails at start). The
+        # size each kind's next page asks for is kept from list to list (a hint: see PageSizer),
+        # so a cluster holding giant pods pays the pages abandoned on the way down once.
+        self.page_size, self.page_bytes = page_size, page_bytes
+        self._sizers = {kind: PageSizer(page_size, page_bytes) for kind in (NODES, PODS)}
         self.list_learn_bytes = list_learn_bytes
         # Which records count: by default, well-formed ones that book exactly the pod's request.
         self.trust = trust or RecordTrust(memory_unit_mib=memory_unit_mib)
@@ -633,8 +627,8 @@ class KubeFeeder:
         first page included: the list fails, and the feed backs off and lists again from the
         start, as client-go does.
         """
-        sizer = PageSizer(self.page_size, self.page_bytes)
-        rv, count, cont, requests, expired = "", 0, "", 0, 0
+        sizer = self._sizers[kind]
+        rv, count, cont, requests, restarts = "", 0, "", 0, 0
         while True:
             requests += 1
             try:
@@ -647,8 +641,8 @@ class KubeFeeder:
             except ApiException as exc:
                 if not cont or not resource_expired(exc):
                     raise
-                expired += 1
-                if expired > LIST_EXPIRED_RESTARTS:
+                restarts += 1
+                if restarts > LIST_EXPIRED_RESTARTS:
                     raise
                 log.warning("%s list: the API server no longer holds the list's snapshot after %d objects in %d "
                             "requests (%s); listing all %s again from the first page", kind, count, requests - 1,

@@ -50,6 +50,26 @@ class PageTooBig(Exception):
         return f"a page of {self.limit} objects passed {byte_size(self.bound)} of JSON ({self.read} bytes read)"
 
 
+def status_of(body: Any) -> dict:
+    """The Status object an API error's body carries ({} when there is none, or it is not JSON:
+    e.g. a proxy's error page)."""
+    if body:
+        try:
+            doc = loads(body if isinstance(body, (bytes, bytearray)) else str(body).encode())
+        except ValueError:
+            return {}
+        if isinstance(doc, dict):
+            return doc
+    return {}
+
+
+def expired(body: Any) -> bool:
+    """An API error's Status reason is ``Expired`` (apimachinery's ``errors.IsResourceExpired``
+    reads the reason only; kube-apiserver sends it with a 410): a list's snapshot (continue
+    token) or a resourceVersion that etcd compacted."""
+    return status_of(body).get("reason") == "Expired"
+
+
 def byte_size(n: int) -> str:
     """``n`` bytes for a log line: whole MiB from 1 MiB, else whole KiB."""
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
