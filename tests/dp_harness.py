@@ -117,10 +117,13 @@ def container(name: str, gpus: int = 0, mem: int = 0, core: int = 0) -> dict[str
 
 
 def bind_pod(r: Rig, name: str, containers: list[dict[str, Any]], rec: str | None, bound_at: str,
-             init: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+             init: list[dict[str, Any]] | None = None, scheduler: str | None = None,
+             node: str = NODE) -> dict[str, Any]:
     """Create a pod as the extender leaves it: record annotation, bound to the node, PodScheduled."""
-    pod = make_pod(name, node=NODE, annotations={ALLOCATION_ANNOTATION: rec} if rec else {})
+    pod = make_pod(name, node=node, annotations={ALLOCATION_ANNOTATION: rec} if rec else {})
     pod["spec"]["containers"] = containers
+    if scheduler is not None:
+        pod["spec"]["schedulerName"] = scheduler
     if init:
         pod["spec"]["initContainers"] = init
     pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": bound_at}]
