@@ -38,6 +38,8 @@ the pods of its first list).
   pod's record matches the offered devices, and only when every pod that could be the one
   admitted would be moved alike (the kubelet does not say which one it admits: a pod must not
   land on another model's card).
+- A record naming a card this plugin does not advertise (another node's, or one NVML has not read
+  yet) makes its pod no candidate: the kubelet cannot be admitting it onto this node's cards.
 """
 from __future__ import annotations
 
@@ -250,6 +252,14 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
             continue
         if rec.node != node or not rec.cards:
             notes.append(f"{ref}: its record names node {rec.node!r} with {len(rec.cards)} card(s), this is {node!r}")
+            continue
+        unknown = [u for u in rec.uuids if u not in table.by_uuid] if table is not None else []
+        if unknown:
+            # Another node's card, or one NVML has not read since this plugin started: the kubelet
+            # cannot be admitting the pod onto it. As a candidate it would only make the pod being
+            # admitted look unlike it (no move), or break the call on the unknown card.
+            notes.append(f"{ref}: its record names card {', '.join(unknown)}, which is not among the cards this "
+                         "plugin advertises")
             continue
         clash = _held_by_others(view, ledger, live, finished, table, uid,
                                 (str(meta.get("namespace") or ""), str(meta.get("name") or "")), rec)

@@ -199,3 +199,44 @@ def test_a_pod_recorded_on_a_held_card_of_another_model_is_not_moved_to_a_free_b
         with pytest.raises(AdmissionError, match="no equal card"):
             r.kubelet.admit(new)
         assert new["metadata"]["uid"] not in r.kubelet.allocated
+
+
+def _unknown_card_record() -> str:
+    return record([(3, "GPU-ffffffff-1111-2222-3333-000000000009")], whole=True, mem_mib=81920, core_milli=1000)
+
+
+def test_a_record_naming_a_card_this_node_does_not_have_is_refused_saying_so(monkeypatch):
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        ghost = bind_pod(r, "ghost", [container("main", gpus=1)], _unknown_card_record(), "2024-01-01T00:00:01Z")
+        with pytest.raises(AdmissionError, match="FAILED_PRECONDITION: .*default/ghost: its record names card "
+                           "GPU-ffffffff-1111-2222-3333-000000000009, which is not among the cards this plugin advertises"):
+            r.kubelet.admit(ghost)
+        assert ghost["metadata"]["uid"] not in r.kubelet.allocated
+
+
+def test_a_record_naming_a_card_this_node_does_not_have_does_not_stop_another_pod_moving(monkeypatch):
+    """A pod recorded on a card this plugin does not have (another node's, or one NVML cannot read
+    since the plugin restarted) waits for as many devices as the pod on the held card: it is not a
+    pod the kubelet can be admitting onto this node's cards, so it neither breaks the call nor
+    makes the two look unlike."""
+    with rig(monkeypatch, cards=_four_a100s()) as r:
+        assert r.registered()
+        _held_then(r, _gone)
+        new = bind_pod(r, "new", [container("main", gpus=1)], _whole(r, 0), "2024-01-01T00:00:02Z")
+        bind_pod(r, "ghost", [container("main", gpus=1)], _unknown_card_record(), "2024-01-01T00:00:01Z")
+        r.kubelet.admit(new)
+        assert _got(r, new) == [r.uuid(1)]
+        _no_card_twice(r)
+
+
+def test_a_share_recorded_on_a_card_this_node_does_not_have_is_refused_saying_so(monkeypatch):
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        ghost = bind_pod(r, "ghost", [container("main", mem=4)],
+                         record([(0, "GPU-ffffffff-1111-2222-3333-000000000009")], whole=False, mem_mib=4096),
+                         "2024-01-01T00:00:01Z")
+        with pytest.raises(AdmissionError, match="FAILED_PRECONDITION: .*default/ghost: its record names card "
+                           "GPU-ffffffff-1111-2222-3333-000000000009, which is not among the cards this plugin advertises"):
+            r.kubelet.admit(ghost)
+        assert ghost["metadata"]["uid"] not in r.kubelet.allocated
