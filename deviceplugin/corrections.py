@@ -35,6 +35,12 @@ class KubeletView:
     """Our resources' device IDs as the kubelet lists them: pod -> container -> resource -> IDs."""
 
     pods: Mapping[PodRef, Mapping[str, Mapping[str, tuple[str, ...]]]]
+    # every pod the kubelet lists, devices or not: it has taken the pod up (it lists a pod from before
+    # its admission), so only these can be the pod it is admitting
+    listed: frozenset[PodRef] = frozenset()
+
+    def lists(self, ref: PodRef) -> bool:
+        return ref in self.listed or ref in self.pods
 
     def containers(self, ref: PodRef, resource: str) -> frozenset[str]:
         """Names of the pod's containers that hold devices of ``resource``."""
@@ -56,8 +62,9 @@ class KubeletView:
         return list(out)
 
 
-def kubelet_view(rows: Iterable[Any], table: DeviceTable) -> KubeletView:
-    """Build the view from PodResources rows (``gpunode.podresources.client.ContainerDevices``).
+def kubelet_view(rows: Iterable[Any], table: DeviceTable, listed: Iterable[PodRef] = ()) -> KubeletView:
+    """Build the view from PodResources rows (``gpunode.podresources.client.ContainerDevices``) and
+    the pods listed (``PodList.pods``; a pod with rows is listed anyway).
 
     Only our resources and IDs this plugin advertises count (a card that vanished since is
     ignored rather than guessed at).
@@ -76,7 +83,7 @@ def kubelet_view(rows: Iterable[Any], table: DeviceTable) -> KubeletView:
         if ids:
             cont = pods.setdefault((row.namespace, row.pod), {}).setdefault(row.container, {})
             cont[row.resource] = tuple(cont.get(row.resource, ())) + tuple(ids)
-    return KubeletView(pods)
+    return KubeletView(pods, frozenset(listed))
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,14 @@ import logging
 import threading
 from typing import Any
 
-from gpunode.podresources.client import DEFAULT_SOCKET, PodResourcesError, list_devices
+from gpunode.podresources.client import DEFAULT_SOCKET, PodList, PodResourcesError, list_pods
 
 log = logging.getLogger("stowage.deviceplugin.podres")
 
 
 class KubeletAllocations:
-    """``rows()``: PodResources rows, or None when unavailable (then: in-memory fallback)."""
+    """``listing()``: PodResources rows and the pods listed, or None when unavailable (then: in-memory
+    fallback); ``rows()``: the rows alone."""
 
     def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout_s: float = 2.0) -> None:
         self.socket_path, self.timeout_s = socket_path, timeout_s
@@ -34,14 +35,18 @@ class KubeletAllocations:
                         "plugin restart forgets which pods were already given devices, and records of pods "
                         "admitted in another order than bound are not corrected", why)
 
-    def rows(self) -> list[Any] | None:
+    def listing(self) -> PodList | None:
         if not self.socket_path:
             self._set(False, "the kubelet's PodResources API is disabled (empty --pod-resources-socket)")
             return None
         try:
-            rows = list_devices(self.socket_path, self.timeout_s)
+            listed = list_pods(self.socket_path, self.timeout_s)
         except PodResourcesError as exc:
             self._set(False, str(exc))
             return None
         self._set(True)
-        return rows
+        return listed
+
+    def rows(self) -> list[Any] | None:
+        listed = self.listing()
+        return None if listed is None else listed.rows

@@ -233,11 +233,11 @@ class Allocations:
             raise allocator.AllocationRefused("UNAVAILABLE", f"{resource}: cannot list the pods of node "
                                               f"{self.node} from the API server: {exc}") from exc
         self.ledger.forget_except({str((p.get("metadata") or {}).get("uid")) for p in pods})
-        rows = self.kubelet.rows() if self.kubelet is not None else None
+        listed = self.kubelet.listing() if self.kubelet is not None else None
         view: corrections.KubeletView | None = None   # None: PodResources unreachable, the ledger is all we know
         fixed: dict[str, AllocationRecord] = {}
-        if rows is not None:
-            view = corrections.kubelet_view(rows, table)
+        if listed is not None:
+            view = corrections.kubelet_view(listed.rows, table, listed.pods)
             uid_of = {(str(m.get("namespace") or ""), str(m.get("name") or "")): str(m.get("uid") or "")
                       for m in ((p.get("metadata") or {}) for p in pods)}
             owners = {r: view.owners(r) for r in GPU_RESOURCES}

@@ -15,7 +15,9 @@ It behaves as ../shared/kubelet/README.md records for a real kubelet v1.28:
   included), serves a new ``kubelet.sock`` and never reconnects to old endpoints;
 - ``forget(uid)``: a pod deleted while a restarted kubelet still holds its devices (see there);
 - ``pod_resources()``: what its PodResources API would list (feed it to
-  ``fakepodresources.FakePodResources.source``): every admitted pod by namespace/name, no UID,
+  ``fakepodresources.FakePodResources.source``): every pod from the start of its admission (the
+  kubelet adds a pod to the pod manager PodResources lists before it admits it; a pod it rejects
+  stays there, here it is dropped) by namespace/name, no UID,
   regular containers only (a v1.28 kubelet does not list init containers), each container's
   devices as soon as its Allocate was answered (the kubelet records them before its next call).
 """

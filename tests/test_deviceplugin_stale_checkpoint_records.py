@@ -123,6 +123,41 @@ def test_a_record_not_honoured_on_the_twin_card_does_not_block_the_move(monkeypa
         assert _record(r, "new") == [r.uuid(1)]
 
 
+@pytest.mark.parametrize("kind", [k for k, h in HOSTILE.items() if h.admitted_here])
+def test_a_pod_whose_record_is_not_honoured_is_not_given_the_card_a_waiting_pod_would_move_to(monkeypatch, kind):
+    """The kubelet admits the hostile pod (whose record copies the waiting pod's card 0) first: the
+    plugin cannot take it for the waiting pod it would move, so the hostile pod gets no card,
+    and the waiting pod, admitted next, still moves to the twin card."""
+    hostile = HOSTILE[kind]
+    with rig(monkeypatch, **HARDENED) as r:
+        assert r.registered()
+        new = _stale_card_0(r)
+        pod = hostile.bind(r, 0, "2024-01-01T00:00:01Z")
+        with pytest.raises(AdmissionError, match=hostile.refusal) as refused:
+            r.kubelet.admit(pod)
+        assert "not moved elsewhere: the kubelet does not list them yet" in str(refused.value)
+        assert pod["metadata"]["uid"] not in r.kubelet.allocated
+        r.kubelet.admit(new)
+        assert _got(r, new) == [r.uuid(1)]
+        _no_card_twice(r)
+
+
+def test_a_pod_without_a_record_is_not_given_the_card_a_waiting_pod_would_move_to(monkeypatch):
+    """As above for a pod with no record at all (bound to the node by another scheduler, or by
+    spec.nodeName): a card no record names would be invisible to the extender."""
+    with rig(monkeypatch, **HARDENED) as r:
+        assert r.registered()
+        new = _stale_card_0(r)
+        bare = bind_pod(r, "bare", [container("main", gpus=1)], None, "2024-01-01T00:00:01Z",
+                        scheduler="default-scheduler")
+        with pytest.raises(AdmissionError, match="no stowage.io/allocation record") as refused:
+            r.kubelet.admit(bare)
+        assert "not moved elsewhere: the kubelet does not list them yet" in str(refused.value)
+        r.kubelet.admit(new)
+        assert _got(r, new) == [r.uuid(1)]
+        _no_card_twice(r)
+
+
 def test_two_records_on_the_held_card_one_pod_moves_the_other_is_refused(monkeypatch):
     """Records not signed here (honoured as written): "new" and "double" both name card 0, which the
     kubelet still gives to a pod gone since. The first admitted moves to the twin card 1; the

@@ -37,8 +37,20 @@ class PodResourcesError(RuntimeError):
     """The kubelet's PodResources API could not be asked; the message says why."""
 
 
-def list_devices(socket_path: str = DEFAULT_SOCKET, timeout_s: float = 5.0) -> list[ContainerDevices]:
-    """All device assignments on this node, flattened to one row per (container, resource)."""
+@dataclass(frozen=True)
+class PodList:
+    """One ``List`` answer: the device rows (:func:`flatten`) and every pod listed, devices or not.
+
+    The kubelet lists a pod from the moment it takes it up, before its admission allocates any
+    device: the device plugin tells by this which pods the kubelet may be admitting right now.
+    """
+
+    rows: list[ContainerDevices]
+    pods: frozenset[tuple[str, str]]   # (namespace, name)
+
+
+def list_pods(socket_path: str = DEFAULT_SOCKET, timeout_s: float = 5.0) -> PodList:
+    """One ``List`` call: the device rows and the pods listed."""
     if not os.path.exists(socket_path):
         raise PodResourcesError(f"no kubelet PodResources socket at {socket_path} (is the directory mounted?)")
     target = "unix://" + os.path.abspath(socket_path)
@@ -50,7 +62,12 @@ def list_devices(socket_path: str = DEFAULT_SOCKET, timeout_s: float = 5.0) -> l
         code = exc.code() if hasattr(exc, "code") else None
         detail = exc.details() if hasattr(exc, "details") else str(exc)
         raise PodResourcesError(f"PodResources List on {socket_path} failed: {code} {detail}") from exc
-    return flatten(reply)
+    return PodList(flatten(reply), frozenset((p.namespace, p.name) for p in reply.pod_resources))
+
+
+def list_devices(socket_path: str = DEFAULT_SOCKET, timeout_s: float = 5.0) -> list[ContainerDevices]:
+    """All device assignments on this node, flattened to one row per (container, resource)."""
+    return list_pods(socket_path, timeout_s).rows
 
 
 def flatten(reply: "pb.ListPodResourcesResponse") -> list[ContainerDevices]:
