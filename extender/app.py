@@ -18,7 +18,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from .gate import GatedVerbs
 from .intake import BigBodyLane, BodyReader, Refusal, refusal_reply
 from .service import ExtenderService
-from .verbs import Metrics, Reply, Verbs, verb_prefix
+from .verbs import FeedBounds, Metrics, Reply, Verbs, verb_prefix
 from .wire import encode
 
 log = logging.getLogger("stowage.extender")
@@ -35,18 +35,20 @@ def _json(doc: Any, status: int = 200) -> Response:
 
 
 def create_app(service: ExtenderService, *, url_prefix: str = "", ready: ReadyFn | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, lane: BigBodyLane | None = None) -> Flask:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, lane: BigBodyLane | None = None,
+               feed_bounds: FeedBounds | None = None) -> Flask:
     """The Flask app serving ``service`` at ``{url_prefix}/filter``, ``/prioritize``, ``/bind``,
     ``/preempt``.
 
     ``ready`` reports whether the model is being kept up to date (the Kubernetes feeder says
-    so); ``/readyz`` answers 503 with its message otherwise.
+    so); ``/readyz`` answers 503 with its message otherwise. ``feed_bounds``: what the feeder's
+    memory bounds hold and dropped (``KubeFeeder.bounds``), on /metrics with the service's own.
     """
     app = Flask("stowage.extender")
     # The verbs read their bodies with verbs.read_body (limit checked there); this bounds any
     # other route's body read through werkzeug (413 via the handler below).
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes + 1
-    metrics = Metrics(service)
+    metrics = Metrics(service, feed_bounds)
     ready_fn: ReadyFn = ready or (lambda: (True, "ready"))
     # Every verb asks ready_fn first: no decision from a model that is not complete and current
     # (extender.gate). The split layout's decision process serves these very verbs.

@@ -27,9 +27,12 @@ from .learned_store import DEFAULT_NAME as DEFAULT_PAST_NAME
 from .learned_store import DEFAULT_NAMESPACE as DEFAULT_PAST_NAMESPACE
 from .learned_store import parse_location
 from .intake import DEFAULT_CLIENT_TIMEOUT_S, return_big_buffers_to_the_system, set_client_timeout
+from .kube_objects import LIST_LEARN_BYTES
+from .learned_uids import LEARNED_BYTES
+from .pending_pods import PENDING_BYTES
 from packing.model import ClusterModel
 from packing.pod_policy import PACK, SPREAD, PodPolicy
-from .service import FILTER_KEEPS, FILTER_KEEPS_BEST, ExtenderService
+from .service import FILTER_KEEPS, FILTER_KEEPS_BEST, POD_CACHE_BYTES, ExtenderService
 from .simcluster import SimCluster, SimClusterError, describe, load_cluster
 
 log = logging.getLogger("stowage.extender")
@@ -41,7 +44,11 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # they would be ignored without a word.
 KUBE_ONLY_OPTIONS = {"record_key_file": "--record-key-file", "scheduler_names": "--scheduler-name",
                      "stale_after_s": "--stale-after", "learned_configmap": "--learned-configmap",
-                     "learned_interval_s": "--learned-interval"}
+                     "learned_interval_s": "--learned-interval", "pending_pods_mib": "--pending-pods-mib",
+                     "list_learn_mib": "--list-learn-mib"}
+# The largest memory bound a flag sets (16 GiB; the shipped extender container has 1 GiB in all):
+# a bigger number is a typo (MiB taken for bytes), not a cluster.
+MAX_BOUND_MIB = 16384
 
 
 @dataclass
@@ -62,6 +69,11 @@ class ServeConfig:
     filter_keeps: str = FILTER_KEEPS_BEST   # filter answers the best nodes, or every node that fits
     learned_configmap: tuple[str, str] | None = None  # kube mode: (namespace, name) keeping the departed pods' past
     learned_interval_s: float = 60.0        # kube mode: how often that ConfigMap is written (when changed)
+    # The memory bounds (extender/bounds.py: what passing each costs), in bytes.
+    pod_cache_bytes: int = POD_CACHE_BYTES  # the pods parsed at filter, kept for bind
+    learned_bytes: int = LEARNED_BYTES      # the pods the placers learned from, by uid
+    pending_bytes: int = PENDING_BYTES      # kube mode: the pending pods' copies kept for bind
+    list_learn_bytes: int = LIST_LEARN_BYTES  # kube mode: a pod list's learn copies until its end
 
     def trust(self) -> RecordTrust:
         """Which records count (kube mode), from the options every record reader shares
@@ -105,7 +117,8 @@ def _build_app(cfg: ServeConfig) -> Flask:
     if cfg.cluster is not None:
         cfg.cluster.populate(model)
         service = ExtenderService(model, memory_unit_mib=cfg.memory_unit_mib, default_policy=cfg.default_policy,
-                                  filter_keeps=cfg.filter_keeps)
+                                  filter_keeps=cfg.filter_keeps, pod_cache_bytes=cfg.pod_cache_bytes,
+                                  learned_bytes=cfg.learned_bytes)
         message = f"simulated cluster {cfg.cluster.source}: {describe(cfg.cluster)}"
         log.info("model fed from %s", message)
         return create_app(service, url_prefix=cfg.url_prefix, ready=lambda: (True, message),
@@ -118,10 +131,12 @@ def _build_app(cfg: ServeConfig) -> Flask:
     api_client = load_api_client(kubeconfig=cfg.kubeconfig, in_cluster=cfg.in_cluster)
     trust = cfg.trust()
     feeder = KubeFeeder(model, api_client, memory_unit_mib=cfg.memory_unit_mib, trust=trust,
-                        stale_after_s=cfg.stale_after_s)
+                        stale_after_s=cfg.stale_after_s, pending_bytes=cfg.pending_bytes,
+                        list_learn_bytes=cfg.list_learn_bytes)
     service = ExtenderService(model, binder=KubeBinder(api_client, trust=trust), pod_source=feeder,
                               memory_unit_mib=cfg.memory_unit_mib, default_policy=cfg.default_policy,
-                              filter_keeps=cfg.filter_keeps)
+                              filter_keeps=cfg.filter_keeps, pod_cache_bytes=cfg.pod_cache_bytes,
+                              learned_bytes=cfg.learned_bytes)
     # Pods refused on a model the watch has since given room are tried again (extender/requeue.py).
     requeuer = Requeuer(lambda ns, name, body: feeder.core.patch_namespaced_pod(
         name, ns, body, _content_type=MERGE_PATCH, _request_timeout=10), feeder.pending_uid).start()
@@ -148,7 +163,8 @@ def _build_app(cfg: ServeConfig) -> Flask:
     if keeper is not None:
         register_exit(keeper.stop)   # runs first (last registered): one last write of the past
     register_exit(requeuer.stop)
-    return create_app(service, url_prefix=cfg.url_prefix, ready=feeder.ready, max_body_bytes=cfg.max_body_bytes)
+    return create_app(service, url_prefix=cfg.url_prefix, ready=feeder.ready, max_body_bytes=cfg.max_body_bytes,
+                      feed_bounds=feeder.bounds)
 
 
 def run_server(cfg: ServeConfig, bind: str, threads: int, log_level: str,
@@ -214,6 +230,13 @@ def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str |
         except ValueError as exc:
             raise click.BadParameter(str(exc)) from None
     return value
+
+
+def _bound_mib_option(flag: str, default_bytes: int, help_text: str) -> Callable[[Callable], Callable]:
+    """A memory bound's flag, in MiB: 1 to MAX_BOUND_MIB, its library default shown."""
+    return click.option(flag, type=click.IntRange(1, MAX_BOUND_MIB), default=default_bytes >> 20, show_default=True,
+                        help=f"{help_text} Raising it raises the memory the extender may use: raise its "
+                             "container's limit with it.")
 
 
 @click.command("extender")
@@ -282,6 +305,23 @@ def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str |
 @click.option("--learned-interval", "learned_interval_s", type=click.FloatRange(1, 3600), default=60.0,
               show_default=True, help="Kube mode: seconds between writes of --learned-configmap (only when "
                                       "pods were deleted since; once more at shutdown).")
+@_bound_mib_option("--pod-cache-mib", POD_CACHE_BYTES,
+                   "MiB (estimated) of the pods parsed at filter, kept for prioritize and bind (100,000 pods at "
+                   "most). Past it the least recently used go: a pod bound after its entry went is parsed again at "
+                   "bind, from the pending pod's copy or a GET (with --simulated its bind is refused).")
+@_bound_mib_option("--learned-pods-mib", LEARNED_BYTES,
+                   "MiB (estimated) of the pods the placers learned from, kept by uid so that none is learned twice "
+                   "(as many pods as the pod cache at most). Past it the least recently used go, those with long GPU "
+                   "model lists first: one seen again is learned twice, and its deletion is not counted in the "
+                   "departed pods' past.")
+@_bound_mib_option("--pending-pods-mib", PENDING_BYTES,
+                   "Kube mode: MiB of the copies of the pending pods of Stowage's schedulers kept for bind (100,000 "
+                   "pods at most). Past it the oldest copies go: such a pod, if not seen at filter, is read with a "
+                   "GET at bind, and is not requeued when the model gains room.")
+@_bound_mib_option("--list-learn-mib", LIST_LEARN_BYTES,
+                   "Kube mode: MiB of what a pod list keeps of each pod until its end, to show its pods to the "
+                   "placers in creation order. Past it they are shown in batches, in creation order only within "
+                   "each: what the placers learned may differ from the running extender's until its next rebuild.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: str | None,
@@ -289,7 +329,8 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
           kubeconfig: str | None, in_cluster: bool, default_node_policy: str, default_card_policy: str,
           memory_unit_mib: int, max_body_mib: int, metrics_bind: str | None, record_key_file: str | None,
           scheduler_names: tuple[str, ...], stale_after_s: float, client_timeout: float, timeout: int,
-          log_level: str, filter_keeps: str, learned_configmap: str, learned_interval_s: float) -> None:
+          log_level: str, filter_keeps: str, learned_configmap: str, learned_interval_s: float,
+          pod_cache_mib: int, learned_pods_mib: int, pending_pods_mib: int, list_learn_mib: int) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, /healthz, /readyz, /metrics).
 
     The card model lives in ONE process (several would each hand out the same cards): the one
@@ -345,7 +386,9 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
                       scheduler_names=tuple(scheduler_names), stale_after_s=stale_after_s,
                       filter_keeps=filter_keeps,
                       learned_configmap=past_at,
-                      learned_interval_s=learned_interval_s)
+                      learned_interval_s=learned_interval_s,
+                      pod_cache_bytes=pod_cache_mib << 20, learned_bytes=learned_pods_mib << 20,
+                      pending_bytes=pending_pods_mib << 20, list_learn_bytes=list_learn_mib << 20)
     set_client_timeout(client_timeout)  # the workers fork from this process and inherit it
     return_big_buffers_to_the_system()
     run_server(cfg, bind=bind, threads=threads, log_level=log_level, timeout=timeout, workers=workers, tls=tls)

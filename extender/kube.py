@@ -50,8 +50,9 @@ from stowage.kubelist import LIST_PAGE_BYTES, LIST_PAGE_SIZE, PageSizer, PageToo
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request
 
 from .errors import KubeConfigError
-from .kube_objects import (assign_args, meta, node_into_model, node_view, pod_for_bind, pod_for_learn, pod_view,
-                           record_by_uuid, resource_version)
+from .bounds import BoundUse, ListLearnUse
+from .kube_objects import (LIST_LEARN_BYTES, assign_args, meta, node_into_model, node_view, pod_for_bind,
+                           pod_for_learn, pod_view, record_by_uuid, resource_version)
 from .pending_pods import PENDING_BYTES, PENDING_ENTRIES, PendingPods, pack, unpack
 from packing.model import ClusterModel
 
@@ -83,20 +84,11 @@ def read_or_none(read: Callable[..., Any], *args: Any, **kwargs: Any) -> dict | 
 NODES = "nodes"
 PODS = "pods"
 
-# The learn copies (pod_for_learn) a pod list keeps until its last page, packed
-# (extender.pending_pods.pack), in bytes: past it, those kept are shown to on_pod_seen at once, in
-# creation order among themselves, and the list goes on. Why: a copy is kept for every pod of
-# Stowage's schedulers in the cluster, and every list (the first after a restart included) held
-# them all at once. Packed, an ordinary pod's takes ~0.75 KiB (~2.2 KiB parsed, as they were kept
-# before), one written to be big ~80 KiB (the biggest policy annotations and 128 containers with
-# long names and quantities; ~210 KiB parsed, and without the container limit no bound at all), so
-# their number is what a pod author could still grow. ~85,000 ordinary pods stay within it, shown
-# in creation order across all pages as before.
-LIST_LEARN_BYTES = 64 << 20
 # How often one list starts again from its first page after its snapshot expired (410 Expired)
 # before it fails instead (:meth:`KubeFeeder._list_pages`).
 LIST_EXPIRED_RESTARTS = 3
 # What a learn entry holds besides its texts and bytes: its two tuples and list slot (rounded up).
+# (Their bound, LIST_LEARN_BYTES, is defined in kube_objects, where the command line reads it.)
 _LEARN_ENTRY_BYTES = 160
 
 
@@ -382,6 +374,10 @@ class KubeFeeder:
         self.page_size, self.page_bytes = page_size, page_bytes
         self._sizers = {kind: PageSizer(page_size, page_bytes) for kind in (NODES, PODS)}
         self.list_learn_bytes = list_learn_bytes
+        # Since start: the most a list's learn copies held at once (at a batch shown), and the
+        # batches shown before a list's end for the bound (_show_listed; status(), /metrics).
+        self.list_learn_peak = 0
+        self.list_learn_early_batches = 0
         # Which records count: by default, well-formed ones that book exactly the pod's request.
         self.trust = trust or RecordTrust(memory_unit_mib=memory_unit_mib)
         self.api_client = api_client
@@ -493,7 +489,19 @@ class KubeFeeder:
             out["node_errors"] = dict(self.node_errors)
             out["pod_errors"] = dict(self._pod_errors)
             out["unrecorded_gpu_pods"] = dict(self._unrecorded)
+            out["bounds"] = self._bounds()
         return out
+
+    def bounds(self) -> dict[str, BoundUse | ListLearnUse]:
+        """What the pending pods and a list's learn copies hold against their bounds, and what
+        passing them cost since start (extender/bounds.py): for /metrics (``status()`` has it too)."""
+        with self._lock:
+            return self._bounds()
+
+    def _bounds(self) -> dict[str, BoundUse | ListLearnUse]:
+        return {"pending_pods": self._pending.use(),
+                "list_learn": ListLearnUse(max_bytes=self.list_learn_bytes, peak_bytes=self.list_learn_peak,
+                                           early_batches=self.list_learn_early_batches)}
 
     # ------------------------------------------------------------------ pods for bind
     def get_pod(self, namespace: str, name: str) -> dict | None:
@@ -759,7 +767,18 @@ class KubeFeeder:
             self.marks.keep_only(seen)
 
     def _show_listed(self, listing: "PodListing") -> None:
-        """Show the learn copies a pod list kept to ``on_pod_seen``, in creation order, and drop them."""
+        """Show the learn copies a pod list kept to ``on_pod_seen``, in creation order, and drop them.
+        Copies over ``list_learn_bytes`` are a batch shown before the list's end: counted, and said once."""
+        early = listing.learn_bytes > self.list_learn_bytes
+        with self._lock:
+            self.list_learn_peak = max(self.list_learn_peak, listing.learn_bytes)
+            self.list_learn_early_batches += int(early)
+            first = early and self.list_learn_early_batches == 1
+        if first:
+            log.warning("pod list: its learn copies passed the bound of %d MiB (extender --list-learn-mib); they are "
+                        "shown to the placers in batches, in creation order only within each: the learned table "
+                        "may differ from the running extender's until its next rebuild (logged once)",
+                        self.list_learn_bytes >> 20)
         if self.on_pod_seen is not None:
             listing.learn.sort(key=lambda kept: kept[0])
             with self.learning_in_bulk():

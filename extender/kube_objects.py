@@ -85,6 +85,19 @@ def pod_for_bind(pod: Mapping[str, Any]) -> dict:
     return out
 
 
+# The learn copies (pod_for_learn) a pod list keeps until its last page (KubeFeeder._relist), packed
+# (extender.pending_pods.pack), in bytes: past it, those kept are shown to on_pod_seen at once, in
+# creation order among themselves, and the list goes on. Why: a copy is kept for every pod of
+# Stowage's schedulers in the cluster, and every list (the first after a restart included) held
+# them all at once. Packed, an ordinary pod's takes ~0.75 KiB (~2.2 KiB parsed, as they were kept
+# before), one written to be big ~80 KiB (the biggest policy annotations and 128 containers with
+# long names and quantities; ~210 KiB parsed, and without the container limit no bound at all), so
+# their number is what a pod author could still grow. ~85,000 ordinary pods stay within it, shown
+# in creation order across all pages as before. `stowage extender --list-learn-mib` sets it (defined
+# here, not in extender.kube, so the command line reads it without loading the Kubernetes client).
+LIST_LEARN_BYTES = 64 << 20
+
+
 def pod_for_learn(pod: Mapping[str, Any]) -> dict:
     """The parts of a pod that learning reads, as a pod object of its own: what
     ``ExtenderService.learn_pod`` reads (``metadata.uid``, and :func:`~extender.service.pod_shape`:
@@ -94,8 +107,8 @@ def pod_for_learn(pod: Mapping[str, Any]) -> dict:
 
     Why: a paged list applies each page and drops it, but shows the pods to the placers in
     creation order across all pages, after the last one; it keeps this copy of each (~1-2 KiB
-    parsed, kept packed: :data:`extender.kube.LIST_LEARN_BYTES`) until then, not the whole object (4-8 KiB of JSON, several times that parsed, with
-    managedFields). Whatever learning makes of this copy it makes of the pod (tested on unusual
+    parsed, kept packed: :data:`LIST_LEARN_BYTES`) until then, not the whole object (4-8 KiB of
+    JSON, several times that parsed, with managedFields). Whatever learning makes of this copy it makes of the pod (tested on unusual
     pods, as :func:`pod_for_bind` is).
     """
     out = pod_for_bind(pod)

@@ -48,6 +48,7 @@ from typing import Iterator
 from packing.frag import model_list
 from stowage.resources import GpuRequest
 
+from .bounds import BoundUse
 from .learned_past import Shape
 
 log = logging.getLogger("stowage.extender")
@@ -103,6 +104,11 @@ class LearnedUids:
 
     def __len__(self) -> int:
         return len(self._uids)
+
+    def use(self) -> BoundUse:
+        """What is kept now against the bounds (bytes: the estimate), and the uids forgotten for them."""
+        return BoundUse(entries=len(self._uids), max_entries=self.max_entries, bytes=self.bytes_used,
+                        max_bytes=self.max_bytes, dropped=self.forgotten)
 
     def __contains__(self, uid: object) -> bool:
         return uid in self._uids

@@ -39,6 +39,8 @@ from typing import Any, Iterable, Iterator
 
 import orjson
 
+from .bounds import BoundUse
+
 
 def _dumps(obj: Any) -> bytes:
     # Copied to bytes of its own length: orjson's answer keeps the buffer it wrote into (4 KiB at
@@ -83,6 +85,11 @@ class PendingPods:
 
     def __len__(self) -> int:
         return len(self._pods)
+
+    def use(self) -> BoundUse:
+        """What is kept now against the bounds, and the copies dropped for them since start."""
+        return BoundUse(entries=len(self._pods), max_entries=self.max_entries, bytes=self.bytes_used,
+                        max_bytes=self.max_bytes, dropped=self.evicted)
 
     def __iter__(self) -> Iterator[str]:
         """The keys, written longest ago first."""

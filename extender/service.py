@@ -52,6 +52,7 @@ from packing.registry import placer_for
 from stowage.allocation import AllocationRecord, CardShare
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError, pod_request
 
+from .bounds import BoundUse
 from .errors import BindError, BindOutcomeUnknown  # noqa: F401  (BindError re-exported: binders raise it)
 from .learned_past import DepartedPods, Shape, replay
 from .learned_uids import LEARNED_BYTES, LearnedUids
@@ -320,6 +321,7 @@ class ExtenderService:
         self._cache_size = pod_cache_size
         self._cache_bytes = pod_cache_bytes
         self.pod_cache_bytes_used = 0   # the estimate for what the cache holds now (under _pods_lock)
+        self.pod_cache_evicted = 0      # entries dropped for the bounds since start (under _pods_lock)
         # uids the placers have learned from, kept apart from the pod cache (which forgets a pod
         # once it is bound): a pod sent again after its bind must not be learned twice. With
         # each, the shape learned (interned): when the pod is deleted it goes to ``departed``.
@@ -399,6 +401,7 @@ class ExtenderService:
                                                          and self.pod_cache_bytes_used > self._cache_bytes):
                 old_uid, old = self._pods.popitem(last=False)
                 self.pod_cache_bytes_used -= pod_info_bytes(old, self.default_policy)
+                self.pod_cache_evicted += 1
                 if self._uid_by_key.get(old.key) == old_uid:
                     del self._uid_by_key[old.key]
         if info.req is not None:
@@ -938,6 +941,15 @@ class ExtenderService:
                     "healthy_cards": int((live & a.healthy).sum()),
                     "free_whole_cards": int((live & a.free_whole()).sum()),
                     "allocations": len(self.model.allocations)}
+
+    def bounds(self) -> dict[str, BoundUse]:
+        """The pod cache's and the learned pods' use of their bounds, and what they dropped for
+        them since start (extender/bounds.py: what a drop costs): for /metrics."""
+        with self._pods_lock:
+            return {"pod_cache": BoundUse(entries=len(self._pods), max_entries=self._cache_size,
+                                          bytes=self.pod_cache_bytes_used, max_bytes=self._cache_bytes,
+                                          dropped=self.pod_cache_evicted),
+                    "learned_pods": self._learned.use()}
 
     def state(self) -> dict[str, Any]:
         """The whole model as JSON-able data: per node, per card, and every allocation."""

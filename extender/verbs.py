@@ -24,11 +24,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from .bounds import COSTS
 from .service import ExtenderService
 from .wire import (BindingArgs, WireError, binding_result, encode, encode_filter_result, filter_answer,
                    parse_binding_args, parse_preemption_args, preemption_result)
@@ -36,6 +37,8 @@ from .wire import (BindingArgs, WireError, binding_result, encode, encode_filter
 log = logging.getLogger("stowage.extender")
 
 JSON = "application/json"
+# The Kubernetes feed's memory bounds (KubeFeeder.bounds), read at each scrape.
+FeedBounds = Callable[[], Mapping[str, Any]]
 VERBS = ("filter", "prioritize", "bind", "preempt")
 
 
@@ -79,11 +82,28 @@ def too_large_reply(max_body_bytes: int) -> Reply:
                                 "(raise the extender's --max-body-mib)"}, 413, "too_large")
 
 
+# The memory bounds' series (extender/bounds.py), one per bound by its ``bound`` label, so that
+# ``stowage_extender_bound_bytes / stowage_extender_bound_max_bytes`` is each bound's use.
+_BOUND_SERIES = (
+    ("entries", "Entries each memory bound of the extender holds now: pending_pods (copies of the pending pods "
+                "of Stowage's schedulers, for bind), pod_cache (pods parsed at filter, for bind), learned_pods "
+                "(the pods the placers learned from)"),
+    ("max_entries", "Entries each memory bound holds at most (past it the oldest, or least recently used, go)"),
+    ("bytes", "Bytes each memory bound holds now (pod_cache, learned_pods: an estimate that errs high)"),
+    ("max_bytes", "Bytes each memory bound holds at most, set by --pending-pods-mib, --pod-cache-mib, "
+                  "--learned-pods-mib, --list-learn-mib (past it the oldest, or least recently used, go; the "
+                  "newest always stays)"),
+)
+_DROPPED_HELP = ("Entries each memory bound dropped since start, past its entries or its bytes. What a drop costs: "
+                 + "; ".join(f"{name}: {COSTS[name]}" for name in ("pending_pods", "pod_cache", "learned_pods")))
+
+
 class _ModelCollector:
     """Gauges read from the model at scrape time (never stale, no bookkeeping on the hot path)."""
 
-    def __init__(self, service: ExtenderService) -> None:
+    def __init__(self, service: ExtenderService, feed_bounds: FeedBounds | None = None) -> None:
         self.service = service
+        self.feed_bounds = feed_bounds
 
     def collect(self):
         s = self.service.stats()
@@ -108,19 +128,47 @@ class _ModelCollector:
             yield GaugeMetricFamily("stowage_extender_learned_past_unwritten_seconds", "seconds since the departed "
                                     "pods changed with the change not yet written (0: all written)",
                                     value=keeper.unwritten_s())
+        yield from self._bounds()
+
+    def _bounds(self):
+        """Each memory bound's use and drops (extender/bounds.py): the service's, and the feed's in kube mode."""
+        uses: dict[str, Any] = dict(self.service.bounds())
+        if self.feed_bounds is not None:
+            uses.update(self.feed_bounds())
+        list_learn = uses.pop("list_learn", None)
+        families = {key: GaugeMetricFamily(f"stowage_extender_bound_{key}", help_text, labels=["bound"])
+                    for key, help_text in _BOUND_SERIES}
+        dropped = CounterMetricFamily("stowage_extender_bound_dropped", _DROPPED_HELP, labels=["bound"])
+        for bound, use in uses.items():
+            for key, family in families.items():
+                family.add_metric([bound], use[key])
+            dropped.add_metric([bound], use["dropped"])
+        if list_learn is not None:
+            families["max_bytes"].add_metric(["list_learn"], list_learn["max_bytes"])
+        yield from families.values()
+        yield dropped
+        if list_learn is not None:
+            yield GaugeMetricFamily("stowage_extender_list_learn_peak_bytes", "The most bytes a pod list's learn "
+                                    "copies held at once since start (bound: --list-learn-mib; kept until the "
+                                    "list's end to show its pods to the placers in creation order)",
+                                    value=list_learn["peak_bytes"])
+            yield CounterMetricFamily("stowage_extender_list_learn_early_batches", "Batches of a pod list's pods "
+                                      "shown to the placers before the list's end since start, its learn copies "
+                                      f"past --list-learn-mib. What it costs: {COSTS['list_learn']}",
+                                      value=list_learn["early_batches"])
 
 
 class Metrics:
     """Per-app Prometheus registry (one per app, so several apps can live in one test process)."""
 
-    def __init__(self, service: ExtenderService) -> None:
+    def __init__(self, service: ExtenderService, feed_bounds: FeedBounds | None = None) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("stowage_extender_requests", "Extender requests by verb and outcome",
                                 ["verb", "outcome"], registry=self.registry)
         self.latency = Histogram("stowage_extender_request_duration_seconds", "Extender request latency by verb",
                                  ["verb"], registry=self.registry,
                                  buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5))
-        self.registry.register(_ModelCollector(service))  # type: ignore[arg-type]
+        self.registry.register(_ModelCollector(service, feed_bounds))  # type: ignore[arg-type]
 
 
 class Verbs:

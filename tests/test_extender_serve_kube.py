@@ -102,6 +102,8 @@ def test_what_was_learned_from_deleted_pods_is_written_at_sigterm_and_learned_ag
         before = learned()
         metrics = http.get(proc.url + "/metrics", timeout=30).text
         assert "stowage_extender_departed_pods_kept 5.0" in metrics
+        # The feed's bounds reach /metrics from the process that holds the model (the 3 pending pods left).
+        assert 'stowage_extender_bound_entries{bound="pending_pods"} 3.0' in metrics
     finally:
         http.close()
         assert proc.stop() == 0
