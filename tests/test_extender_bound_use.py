@@ -44,7 +44,7 @@ def test_the_feed_status_says_what_the_pending_pods_hold_and_dropped(kube):  # n
     assert new_feeder(kube).status()["bounds"]["pending_pods"]["max_entries"] == PENDING_ENTRIES
 
 
-@pytest.mark.parametrize("page_size", [0, 7])
+@pytest.mark.parametrize("page_size", [1000, 7])   # 1000: the whole list in one page
 def test_a_list_past_its_learn_bytes_is_counted_with_the_most_it_held(kube, page_size, caplog):  # noqa: F811
     """Each batch of a list's pods shown to the placers before the list's end (its learn copies
     passed ``list_learn_bytes``) is counted, and the most the copies of a list held at once is
