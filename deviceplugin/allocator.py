@@ -37,10 +37,14 @@ the pods of its first list).
   ``nvidia.com/gpu`` (its memory/compute devices follow the moved record). Only when no waiting
   pod's record matches the offered devices, and only when every pod that could be the one
   admitted would be moved alike (the kubelet does not say which one it admits: a pod must not
-  land on another model's card). Only a pod PodResources lists is moved: the kubelet lists a pod
-  from when it takes it up, before its admission, so a waiting pod it does not list is not the one
-  being admitted. The pod that is has no record the plugin honours (none, unsigned, another
-  scheduler's, ...): moving the other pod for it would hand it a card no record names.
+  land on another model's card).
+- When PodResources answers, only a pod it lists is a candidate: the kubelet lists a pod from when
+  it takes it up, before its admission, so a waiting pod it does not list is not the one being
+  admitted. The pod that is then has no record the plugin honours (none, unsigned, another
+  scheduler's, ...): taken for the waiting pod, it would get that pod's card (or, moved, a card no
+  record names), and the waiting pod would be refused in its turn. It is refused instead. Without
+  PodResources (a documented fallback) the plugin cannot tell, and such a pod may still take a
+  waiting pod's card.
 - A record naming a card this plugin does not advertise (another node's, or one NVML has not read
   yet) makes its pod no candidate: the kubelet cannot be admitting it onto this node's cards.
 """
@@ -84,7 +88,6 @@ class Candidate:
     order: tuple[str, ...]      # bind time, creation time, namespace, name: kubelet admission order
     in_progress: bool = False   # the kubelet gave it some of its devices but not all: being admitted
     started: bool = False       # some device of any of our resources was given to it (ledger or kubelet list)
-    listed: bool = False        # PodResources lists it: the kubelet has taken it up, it may be the pod being admitted
     moved_from: AllocationRecord | None = None   # its record before :func:`relocation` moved it
 
     @property
@@ -270,11 +273,19 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
         if clash:
             notes.append(f"{ref}: {clash}")
             continue
+        if view is not None and not view.lists(pod_ref):
+            # The kubelet lists a pod (PodResources) from when it takes it up, before it admits it:
+            # one it does not list is not the pod being admitted. Taken for it, it would hand its
+            # card to that pod, which has no record the plugin honours (none, unsigned, another
+            # scheduler's, ...), and refuse this one when its turn came. Its record still claims
+            # its card (no other pod is moved onto it).
+            notes.append(f"{ref}: waits for its card, but the kubelet does not list it yet, so it is not the pod being "
+                         "admitted (that pod has no allocation record the plugin honours)")
+            continue
         started = any(served > 0 for served, _ in progress.values())
-        listed = view is not None and view.lists(pod_ref)
         cands.append(Candidate(uid=uid, namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""),
                                record=rec, sizes=sizes, done=done, order=_order(pod), in_progress=in_progress,
-                               started=started, listed=listed))
+                               started=started))
     cands.sort(key=lambda c: c.order)
     busy = [c for c in cands if c.in_progress]
     if busy:
@@ -393,17 +404,16 @@ def preferred(table: DeviceTable, resource: str, available: list[str], must_incl
     offered = _by_card(card_of, available)
     movable = [c for c in found.candidates if c.next_size == size and _move_kind(table, resource, c, offered)]
     kinds = {_move_kind(table, resource, c, offered) for c in movable}
-    taken_up = [c for c in movable if c.listed]
-    if taken_up and len(kinds) == 1 and not must_include:
-        # Any of them the kubelet lists may be the pod being admitted; moved alike, the card is as
-        # right for each (the reconciler then corrects the record of the one the kubelet lists on it).
-        # None listed: the pod being admitted is one without an honoured record; it gets no card.
-        moved = relocation(table, resource, taken_up[0], offered, found)
+    if movable and len(kinds) == 1 and not must_include:
+        # Any of them may be the pod being admitted (the kubelet lists each: survey); moved alike,
+        # the card is as right for each (the reconciler then corrects the record of the one the
+        # kubelet lists on it).
+        moved = relocation(table, resource, movable[0], offered, found)
         if moved is not None:
             return moved
     raise AllocationRefused(FAILED_PRECONDITION, f"{resource}: no pod waiting on this node matches a request for "
                             f"{size} device(s) among the {len(available)} offered; candidates: {_explain(found)}"
-                            f"{_not_moved(movable, len(kinds), found.can_move, bool(taken_up))}")
+                            f"{_not_moved(movable, len(kinds), found.can_move)}")
 
 
 def _by_card(card_of: Mapping[str, str], ids: Iterable[str]) -> dict[str, list[str]]:
@@ -452,7 +462,7 @@ def relocation(table: DeviceTable, resource: str, c: Candidate, offered: Mapping
     NVLinked to or on the NUMA node of the pod's other cards first, then by index.
     """
     rec = c.record
-    if not found.can_move or not c.listed or _move_kind(table, resource, c, offered) is None:
+    if not found.can_move or _move_kind(table, resource, c, offered) is None:
         return None
     need = 1 if rec.whole else c.next_size
     blocked = _blocked(c, offered)
@@ -481,14 +491,12 @@ def _near(table: DeviceTable, uuid: str, others: list[str]) -> bool:
                for o in others)
 
 
-def _not_moved(movable: list[Candidate], kinds: int, can_move: bool, taken_up: bool) -> str:
+def _not_moved(movable: list[Candidate], kinds: int, can_move: bool) -> str:
     """Why pods whose recorded cards the kubelet does not offer were not moved (for the refusal)."""
     if not movable:
         return ""
     why = ("the kubelet's PodResources API is unavailable, so its record could not be corrected" if not can_move else
            "they are not alike (the plugin cannot tell which one the kubelet is admitting)" if kinds > 1 else
-           "the kubelet does not list them yet, so the pod it is admitting is another one (one without a record, "
-           "or whose record is not honoured)" if not taken_up else
            "no equal card (same model and memory) that the kubelet offers is free of other pods' devices and records")
     return (f"; the kubelet offers no device (or too few) on the recorded card(s) of {', '.join(c.ref for c in movable)}: "
             "its checkpoint gives them to another pod, possibly one gone or finished while it was down, until it has "

@@ -212,6 +212,15 @@ class FakeKubelet:
         return out
 
     # ---- admission ------------------------------------------------------------------------------
+    def take_up(self, pod: dict[str, Any]) -> None:
+        """List a pod (PodResources) without admitting it, as the real kubelet's pod manager holds a
+        pod from before its admission: a pod taken up whose admission failed stays listed until its
+        Failed status is seen (../shared/kubelet/README.md); :meth:`admit` takes a pod up first."""
+        meta, spec = pod["metadata"], pod["spec"]
+        with self.cond:
+            self.pods[meta["uid"]] = (meta.get("namespace") or "default", meta["name"],
+                                      [c["name"] for c in spec["containers"]])
+
     def admit(self, pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """Admit a pod (Kubernetes JSON): allocate every container's devices; returns responses."""
         uid = pod["metadata"]["uid"]

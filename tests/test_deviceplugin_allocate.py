@@ -139,8 +139,9 @@ def test_size_mismatch_refused(monkeypatch):
     with rig(monkeypatch) as r:
         assert r.registered()
         # the only pending pod needs 4 units: a request for 6 matches no record
-        bind_pod(r, "four", [container("main", mem=4)], record([(0, r.uuid(0))], whole=False, mem_mib=4096),
-                 "2024-01-01T00:00:01Z")
+        four = bind_pod(r, "four", [container("main", mem=4)], record([(0, r.uuid(0))], whole=False, mem_mib=4096),
+                        "2024-01-01T00:00:01Z")
+        r.kubelet.take_up(four)   # as the kubelet does before it calls the plugin for a pod
         req = pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(
             available_deviceIDs=[f"{r.uuid(0)}::{n}" for n in range(10)], allocation_size=6)])
         with pytest.raises(grpc.RpcError) as exc:
@@ -231,13 +232,17 @@ def test_an_admitted_pod_is_never_a_candidate_even_when_the_kubelet_does_not_lis
         return p
 
     pods = [pod("running", 0, "2026-01-01T00:00:01Z", True), pod("new", 1, "2026-01-01T00:00:09Z", False)]
-    empty = KubeletView({})   # the running pod is not re-added yet
+    empty = KubeletView({}, frozenset({("ns", "new")}))   # the running pod is not re-added yet; "new" is taken up
     found = allocator.survey(pods, NODE, RESOURCE_GPU_MEMORY, allocator.Ledger(), empty)
     assert [c.name for c in found.candidates] == ["new"]
     offered = [d.id for d in table.devices(RESOURCE_GPU_MEMORY, {"GPU-0": True, "GPU-1": True})]
     cand, ids = allocator.preferred(table, RESOURCE_GPU_MEMORY, offered, [], 4, found)
     assert cand.name == "new" and _cards_of(ids) == {"GPU-1"}
-    # the same pod without startTime (not admitted yet) is a candidate again: the check is startTime
+    # listed, the running pod is still no candidate; without startTime (not admitted yet) it is
+    # one again: the check is startTime
+    both = KubeletView({}, frozenset({("ns", "new"), ("ns", "running")}))
+    found = allocator.survey(pods, NODE, RESOURCE_GPU_MEMORY, allocator.Ledger(), both)
+    assert [c.name for c in found.candidates] == ["new"]
     pods[0]["status"].pop("startTime")
-    found = allocator.survey(pods, NODE, RESOURCE_GPU_MEMORY, allocator.Ledger(), empty)
+    found = allocator.survey(pods, NODE, RESOURCE_GPU_MEMORY, allocator.Ledger(), both)
     assert [c.name for c in found.candidates] == ["running", "new"]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from dp_harness import bind_pod, container, record, rig
+from dp_harness import NODE, bind_pod, container, record, rig
 from fakekubelet import AdmissionError
 
-from stowage.allocation import AllocationRecord, CardShare, RecordKey, encode_allocation
+from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, RecordKey, encode_allocation
 from stowage.resources import RESOURCE_GPU, RESOURCE_GPU_MEMORY
 
 KEY = RecordKey(b"q" * 32)
@@ -77,3 +77,25 @@ def test_signed_cluster_refuses_unsigned_records_and_honours_signed_ones(monkeyp
         pod = r.kube.get_pod("default", "signed")
         resp = r.kubelet.admit(pod)["main"][RESOURCE_GPU_MEMORY]
         assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == r.uuid(2) and resp.envs["STOWAGE_POD"] == "default/signed"
+
+
+@pytest.mark.parametrize("hostile", ["no-record", "unsigned-record"])
+def test_a_pod_without_an_honoured_record_admitted_first_does_not_take_a_waiting_pods_card(monkeypatch, hostile):
+    """The kubelet's calls do not name the pod. A pod bound to the node by hand (``spec.nodeName``)
+    asking for a GPU, with no record or a record the plugin does not honour, admitted while a
+    recorded pod waits on a card the kubelet offers, was taken for the waiting pod: it got that
+    pod's card, and the recorded pod was refused when its turn came. The kubelet lists a pod
+    (PodResources) before it admits it, so a waiting pod it does not list yet is not the one being
+    admitted: the hand-bound pod is refused, and the recorded pod then gets its card."""
+    with rig(monkeypatch, record_key=KEY) as r:
+        assert r.registered()
+        waiting = bind_pod(r, "waiting", [container("main", gpus=1)], None, "2024-01-01T00:00:01Z")
+        r.kube.patch_pod("default", "waiting", {"metadata": {"annotations": {ALLOCATION_ANNOTATION: encode_allocation(
+            AllocationRecord(node=NODE, whole=True, cards=(CardShare(0, r.uuid(0), 81920, 1000),)), KEY,
+            waiting["metadata"]["uid"])}}})
+        rec = None if hostile == "no-record" else record([(0, r.uuid(0))], whole=True, mem_mib=81920, core_milli=1000)
+        thief = bind_pod(r, "thief", [container("main", gpus=1)], rec, "2024-01-01T00:00:00Z")
+        with pytest.raises(AdmissionError, match="does not list"):
+            r.kubelet.admit(thief)
+        got = r.kubelet.admit(r.kube.get_pod("default", "waiting"))
+        assert got["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == r.uuid(0)

@@ -65,7 +65,10 @@ def test_restart_with_whole_gpu_pod_and_init_container(monkeypatch):
 
 
 def test_swapped_pending_pods_get_their_records_corrected(monkeypatch):
-    """a is bound first (card 2), b second (card 0); the kubelet admits b first."""
+    """a is bound first (card 2), b second (card 0); the kubelet has taken both up (it lists both:
+    e.g. a's admission failed, and a stays listed until its Failed status is seen) and admits b.
+    The plugin cannot tell which of the two equal pods it admits: b is steered to the card of the
+    pod bound earliest, and the records follow what the kubelet did."""
     with rig(monkeypatch, reconcile_interval_s=3600, reconcile_after_allocate_s=3600) as r:
         assert r.registered()
         u0, u2 = r.uuid(0), r.uuid(2)
@@ -73,6 +76,7 @@ def test_swapped_pending_pods_get_their_records_corrected(monkeypatch):
                      record([(2, u2)], whole=False, mem_mib=8192, core_milli=200), "2024-01-01T00:00:01Z")
         b = bind_pod(r, "b", [container("main", mem=8, core=20)],
                      record([(0, u0)], whole=False, mem_mib=8192, core_milli=200), "2024-01-01T00:00:02Z")
+        r.kubelet.take_up(a)
         gb = r.kubelet.admit(b)["main"]
         ga = r.kubelet.admit(a)["main"]
         got_card = {}
@@ -107,6 +111,7 @@ def test_reconciler_corrects_on_its_own_after_allocate(monkeypatch):
                      "2024-01-01T00:00:01Z")
         b = bind_pod(r, "b", [container("main", gpus=1)], record([(3, u3)], whole=True, core_milli=1000),
                      "2024-01-01T00:00:02Z")
+        r.kubelet.take_up(a)      # listed too: either may be the pod admitted (see the test above)
         r.kubelet.admit(b)
         got_b = r.kubelet.allocated[b["metadata"]["uid"]]["main"][RESOURCE_GPU]
         assert got_b == [u1]
@@ -164,3 +169,20 @@ def test_no_podresources_socket_falls_back_to_memory_with_one_log_line(monkeypat
     assert len(fallback) == 1, [rec.getMessage() for rec in fallback]
     assert "no kubelet PodResources socket" in fallback[0].getMessage()
     assert fallback[0].levelno == logging.WARNING
+
+
+def test_pods_admitted_out_of_bind_order_each_get_their_own_card(monkeypatch):
+    """a is bound first (card 2), b second (card 0), and the kubelet admits b first. It lists only
+    the pod it takes up (PodResources), so b is the one: it gets its own card, a then its own, and
+    there is nothing to correct. (Before, b was steered to a's card, the pod bound earliest, and
+    both records were rewritten.)"""
+    with rig(monkeypatch, reconcile_interval_s=3600, reconcile_after_allocate_s=3600) as r:
+        assert r.registered()
+        u0, u2 = r.uuid(0), r.uuid(2)
+        a = bind_pod(r, "a", [container("main", mem=8, core=20)],
+                     record([(2, u2)], whole=False, mem_mib=8192, core_milli=200), "2024-01-01T00:00:01Z")
+        b = bind_pod(r, "b", [container("main", mem=8, core=20)],
+                     record([(0, u0)], whole=False, mem_mib=8192, core_milli=200), "2024-01-01T00:00:02Z")
+        assert r.kubelet.admit(b)["main"][RESOURCE_GPU_MEMORY].envs["NVIDIA_VISIBLE_DEVICES"] == u0
+        assert r.kubelet.admit(a)["main"][RESOURCE_GPU_MEMORY].envs["NVIDIA_VISIBLE_DEVICES"] == u2
+        assert r.plugin.reconciler.run_once() == []

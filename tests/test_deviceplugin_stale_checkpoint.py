@@ -174,16 +174,32 @@ def test_two_pods_on_held_cards_of_one_model_are_moved_alike(monkeypatch):
 
 
 def test_pods_on_held_cards_of_different_models_are_not_moved(monkeypatch):
-    """An A100 is free, but the pods waiting on held cards are on an A100 and on an A10: the plugin
-    cannot tell which one the kubelet is admitting, and the A10 pod must not land on the A100."""
+    """An A100 is free, but the pods waiting on held cards are on an A100 and on an A10, and the
+    kubelet lists both (the A10 pod was taken up earlier and waits, e.g. its admission failed):
+    the plugin cannot tell which one the kubelet is admitting, and the A10 pod must not land on
+    the A100."""
     with rig(monkeypatch) as r:
         assert r.registered()
         for i in (0, 2):
             _held_then(r, _gone, f"old-{i}", card=i)
         a100 = bind_pod(r, "on-a100", [container("main", gpus=1)], _whole(r, 0), "2024-01-01T00:00:02Z")
-        bind_pod(r, "on-a10", [container("main", gpus=1)], _whole(r, 2), "2024-01-01T00:00:03Z")
+        r.kubelet.take_up(bind_pod(r, "on-a10", [container("main", gpus=1)], _whole(r, 2), "2024-01-01T00:00:03Z"))
         with pytest.raises(AdmissionError, match="not alike"):
             r.kubelet.admit(a100)
+
+
+def test_the_pod_the_kubelet_lists_is_moved_to_an_equal_card_of_its_own_model_only(monkeypatch):
+    """The same two pods, the kubelet listing only the one it admits: the A100 pod moves to the
+    free A100; the A10 pod, admitted next, finds no free A10 and is refused (the A100 is not for it)."""
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        for i in (0, 2):
+            _held_then(r, _gone, f"old-{i}", card=i)
+        a100 = bind_pod(r, "on-a100", [container("main", gpus=1)], _whole(r, 0), "2024-01-01T00:00:02Z")
+        a10 = bind_pod(r, "on-a10", [container("main", gpus=1)], _whole(r, 2), "2024-01-01T00:00:03Z")
+        assert r.kubelet.admit(a100)["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == r.uuid(1)
+        with pytest.raises(AdmissionError, match="no equal card"):
+            r.kubelet.admit(a10)
 
 
 def test_without_podresources_a_pod_is_not_moved(monkeypatch):

@@ -135,7 +135,7 @@ def test_a_pod_whose_record_is_not_honoured_is_not_given_the_card_a_waiting_pod_
         pod = hostile.bind(r, 0, "2024-01-01T00:00:01Z")
         with pytest.raises(AdmissionError, match=hostile.refusal) as refused:
             r.kubelet.admit(pod)
-        assert "not moved elsewhere: the kubelet does not list them yet" in str(refused.value)
+        assert "default/new: waits for its card, but the kubelet does not list it yet" in str(refused.value)
         assert pod["metadata"]["uid"] not in r.kubelet.allocated
         r.kubelet.admit(new)
         assert _got(r, new) == [r.uuid(1)]
@@ -152,7 +152,7 @@ def test_a_pod_without_a_record_is_not_given_the_card_a_waiting_pod_would_move_t
                         scheduler="default-scheduler")
         with pytest.raises(AdmissionError, match="no stowage.io/allocation record") as refused:
             r.kubelet.admit(bare)
-        assert "not moved elsewhere: the kubelet does not list them yet" in str(refused.value)
+        assert "default/new: waits for its card, but the kubelet does not list it yet" in str(refused.value)
         r.kubelet.admit(new)
         assert _got(r, new) == [r.uuid(1)]
         _no_card_twice(r)
@@ -179,26 +179,23 @@ def test_two_records_on_the_held_card_one_pod_moves_the_other_is_refused(monkeyp
 def test_two_records_on_the_twin_card_each_card_goes_to_one_pod(monkeypatch):
     """Records not signed here: "twin-a" and "twin-b" are both booked on card 1 (double booking),
     "new" on card 0, which the kubelet still gives to a pod gone since. Card 1 is claimed, so no
-    pod is moved there; the kubelet, admitting "new", is steered to card 1 for twin-a (the plugin
-    cannot tell the pods apart, docs/deviceplugin.md, known limits) and the records follow what
-    it did. Whatever the order, each card ends up with one pod and the others are refused."""
+    pod is moved there: "new", admitted first (the only pod the kubelet lists), is refused; the
+    first twin then gets card 1 and the second is refused. Each card ends up with one pod at most."""
     with rig(monkeypatch) as r:
         assert r.registered()
         _held_then(r, _gone)
         new = bind_pod(r, "new", [container("main", gpus=1)], _whole(r, 0), "2024-01-01T00:00:02Z")
         twins = [bind_pod(r, name, [container("main", gpus=1)], _whole(r, 1), "2024-01-01T00:00:03Z")
                  for name in ("twin-a", "twin-b")]
-        r.kubelet.admit(new)
-        assert _got(r, new) == [r.uuid(1)]
-        r.plugin.reconciler.run_once()
-        assert (_record(r, "new"), _record(r, "twin-a"), _record(r, "twin-b")) == ([r.uuid(1)], [r.uuid(0)], [r.uuid(1)])
-        with pytest.raises(AdmissionError, match="no equal card"):   # card 0 still held, card 1 is new's
-            r.kubelet.admit(twins[0])
-        with pytest.raises(AdmissionError, match="default/twin-b: its record names card .*, which pod default/new "
+        with pytest.raises(AdmissionError, match="no equal card"):   # card 0 still held, card 1 claimed twice
+            r.kubelet.admit(new)
+        assert r.kubelet.admit(twins[0])["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == r.uuid(1)
+        with pytest.raises(AdmissionError, match="default/twin-b: its record names card .*, which pod default/twin-a "
                                                  "already holds devices on: not honoured"):
             r.kubelet.admit(twins[1])
         _no_card_twice(r)
-        assert not {t["metadata"]["uid"] for t in twins} & set(r.kubelet.allocated)
+        assert new["metadata"]["uid"] not in r.kubelet.allocated
+        assert twins[1]["metadata"]["uid"] not in r.kubelet.allocated
 
 
 @pytest.mark.parametrize("rewrite", ["another-card", "removed"])
