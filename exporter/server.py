@@ -56,6 +56,7 @@ class MetricsServer(ThreadingMixIn, WSGIServer):
         self._waiting: dict[Any, float] = {}   # connection -> when it was accepted
         self._waiting_lock = threading.Lock()
         self.shed = 0                          # connections closed to make room (for tests, logs)
+        self.handlers = 0                      # connection threads started and not finished
         super().__init__(*args, **kwargs)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -73,7 +74,14 @@ class MetricsServer(ThreadingMixIn, WSGIServer):
                 except OSError:
                     pass
             self._waiting[request] = time.monotonic()
-        super().process_request(request, client_address)
+            self.handlers += 1
+        try:
+            super().process_request(request, client_address)
+        except BaseException:   # no thread started: it will not count itself out
+            with self._waiting_lock:
+                self._waiting.pop(request, None)
+                self.handlers -= 1
+            raise
 
     def answering(self, request: Any) -> None:
         """The request's line and headers are in: it is answered, not waiting."""
@@ -84,7 +92,9 @@ class MetricsServer(ThreadingMixIn, WSGIServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.answering(request)
+            with self._waiting_lock:
+                self._waiting.pop(request, None)
+                self.handlers -= 1
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that timed out or went away is its own business, not a traceback in the log."""
