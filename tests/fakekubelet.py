@@ -248,10 +248,12 @@ class FakeKubelet:
                     else:
                         reuse[resource] = [i for i in reuse.get(resource, []) if i not in ids]
         except AdmissionError:
+            # The real kubelet rejects the pod (status Failed, UnexpectedAdmissionError) but keeps it
+            # in its pod manager, so PodResources still lists it, holding nothing, until the pod is
+            # deleted (../shared/kubelet/README.md): so does the fake.
             with self.cond:
                 self.allocated.pop(uid, None)
                 self.responses.pop(uid, None)
-                self.pods.pop(uid, None)
             raise
         return self.responses[uid]
 
