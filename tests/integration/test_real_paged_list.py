@@ -150,3 +150,45 @@ def test_giant_pods_are_listed_in_pages_bounded_by_bytes(k8s: LocalK8s, pool: Po
     assert len(mine) == 10 and mine <= set(shown) and len(shown) == len(set(shown))
     assert all(size <= bound or size < giant + (64 << 10) for size in sizes)
     assert f.streams[PODS].synced
+
+
+def test_the_device_plugin_lists_giant_pods_of_its_node_in_bounded_pages_and_keeps_them_slim(
+        k8s: LocalK8s, pool: Pool, monkeypatch) -> None:
+    """The device plugin's list of its node's pods (field selector ``spec.nodeName``) against the
+    real API server: pods bound by ``spec.nodeName`` at creation (no scheduler, no kubelet needed),
+    three of them ~3 MiB of JSON. Pages past the bound are asked for again smaller, every pod of
+    the node comes once (none of another node), and only the container asking for a GPU is kept."""
+    import kubernetes
+
+    import stowage.kubelist as kubelist
+    from deviceplugin.kube import PodLister
+
+    node = f"{pool.name}-gpu"[:63]
+
+    def pinned(name: str, containers: list[dict]) -> dict:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {POOL_LABEL: pool.name}},
+                "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0, "containers": containers}}
+
+    gpu = {"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    for i in range(3):
+        k8s.core.create_namespaced_pod(pool.namespace, pinned(f"giant-{i}", [gpu] + [
+            {"name": f"c{j}", "image": "x"} for j in range(20_000)]), _preload_content=False).release_conn()
+    for i in range(4):
+        k8s.core.create_namespaced_pod(pool.namespace, pinned(f"a-small-{i}", [gpu]))
+    other = pinned("elsewhere", [gpu])
+    other["spec"]["nodeName"] = node + "-x"
+    k8s.core.create_namespaced_pod(pool.namespace, other)
+
+    sizes: list[int] = []
+    real = kubelist.loads
+    monkeypatch.setattr(kubelist, "loads", lambda data: (sizes.append(len(data)), real(data))[1])
+    bound = 4 << 20
+    lister = PodLister(kubernetes.client.CoreV1Api(k8s.api_client()), node, timeout_s=60, page_bytes=bound)
+    pods = lister.pods()
+    names = sorted(p["metadata"]["name"] for p in pods)
+    assert names == sorted([f"giant-{i}" for i in range(3)] + [f"a-small-{i}" for i in range(4)])
+    assert all([c["name"] for c in p["spec"]["containers"]] == ["main"] for p in pods)
+    assert any(size > 2 << 20 for size in sizes)                      # a giant read alone, whole
+    assert all(size <= bound or size < (3 << 20) + (64 << 10) for size in sizes)
+    again = sorted(p["metadata"]["name"] for p in lister.pods())      # from the page size the last list ended at
+    assert again == names
