@@ -64,6 +64,16 @@ def test_restart_with_whole_gpu_pod_and_init_container(monkeypatch):
         assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
+def _two_equal_shares(r):
+    """Pods a (bound first, on card 2) and b (bound second, on card 0) of one 8-unit share each."""
+    u0, u2 = r.uuid(0), r.uuid(2)
+    a = bind_pod(r, "a", [container("main", mem=8, core=20)],
+                 record([(2, u2)], whole=False, mem_mib=8192, core_milli=200), "2024-01-01T00:00:01Z")
+    b = bind_pod(r, "b", [container("main", mem=8, core=20)],
+                 record([(0, u0)], whole=False, mem_mib=8192, core_milli=200), "2024-01-01T00:00:02Z")
+    return a, b, u0, u2
+
+
 def test_swapped_pending_pods_get_their_records_corrected(monkeypatch):
     """a is bound first (card 2), b second (card 0); the kubelet has taken both up (it lists both:
     e.g. a's admission failed, and a stays listed until its Failed status is seen) and admits b.
@@ -71,11 +81,7 @@ def test_swapped_pending_pods_get_their_records_corrected(monkeypatch):
     pod bound earliest, and the records follow what the kubelet did."""
     with rig(monkeypatch, reconcile_interval_s=3600, reconcile_after_allocate_s=3600) as r:
         assert r.registered()
-        u0, u2 = r.uuid(0), r.uuid(2)
-        a = bind_pod(r, "a", [container("main", mem=8, core=20)],
-                     record([(2, u2)], whole=False, mem_mib=8192, core_milli=200), "2024-01-01T00:00:01Z")
-        b = bind_pod(r, "b", [container("main", mem=8, core=20)],
-                     record([(0, u0)], whole=False, mem_mib=8192, core_milli=200), "2024-01-01T00:00:02Z")
+        a, b, u0, u2 = _two_equal_shares(r)
         r.kubelet.take_up(a)
         gb = r.kubelet.admit(b)["main"]
         ga = r.kubelet.admit(a)["main"]
@@ -178,11 +184,7 @@ def test_pods_admitted_out_of_bind_order_each_get_their_own_card(monkeypatch):
     both records were rewritten.)"""
     with rig(monkeypatch, reconcile_interval_s=3600, reconcile_after_allocate_s=3600) as r:
         assert r.registered()
-        u0, u2 = r.uuid(0), r.uuid(2)
-        a = bind_pod(r, "a", [container("main", mem=8, core=20)],
-                     record([(2, u2)], whole=False, mem_mib=8192, core_milli=200), "2024-01-01T00:00:01Z")
-        b = bind_pod(r, "b", [container("main", mem=8, core=20)],
-                     record([(0, u0)], whole=False, mem_mib=8192, core_milli=200), "2024-01-01T00:00:02Z")
+        a, b, u0, u2 = _two_equal_shares(r)
         assert r.kubelet.admit(b)["main"][RESOURCE_GPU_MEMORY].envs["NVIDIA_VISIBLE_DEVICES"] == u0
         assert r.kubelet.admit(a)["main"][RESOURCE_GPU_MEMORY].envs["NVIDIA_VISIBLE_DEVICES"] == u2
         assert r.plugin.reconciler.run_once() == []
