@@ -15,6 +15,7 @@ from flask import Blueprint, Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from .feed_health import ReadHealth
 from .gate import GatedVerbs
 from .intake import BigBodyLane, BodyReader, Refusal, refusal_reply
 from .service import ExtenderService
@@ -36,19 +37,21 @@ def _json(doc: Any, status: int = 200) -> Response:
 
 def create_app(service: ExtenderService, *, url_prefix: str = "", ready: ReadyFn | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, lane: BigBodyLane | None = None,
-               feed_bounds: FeedBounds | None = None) -> Flask:
+               feed_bounds: FeedBounds | None = None, feed_health: ReadHealth | None = None) -> Flask:
     """The Flask app serving ``service`` at ``{url_prefix}/filter``, ``/prioritize``, ``/bind``,
     ``/preempt``.
 
     ``ready`` reports whether the model is being kept up to date (the Kubernetes feeder says
     so); ``/readyz`` answers 503 with its message otherwise. ``feed_bounds``: what the feeder's
-    memory bounds hold and dropped (``KubeFeeder.bounds``), on /metrics with the service's own.
+    memory bounds hold and dropped (``KubeFeeder.bounds``), on /metrics with the service's own;
+    ``feed_health``: how its list+watch streams are doing and what it cannot read
+    (``KubeFeeder.health``), on /metrics too. Both are None with a simulated cluster (no feed).
     """
     app = Flask("stowage.extender")
     # The verbs read their bodies with verbs.read_body (limit checked there); this bounds any
     # other route's body read through werkzeug (413 via the handler below).
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes + 1
-    metrics = Metrics(service, feed_bounds)
+    metrics = Metrics(service, feed_bounds, feed_health)
     ready_fn: ReadyFn = ready or (lambda: (True, "ready"))
     # Every verb asks ready_fn first: no decision from a model that is not complete and current
     # (extender.gate). The split layout's decision process serves these very verbs.

@@ -164,7 +164,7 @@ def _build_app(cfg: ServeConfig) -> Flask:
         register_exit(keeper.stop)   # runs first (last registered): one last write of the past
     register_exit(requeuer.stop)
     return create_app(service, url_prefix=cfg.url_prefix, ready=feeder.ready, max_body_bytes=cfg.max_body_bytes,
-                      feed_bounds=feeder.bounds)
+                      feed_bounds=feeder.bounds, feed_health=feeder.health)
 
 
 def run_server(cfg: ServeConfig, bind: str, threads: int, log_level: str,

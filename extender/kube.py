@@ -51,6 +51,7 @@ from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request
 
 from .errors import KubeConfigError
 from .bounds import BoundUse, ListLearnUse
+from .feed_health import FeedHealth, StreamHealth
 from .kube_objects import (LIST_LEARN_BYTES, assign_args, meta, node_into_model, node_view, pod_for_bind,
                            pod_for_learn, pod_view, record_by_uuid, resource_version)
 from .pending_pods import PENDING_BYTES, PENDING_ENTRIES, PendingPods, pack, unpack
@@ -313,6 +314,7 @@ class StreamState:
     open_since: float | None = None   # when the watch now open was opened (None: none is open)
     last_list: float = 0.0
     gone_streak: int = 0
+    gone_relists: int = 0             # watches answered 410 Gone since start (each relisted): /metrics
     short_said: bool = False          # this failure streak's short watches were logged (once per streak)
     lists: int = 0
     watches: int = 0
@@ -480,7 +482,8 @@ class KubeFeeder:
         return True, f"in sync with the API server: {len(self.model.index)} nodes, {len(self.model.allocations)} pods bound"
 
     def status(self) -> dict[str, Any]:
-        """Counters for /metrics and ``stowage inspect``."""
+        """Everything the feed keeps about itself, names included: for ``stowage inspect`` and
+        people (``/metrics`` reads :meth:`health` and :meth:`bounds`)."""
         now = self.clock()
         with self._lock:
             for st in self.streams.values():
@@ -491,6 +494,24 @@ class KubeFeeder:
             out["unrecorded_gpu_pods"] = dict(self._unrecorded)
             out["bounds"] = self._bounds()
         return out
+
+    def health(self) -> FeedHealth:
+        """Each stream's counters and state, and how many nodes and pods the feed cannot read or
+        count, as numbers only (extender/feed_health.py): for /metrics, whose labels must stay
+        bounded (``status()`` has the names). Ages are on the feeder's clock, evaluated as
+        ``ready()`` does, so ``failing_s > stale_after_s`` is exactly when ``/readyz`` says stale."""
+        now = self.clock()
+        with self._lock:
+            streams: dict[str, StreamHealth] = {}
+            for kind, st in self.streams.items():
+                self._settle(st, now)
+                streams[kind] = StreamHealth(
+                    lists=st.lists, watches=st.watches, events=st.events, errors=st.errors,
+                    gone_relists=st.gone_relists, synced=st.synced,
+                    failing_s=max(0.0, now - st.failing_since) if st.failing_since is not None else 0.0,
+                    list_age_s=max(0.0, now - st.last_list) if st.lists else None)
+            return FeedHealth(streams=streams, stale_after_s=self.stale_after_s, node_errors=len(self.node_errors),
+                              pod_errors=len(self._pod_errors), unrecorded_gpu_pods=len(self._unrecorded))
 
     def bounds(self) -> dict[str, BoundUse | ListLearnUse]:
         """What the pending pods and a list's learn copies hold against their bounds, and what
@@ -531,6 +552,7 @@ class KubeFeeder:
                 need_list = True
                 with self._lock:
                     st.gone_streak += 1
+                    st.gone_relists += 1
                     streak = st.gone_streak
                 log.info("%s watch: %s; relisting", st.kind, exc)
                 if streak > 1 and self._stop.wait(self.backoff.delay(streak - 1)):

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .bounds import COSTS
+from .feed_health import FeedCollector, ReadHealth
 from .service import ExtenderService
 from .wire import (BindingArgs, WireError, binding_result, encode, encode_filter_result, filter_answer,
                    parse_binding_args, parse_preemption_args, preemption_result)
@@ -161,7 +162,8 @@ class _ModelCollector:
 class Metrics:
     """Per-app Prometheus registry (one per app, so several apps can live in one test process)."""
 
-    def __init__(self, service: ExtenderService, feed_bounds: FeedBounds | None = None) -> None:
+    def __init__(self, service: ExtenderService, feed_bounds: FeedBounds | None = None,
+                 feed_health: ReadHealth | None = None) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("stowage_extender_requests", "Extender requests by verb and outcome",
                                 ["verb", "outcome"], registry=self.registry)
@@ -169,6 +171,8 @@ class Metrics:
                                  ["verb"], registry=self.registry,
                                  buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5))
         self.registry.register(_ModelCollector(service, feed_bounds))  # type: ignore[arg-type]
+        if feed_health is not None:   # kube mode: the feed's streams and what it cannot read (feed_health.py)
+            self.registry.register(FeedCollector(feed_health))  # type: ignore[arg-type]
 
 
 class Verbs:
