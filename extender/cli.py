@@ -132,7 +132,7 @@ def _build_app(cfg: ServeConfig) -> Flask:
     trust = cfg.trust()
     feeder = KubeFeeder(model, api_client, memory_unit_mib=cfg.memory_unit_mib, trust=trust,
                         stale_after_s=cfg.stale_after_s, pending_bytes=cfg.pending_bytes,
-                        list_learn_bytes=cfg.list_learn_bytes)
+                        list_learn_bytes=cfg.list_learn_bytes, list_learn_flag="--list-learn-mib")
     service = ExtenderService(model, binder=KubeBinder(api_client, trust=trust), pod_source=feeder,
                               memory_unit_mib=cfg.memory_unit_mib, default_policy=cfg.default_policy,
                               filter_keeps=cfg.filter_keeps, pod_cache_bytes=cfg.pod_cache_bytes,

@@ -357,7 +357,9 @@ class KubeFeeder:
     for again with fewer objects (:class:`~stowage.kubelist.PageSizer`).
     ``pending_entries``, ``pending_bytes``: the bounds of the pending pods kept for bind
     (:mod:`extender.pending_pods`).
-    ``list_learn_bytes``: the learn copies a pod list keeps before it shows them (:data:`LIST_LEARN_BYTES`).
+    ``list_learn_bytes``: the learn copies a pod list keeps before it shows them (:data:`LIST_LEARN_BYTES`);
+    ``list_learn_flag``: the command-line flag that sets it, named when a list passes it (the
+    extender's ``--list-learn-mib``; empty where none does, as in ``stowage inspect`` and ``plan``).
     """
 
     def __init__(self, model: ClusterModel, api_client: kubernetes.client.ApiClient,
@@ -368,14 +370,14 @@ class KubeFeeder:
                  trust: RecordTrust | None = None, open_grace_s: float = 5.0,
                  short_watch_s: float = 1.0, page_size: int = LIST_PAGE_SIZE, page_bytes: int = LIST_PAGE_BYTES,
                  pending_entries: int = PENDING_ENTRIES, pending_bytes: int = PENDING_BYTES,
-                 list_learn_bytes: int = LIST_LEARN_BYTES) -> None:
+                 list_learn_bytes: int = LIST_LEARN_BYTES, list_learn_flag: str = "") -> None:
         self.model = model
         # Objects and JSON bytes per list request (checked here: a bad value fails at start). The
         # size each kind's next page asks for is kept from list to list (a hint: see PageSizer),
         # so a cluster holding giant pods pays the pages abandoned on the way down once.
         self.page_size, self.page_bytes = page_size, page_bytes
         self._sizers = {kind: PageSizer(page_size, page_bytes) for kind in (NODES, PODS)}
-        self.list_learn_bytes = list_learn_bytes
+        self.list_learn_bytes, self.list_learn_flag = list_learn_bytes, list_learn_flag
         # Since start: the most a list's learn copies held at once (at a batch shown), and the
         # batches shown before a list's end for the bound (_show_listed; status(), /metrics).
         self.list_learn_peak = 0
@@ -797,10 +799,12 @@ class KubeFeeder:
             self.list_learn_early_batches += int(early)
             first = early and self.list_learn_early_batches == 1
         if first:
-            log.warning("pod list: its learn copies passed the bound of %d MiB (extender --list-learn-mib); they are "
-                        "shown to the placers in batches, in creation order only within each: the learned table "
-                        "may differ from the running extender's until its next rebuild (logged once)",
-                        self.list_learn_bytes >> 20)
+            # Named only where a flag sets it: stowage inspect/plan list with a feeder of their own.
+            setting = f" (set by {self.list_learn_flag})" if self.list_learn_flag else ""
+            log.warning("pod list: its learn copies passed their bound of %s%s; they are shown to the placers in "
+                        "batches, in creation order only within each, so the learned table may differ from one "
+                        "built from the same pods in creation order (logged once)",
+                        byte_size(self.list_learn_bytes), setting)
         if self.on_pod_seen is not None:
             listing.learn.sort(key=lambda kept: kept[0])
             with self.learning_in_bulk():

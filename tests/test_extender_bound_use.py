@@ -56,7 +56,7 @@ def test_a_list_past_its_learn_bytes_is_counted_with_the_most_it_held(kube, page
         pods.append(kube.create_pod(p, emit=False))
     biggest = max(sys.getsizeof(pack(pod_for_learn(p))) for p in pods) + 1024
     budget = 4 * biggest
-    f = new_feeder(kube, page_size=page_size, list_learn_bytes=budget)
+    f = new_feeder(kube, page_size=page_size, list_learn_bytes=budget, list_learn_flag="--list-learn-mib")
     batches: list[list[dict]] = [[]]
     f.learning_in_bulk = lambda: _Batch(batches)
     f.on_pod_seen = lambda pod: batches[-1].append(pod)

@@ -10,6 +10,10 @@ did, nor the 410s, nor the pods whose cards Stowage does not count.
 """
 from __future__ import annotations
 
+import functools
+import logging
+
+from click.testing import CliRunner
 from extender_kube_helpers import FakeClock, feeders, inv_node, kube, make_node, make_pod, new_feeder  # noqa: F401
 from fakekube import kubeconfig_file
 
@@ -18,6 +22,7 @@ from extender.app import create_app
 from extender.kube import NODES, PODS
 from extender.service import ExtenderService
 from stowage.allocation import ALLOCATION_ANNOTATION
+from stowage.cli import main
 from stowage.inventory import INVENTORY_ANNOTATION
 from test_extender_bound_use import scrape
 
@@ -177,3 +182,47 @@ def test_kube_mode_serves_the_feeds_health_and_a_simulated_cluster_none(tmp_path
     sim = scrape(_build_app(ServeConfig(cluster=load_cluster("builtin"))))
     assert "stowage_extender_nodes" in sim
     assert not [name for name in sim if name.startswith(FEED)]
+
+
+# ------------------------------------------------------------- the list-learn bound's log line
+def stowage_pods(kube, n: int) -> None:  # noqa: F811
+    for i in range(n):
+        p = make_pod(f"p{i}", gpus=1)
+        p["spec"]["schedulerName"] = "stowage-scheduler"
+        kube.create_pod(p)
+
+
+def learn_bound_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "learn copies passed" in r.getMessage()]
+
+
+def test_the_extenders_list_past_its_learn_bound_names_its_flag(tmp_path, kube, caplog):  # noqa: F811
+    from extender.cli import ServeConfig, _build_app
+    from extender.gunicorn_conf import run_exit_callbacks
+
+    kube.create_node(inv_node("n1", [80]))
+    stowage_pods(kube, 3)
+    app = _build_app(ServeConfig(kubeconfig=kubeconfig_file(tmp_path, kube.url), learned_configmap=None,
+                                 list_learn_bytes=1))
+    try:
+        f = app.extensions["stowage"]["service"].pod_source
+        kube.wait_for(lambda: f.ready()[0])
+    finally:
+        run_exit_callbacks()
+    (line,) = learn_bound_lines(caplog)
+    assert "--list-learn-mib" in line
+
+
+def test_inspects_list_past_its_learn_bound_names_no_flag_it_does_not_have(tmp_path, kube, caplog,  # noqa: F811
+                                                                             monkeypatch):
+    """`stowage inspect --learned` and `stowage plan` list the pods with a feeder of their own,
+    whose bound no flag of theirs sets: the line named the extender's --list-learn-mib."""
+    kube.create_node(inv_node("n1", [80]))
+    stowage_pods(kube, 3)
+    monkeypatch.setattr(extender.kube, "KubeFeeder", functools.partial(extender.kube.KubeFeeder, list_learn_bytes=1))
+    with caplog.at_level(logging.WARNING, logger="stowage.kube"):
+        r = CliRunner().invoke(main, ["inspect", "--kubeconfig", kubeconfig_file(tmp_path, kube.url), "--learned",
+                                      "--no-cards", "-o", "json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    (line,) = learn_bound_lines(caplog)
+    assert "--list-learn-mib" not in line and "extender" not in line
