@@ -15,7 +15,7 @@ from typing import Any
 
 from stowage.allocation import ALLOCATION_ANNOTATION
 from stowage.inventory import INVENTORY_ANNOTATION
-from stowage.kubelist import LIST_PAGE_SIZE, PageSizer, PageTooBig, byte_size, expired
+from stowage.kubelist import LIST_PAGE_SIZE, PageSizer, list_in_pages
 from stowage.resources import GPU_RESOURCES
 
 log = logging.getLogger("stowage.deviceplugin.kube")
@@ -40,9 +40,6 @@ def make_core_api(api_url: str | None = None) -> Any:
 # stowage.kubelist). 8 MiB parses to at most ~65 MB; the plugin's memory limit is 256 MiB. 110
 # ordinary pods (the kubelet's default maximum) take ~1 MiB.
 NODE_PODS_PAGE_BYTES = 8 << 20
-# How often one list of the node's pods starts again after its snapshot expired (410 Expired)
-# before it fails.
-EXPIRED_RESTARTS = 3
 
 _META_KEPT = ("uid", "name", "namespace", "creationTimestamp", "deletionTimestamp")
 _SPEC_KEPT = ("nodeName", "schedulerName", "overhead")
@@ -123,37 +120,14 @@ class PodLister:
                                                          **paging)
 
     def pods(self) -> list[dict[str, Any]]:
-        """Every pod bound to the node, from one snapshot. A page past ``page_bytes`` is asked for
-        again with fewer pods (:class:`~stowage.kubelist.PageSizer`); a list whose snapshot
-        expired (410 Expired) starts again, up to :data:`EXPIRED_RESTARTS` times; any other
+        """Every pod bound to the node, from one snapshot, slim (:func:`pod_for_plugin`), listed by
+        :func:`~stowage.kubelist.list_in_pages`: a page past ``page_bytes`` is asked for again with
+        fewer pods; a list whose snapshot expired (410 Expired) starts again, a few times; any other
         error propagates (the caller refuses or skips, and asks again next time)."""
-        from kubernetes.client.exceptions import ApiException
-
-        sizer = self._sizer
         out: list[dict[str, Any]] = []
-        cont, restarts = "", 0
-        while True:
-            try:
-                doc = sizer.read(self._page(sizer.limit, cont))
-            except PageTooBig as big:
-                log.warning("pods of node %s: a page of %d pods passed %s of JSON; asking for %d instead",
-                            self.node, big.limit, byte_size(big.bound), sizer.limit)
-                continue
-            except ApiException as exc:
-                restarts += 1
-                if not cont or not expired(exc.body) or restarts > EXPIRED_RESTARTS:
-                    raise
-                log.warning("pods of node %s: the list's snapshot expired; listing them again", self.node)
-                out, cont = [], ""
-                continue
-            out.extend(pod_for_plugin(p) for p in doc.get("items") or [])
-            sent, cont = cont, str((doc.get("metadata") or {}).get("continue") or "")
-            del doc
-            if not cont:
-                return out
-            if cont == sent:
-                raise RuntimeError(f"pods of node {self.node}: the API server answered a page with the continue "
-                                   "token it was sent; the list is abandoned")
+        list_in_pages(self._page, self._sizer, f"pods of node {self.node}", "pods",
+                      lambda items: out.extend(pod_for_plugin(p) for p in items), out.clear, log)
+        return out
 
 
 class InventoryPublisher:

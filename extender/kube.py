@@ -46,7 +46,8 @@ from kubernetes.client.exceptions import ApiException
 from orjson import loads as _loads
 
 from stowage.allocation import AllocationRecord, RecordTrust
-from stowage.kubelist import LIST_PAGE_BYTES, LIST_PAGE_SIZE, PageSizer, PageTooBig, byte_size, expired, status_of
+from stowage.kubelist import (LIST_PAGE_BYTES, LIST_PAGE_SIZE, ListLoop, PageSizer, byte_size, expired,
+                               list_in_pages, status_of)
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request
 
 from .errors import KubeConfigError
@@ -85,9 +86,6 @@ def read_or_none(read: Callable[..., Any], *args: Any, **kwargs: Any) -> dict | 
 NODES = "nodes"
 PODS = "pods"
 
-# How often one list starts again from its first page after its snapshot expired (410 Expired)
-# before it fails instead (:meth:`KubeFeeder._list_pages`).
-LIST_EXPIRED_RESTARTS = 3
 # What a learn entry holds besides its texts and bytes: its two tuples and list slot (rounded up).
 # (Their bound, LIST_LEARN_BYTES, is defined in kube_objects, where the command line reads it.)
 _LEARN_ENTRY_BYTES = 160
@@ -201,18 +199,6 @@ def watch_event(line: bytes) -> dict:
 
 class Gone(Exception):
     """The resourceVersion we wanted to resume from is too old: relist."""
-
-
-class ListLoop(RuntimeError):
-    """A paged list that would never end: its pages come again (a proxy that drops ``continue``
-    answers every request with the first page and a token), or a page gives back the token it
-    was asked with. One consistent list has each object once; the list fails (back-off, then a
-    new list) rather than go on for ever, keeping a learn copy of each pod of every page."""
-
-    @classmethod
-    def twice(cls, kind: str, key: str) -> "ListLoop":
-        return cls(f"{kind} list: {key} listed twice (the API server, or a proxy before it, served a page "
-                   "again: is the continue parameter passed on?); the list is abandoned")
 
 
 class ShortWatch(Exception):
@@ -375,7 +361,6 @@ class KubeFeeder:
         # Objects and JSON bytes per list request (checked here: a bad value fails at start). The
         # size each kind's next page asks for is kept from list to list (a hint: see PageSizer),
         # so a cluster holding giant pods pays the pages abandoned on the way down once.
-        self.page_size, self.page_bytes = page_size, page_bytes
         self._sizers = {kind: PageSizer(page_size, page_bytes) for kind in (NODES, PODS)}
         self.list_learn_bytes, self.list_learn_flag = list_learn_bytes, list_learn_flag
         # Since start: the most a list's learn copies held at once (at a batch shown), and the
@@ -654,48 +639,13 @@ class KubeFeeder:
         everything in one request there instead (``FullListIfExpired``), and that one response is
         the whole cluster's size: the memory the pages bound. A snapshot lasts ~5 minutes (etcd
         compaction), far longer than a list of pages takes, so a new list completes; after
-        :data:`LIST_EXPIRED_RESTARTS` expired in a row, the list fails (backs off, lists again).
+        :data:`~stowage.kubelist.EXPIRED_RESTARTS` expired in a row, the list fails (backs off, lists again).
         Any other error propagates, a 410 of another reason (``Gone``, a proxy's) or an Expired
         first page included: the list fails, and the feed backs off and lists again from the
         start, as client-go does.
         """
-        sizer = self._sizers[kind]
-        rv, count, cont, requests, restarts = "", 0, "", 0, 0
-        while True:
-            requests += 1
-            try:
-                doc = sizer.read(self._list_call(kind, sizer.limit, cont))
-            except PageTooBig as big:
-                log.warning("%s list: a page of %d objects passed %s of JSON before it was read to the end; "
-                            "asking for %d from the same point instead (big objects: e.g. pods of very many "
-                            "containers)", kind, big.limit, byte_size(big.bound), sizer.limit)
-                continue
-            except ApiException as exc:
-                if not cont or not resource_expired(exc):
-                    raise
-                restarts += 1
-                if restarts > LIST_EXPIRED_RESTARTS:
-                    raise
-                log.warning("%s list: the API server no longer holds the list's snapshot after %d objects in %d "
-                            "requests (%s); listing all %s again from the first page", kind, count, requests - 1,
-                            api_message(exc), kind)
-                restart()
-                cont, count = "", 0
-                continue
-            lmeta = doc.get("metadata") or {}
-            items = doc.get("items") or []
-            del doc
-            if not cont:
-                rv = str(lmeta.get("resourceVersion") or "")
-            apply(items)
-            count += len(items)
-            del items
-            sent, cont = cont, str(lmeta.get("continue") or "")
-            if not cont:
-                return rv, count, requests
-            if cont == sent:   # asked again, it would answer again: the list would never end
-                raise ListLoop(f"{kind} list: the API server answered a page with the very continue token it "
-                               f"was sent, after {count} objects in {requests} requests; the list is abandoned")
+        return list_in_pages(lambda limit, cont: self._list_call(kind, limit, cont), self._sizers[kind],
+                             f"{kind} list", kind, apply, restart, log)
 
     def _relist(self, st: StreamState) -> None:
         """List every object of the kind and make the model match it exactly.

@@ -11,14 +11,16 @@ page (same ``continue`` token, same snapshot) is then asked for again with fewer
 one, which is always read whole: one object is what etcd bounds. Pages of ordinary objects
 never come near the bound (500 ordinary pods are 3-8 MiB of JSON), so nothing changes for them.
 
-The paging itself (``continue`` tokens, 410 Expired) stays with each caller; this module only
-says how big the next page may be and reads it. It imports nothing of ours and does no I/O of
-its own: it reads the response object it is handed.
+The paging itself (``continue`` tokens, a snapshot that expires, a server that loops) is here
+too, once for the extender's feed and the device plugin (:func:`list_in_pages`). It imports
+nothing of ours and does no I/O of its own: it calls the request it is handed and reads the
+response object that returns.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from orjson import loads
 
@@ -31,12 +33,27 @@ LIST_PAGE_SIZE = 500
 # Python objects (measured: ~8x for container-heavy pods), well within every component's memory
 # limit, and is 2-5x what 500 ordinary pods take.
 LIST_PAGE_BYTES = 16 << 20
+# How often one list starts again from its first page after its snapshot expired (410 Expired)
+# before it fails instead (:func:`list_in_pages`).
+EXPIRED_RESTARTS = 3
 # Bytes asked of the response per read while a page is bounded.
 _CHUNK = 1 << 20
 # A page too big asks next for this fraction of its objects; a page under 1/GROW_BELOW of the
 # bound lets the next one ask for twice as many (never more than the page size).
 _SHRINK = 8
 _GROW_BELOW = 4
+
+
+class ListLoop(RuntimeError):
+    """A paged list that would never end: its pages come again (a proxy that drops ``continue``
+    answers every request with the first page and a token), or a page gives back the token it
+    was asked with. One consistent list has each object once; the list fails (back-off, then a
+    new list) rather than go on for ever, keeping what it gathered of every page."""
+
+    @classmethod
+    def twice(cls, kind: str, key: str) -> "ListLoop":
+        return cls(f"{kind} list: {key} listed twice (the API server, or a proxy before it, served a page "
+                   "again: is the continue parameter passed on?); the list is abandoned")
 
 
 class PageTooBig(Exception):
@@ -137,3 +154,60 @@ class PageSizer:
         if size * _GROW_BELOW < self.page_bytes:
             self.limit = min(int(self.page_size), self.limit * 2)
         return doc
+
+
+def list_in_pages(call: Callable[[int, str], Any], sizer: PageSizer, what: str, kind: str,
+                  apply: Callable[[list], None], restart: Callable[[], None],
+                  log: logging.Logger) -> tuple[str, int, int]:
+    """List every object in pages (``call(limit, continue)`` returns one unread response), sized
+    by ``sizer``, handing each page's items to ``apply`` as it arrives and dropping it. Returns
+    (the first page's resourceVersion, objects, requests). ``what`` names the list in log lines
+    and errors (``"pods list"``), ``kind`` its objects (``"pods"``).
+
+    - A page past ``sizer.page_bytes`` is abandoned unread and asked for again from the same
+      ``continue`` token (the same snapshot) with fewer objects (:class:`PageSizer`).
+    - A continued page answered with the Status reason ``Expired`` (the snapshot was compacted):
+      ``restart`` is called (forget what the pages so far gathered) and the list starts again
+      from its first page, in pages (client-go's pager lists everything in one request there:
+      the whole cluster's size, the memory the pages bound); after :data:`EXPIRED_RESTARTS` in a
+      row it fails. Any other error, an Expired first page included, propagates.
+    - A page that gives back the very ``continue`` token it was asked with fails the list
+      (:class:`ListLoop`): asked again, it would answer again.
+    """
+    rv, count, cont, requests, restarts = "", 0, "", 0, 0
+    while True:
+        requests += 1
+        try:
+            doc = sizer.read(call(sizer.limit, cont))
+        except PageTooBig as big:
+            log.warning("%s: a page of %d objects passed %s of JSON before it was read to the end; asking for %d "
+                        "from the same point instead (big objects: e.g. pods of very many containers)", what,
+                        big.limit, byte_size(big.bound), sizer.limit)
+            continue
+        except Exception as exc:
+            body = getattr(exc, "body", None)
+            if not cont or not expired(body):
+                raise
+            restarts += 1
+            if restarts > EXPIRED_RESTARTS:
+                raise
+            log.warning("%s: the API server no longer holds the list's snapshot after %d objects in %d requests "
+                        "(%s, HTTP %s); listing all %s again from the first page", what, count, requests - 1,
+                        status_of(body).get("message") or "Expired", getattr(exc, "status", "?"), kind)
+            restart()
+            cont, count = "", 0
+            continue
+        lmeta = doc.get("metadata") or {}
+        items = doc.get("items") or []
+        del doc
+        if not cont:
+            rv = str(lmeta.get("resourceVersion") or "")
+        apply(items)
+        count += len(items)
+        del items
+        sent, cont = cont, str(lmeta.get("continue") or "")
+        if not cont:
+            return rv, count, requests
+        if cont == sent:
+            raise ListLoop(f"{what}: the API server answered a page with the very continue token it was sent, "
+                           f"after {count} objects in {requests} requests; the list is abandoned")

@@ -134,7 +134,8 @@ def test_the_node_pods_are_listed_in_pages_bounded_by_bytes_and_kept_slim(kube: 
     assert all(len(p["spec"]["containers"]) == 1 for p in pods)
     first = [int(q["limit"]) for q in kube.list_requests("pods")]
     assert first[:2] == [500, 62] and min(first) < 62
-    assert any("asking for 62 instead" in r.getMessage() for r in caplog.records)
+    assert any("pods of node gpu-a: a page of 500 objects passed" in r.getMessage()
+               and "asking for 62 from the same point instead" in r.getMessage() for r in caplog.records)
     n = len(first)
     again = sorted(p["metadata"]["name"] for p in lister.pods())
     assert again == names
