@@ -31,6 +31,7 @@ class StreamHealth(TypedDict):
     synced: bool            # its first list is applied (stays so)
     failing_s: float        # how long its failure streak has lasted (0: healthy)
     list_age_s: float | None  # since its last complete list (None: none yet)
+    silent_s: float | None    # since the API server last said anything on it (None: before its first list)
 
 
 class FeedHealth(TypedDict):
@@ -39,6 +40,7 @@ class FeedHealth(TypedDict):
 
     streams: dict[str, StreamHealth]
     stale_after_s: float
+    silent_after_s: float      # how long a stream not failing may be silent before /readyz calls it stale
     node_errors: int           # nodes whose GPU inventory cannot be read (no schedulable cards)
     pod_errors: int            # pods whose allocation record cannot be read or is not trusted
     unrecorded_gpu_pods: int   # GPU pods bound without Stowage's record (their cards not counted)
@@ -75,6 +77,14 @@ _FAILING = ("Seconds the kind's list or watch has been failing, with no success 
 _LIST_AGE = ("Seconds since the last complete list of the kind (absent before the first). Lists come after a 410 "
              "Gone and at each resync (every 10 minutes, once the watch then open ends: up to ~20 minutes apart); "
              "far past that with failing_seconds above 0, the lists are failing.")
+_SILENT = ("Seconds since the API server last said anything on the kind's stream: a watch event or bookmark, a "
+           "watch opened or ended, a list (absent before the first list). A healthy watch ends at least every "
+           "2 x its timeout, so this stays below that on a quiet cluster. Past "
+           "stowage_extender_feed_silent_after_seconds, while failing_seconds is 0, /readyz is false and every "
+           "verb refuses: the connection hangs somewhere between (a proxy, a half-open TCP connection) without an "
+           "error to count. Alert on silent_seconds > silent_after_seconds.")
+_SILENT_AFTER = ("How long a stream that is not failing may be silent (stowage_extender_feed_silent_seconds) "
+                 "before /readyz turns false and every verb refuses: 2 x the watch timeout + 60 s + --stale-after.")
 _STALE_AFTER = ("--stale-after: how long a stream may fail (stowage_extender_feed_failing_seconds) before /readyz "
                 "turns false and every verb refuses.")
 # The feed's counts now (FeedHealth keys; gauges: they fall when the objects are fixed or gone).
@@ -109,12 +119,16 @@ class FeedCollector:
         synced = GaugeMetricFamily(PREFIX + "synced", _SYNCED, labels=["kind"])
         failing = GaugeMetricFamily(PREFIX + "failing_seconds", _FAILING, labels=["kind"])
         list_age = GaugeMetricFamily(PREFIX + "last_list_age_seconds", _LIST_AGE, labels=["kind"])
+        silent = GaugeMetricFamily(PREFIX + "silent_seconds", _SILENT, labels=["kind"])
         for kind, st in streams:
             synced.add_metric([kind], int(st["synced"]))
             failing.add_metric([kind], st["failing_s"])
             if st["list_age_s"] is not None:   # unknown before the first list: absent, not 0
                 list_age.add_metric([kind], st["list_age_s"])
-        yield from (synced, failing, list_age)
+            if st["silent_s"] is not None:     # likewise
+                silent.add_metric([kind], st["silent_s"])
+        yield from (synced, failing, list_age, silent)
         yield GaugeMetricFamily(PREFIX + "stale_after_seconds", _STALE_AFTER, value=h["stale_after_s"])
+        yield GaugeMetricFamily(PREFIX + "silent_after_seconds", _SILENT_AFTER, value=h["silent_after_s"])
         for key, help_text in _COUNTS:
             yield GaugeMetricFamily(PREFIX + key, help_text, value=h[key])  # type: ignore[literal-required]

@@ -456,9 +456,8 @@ class KubeFeeder:
                 if st.failing_since is not None and now - st.failing_since > self.stale_after_s:
                     return False, (f"{st.kind} watch failing for {now - st.failing_since:.0f}s "
                                    f"({st.failures} attempts): {st.last_error}; the model may be stale")
-                # A healthy stream ends (or sends a bookmark) at least every 2x watch timeout.
                 silent = now - st.last_contact
-                if st.failing_since is None and silent > 2 * self.watch_timeout_s + 60 + self.stale_after_s:
+                if st.failing_since is None and silent > self.silent_after_s:
                     return False, f"no word from the API server on {st.kind} for {silent:.0f}s; the model may be stale"
             t_dead = [k for k, t in self._threads.items() if not t.is_alive()]
         if self._stop.is_set() and self._threads:
@@ -467,6 +466,16 @@ class KubeFeeder:
             return False, f"{', '.join(t_dead)} watch thread stopped"
         # (Asked before every verb too: counts only, nothing copied.)
         return True, f"in sync with the API server: {len(self.model.index)} nodes, {len(self.model.allocations)} pods bound"
+
+    @property
+    def silent_after_s(self) -> float:
+        """How long a stream that is not failing may go without a word from the API server (an
+        event, a bookmark, a watch's end or opening, a list) before ``ready()`` calls the model
+        stale: a healthy watch ends at the latest after twice the watch timeout (its timeout is
+        randomised up to 2x), plus a minute of slack, plus ``stale_after_s``. Past it the
+        connection is hung somewhere between (a proxy, a half-open TCP connection) without an
+        error to count."""
+        return 2 * self.watch_timeout_s + 60 + self.stale_after_s
 
     def status(self) -> dict[str, Any]:
         """Everything the feed keeps about itself, names included: for ``stowage inspect`` and
@@ -486,7 +495,8 @@ class KubeFeeder:
         """Each stream's counters and state, and how many nodes and pods the feed cannot read or
         count, as numbers only (extender/feed_health.py): for /metrics, whose labels must stay
         bounded (``status()`` has the names). Ages are on the feeder's clock, evaluated as
-        ``ready()`` does, so ``failing_s > stale_after_s`` is exactly when ``/readyz`` says stale."""
+        ``ready()`` does, so ``failing_s > stale_after_s``, or ``silent_s > silent_after_s`` while not
+        failing, is exactly when ``/readyz`` says stale."""
         now = self.clock()
         with self._lock:
             streams: dict[str, StreamHealth] = {}
@@ -496,8 +506,10 @@ class KubeFeeder:
                     lists=st.lists, watches=st.watches, events=st.events, errors=st.errors,
                     gone_relists=st.gone_relists, synced=st.synced,
                     failing_s=max(0.0, now - st.failing_since) if st.failing_since is not None else 0.0,
-                    list_age_s=max(0.0, now - st.last_list) if st.lists else None)
-            return FeedHealth(streams=streams, stale_after_s=self.stale_after_s, node_errors=len(self.node_errors),
+                    list_age_s=max(0.0, now - st.last_list) if st.lists else None,
+                    silent_s=max(0.0, now - st.last_contact) if st.synced else None)
+            return FeedHealth(streams=streams, stale_after_s=self.stale_after_s, silent_after_s=self.silent_after_s,
+                              node_errors=len(self.node_errors),
                               pod_errors=len(self._pod_errors), unrecorded_gpu_pods=len(self._unrecorded))
 
     def bounds(self) -> dict[str, BoundUse | ListLearnUse]:

@@ -147,12 +147,14 @@ def test_the_help_says_what_each_series_means_and_what_to_alert_on(kube):  # noq
     m = scrape(app_of(new_feeder(kube)))
     helps = {name[len(FEED):]: help_text for name, (help_text, _) in m.items() if name.startswith(FEED)}
     assert set(helps) == {"lists", "watches", "events", "errors", "gone_relists", "synced", "failing_seconds",
-                          "last_list_age_seconds", "stale_after_seconds", "node_errors", "pod_errors",
-                          "unrecorded_gpu_pods"}
+                          "last_list_age_seconds", "stale_after_seconds", "silent_seconds", "silent_after_seconds",
+                          "node_errors", "pod_errors", "unrecorded_gpu_pods"}
     assert "/readyz" in helps["failing_seconds"] and "stale_after_seconds" in helps["failing_seconds"]
     assert "--stale-after" in helps["stale_after_seconds"] and "/readyz" in helps["stale_after_seconds"]
     assert "410" in helps["gone_relists"] and "relist" in helps["gone_relists"]
     assert "/readyz" in helps["synced"]
+    assert "/readyz" in helps["silent_seconds"] and "silent_after_seconds" in helps["silent_seconds"]
+    assert "--stale-after" in helps["silent_after_seconds"] and "watch timeout" in helps["silent_after_seconds"]
     for key in ("node_errors", "pod_errors", "unrecorded_gpu_pods"):
         assert "alert" in helps[key].lower() and "log" in helps[key]
     assert "not counted" in helps["pod_errors"] and "does not count" in helps["unrecorded_gpu_pods"]
@@ -226,3 +228,43 @@ def test_inspects_list_past_its_learn_bound_names_no_flag_it_does_not_have(tmp_p
     assert r.exit_code == 0, r.output
     (line,) = learn_bound_lines(caplog)
     assert "--list-learn-mib" not in line and "extender" not in line
+
+
+def test_the_seconds_since_the_api_server_last_said_anything_reach_metrics_as_readyz_reads_them(kube, feeders):  # noqa: F811
+    """``/readyz``'s second staleness rule: a stream that is not failing but from which nothing has
+    come (no event, no bookmark, no end of a watch) for longer than a healthy watch allows
+    (2 x the watch timeout + 60 s + ``--stale-after``) is a connection hung somewhere between, and
+    the model may be stale. Before, /metrics showed nothing of it: failing_seconds stayed 0 while
+    /readyz turned false."""
+    clock = FakeClock()
+    kube.create_node(inv_node("n1", [80, 80]))
+    f = new_feeder(kube, clock=clock, watch_timeout_s=60, stale_after_s=30.0)
+    feeders.append(f)
+    app = app_of(f)
+    m = scrape(app)
+    assert by_kind(m, "silent_seconds") == {}                 # unknown before the first list, not 0
+    limit = value(m, "silent_after_seconds")
+    assert limit == 2 * 60 + 60 + 30.0
+
+    f.start()
+    kube.wait_for(lambda: f.ready()[0] and all(st.watches >= 1 for st in f.streams.values()))
+    assert by_kind(scrape(app), "silent_seconds") == {NODES: 0.0, PODS: 0.0}
+    clock.t += limit - 1
+    m = scrape(app)
+    assert by_kind(m, "silent_seconds") == {NODES: limit - 1, PODS: limit - 1}
+    assert app.test_client().get("/readyz").status_code == 200
+    clock.t += 2                                              # past the bound: /readyz says so, and so do the series
+    m = scrape(app)
+    assert by_kind(m, "silent_seconds") == {NODES: limit + 1, PODS: limit + 1}
+    assert by_kind(m, "failing_seconds") == {NODES: 0.0, PODS: 0.0}   # nothing failed: only silence
+    readyz = app.test_client().get("/readyz")
+    assert readyz.status_code == 503 and "no word from the API server" in readyz.get_data(as_text=True)
+
+    kube.create_pod(make_pod("late"))                          # the pods' stream speaks again
+    kube.wait_for(lambda: f.streams[PODS].events == 1)
+    assert by_kind(scrape(app), "silent_seconds") == {NODES: limit + 1, PODS: 0.0}
+    assert app.test_client().get("/readyz").status_code == 503
+    kube.create_node(inv_node("n2", [24]))
+    kube.wait_for(lambda: f.streams[NODES].events == 1)
+    assert by_kind(scrape(app), "silent_seconds") == {NODES: 0.0, PODS: 0.0}
+    assert app.test_client().get("/readyz").status_code == 200
