@@ -55,7 +55,7 @@ from typing import Any, Iterable, Mapping
 
 from stowage.allocation import AllocationError, AllocationRecord, RecordTrust
 from stowage.resources import (GPU_RESOURCES, RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, RequestError,
-                               quantity_to_int)
+                               container_requests, pod_containers, quantity_to_int)
 
 from gpunode.devices import DeviceTable, UnknownDevice
 from .corrections import KubeletView, bind_order as _order, share_on
@@ -157,14 +157,17 @@ def _container_sizes(pod: Mapping[str, Any], resource: str) -> tuple[int, ...]:
 
 
 def _named_sizes(pod: Mapping[str, Any], resource: str) -> list[tuple[str, int]]:
-    """(container name, devices of ``resource``) for containers that need some, init first."""
-    spec = pod.get("spec") or {}
+    """(container name, devices of ``resource``) for containers that need some, init first.
+
+    Read by the request rule's own readers (:func:`~stowage.resources.pod_containers`,
+    :func:`~stowage.resources.container_requests`), so containers or resources that are not what
+    an API server stores raise :class:`RequestError` in its words: :func:`survey` makes that the
+    pod's note, and the node's other pods are served. A quantity that does not parse counts as
+    none of the resource (the API server refuses such a pod)."""
+    _, app, init = pod_containers(pod, None)
     sizes = []
-    for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
-        if not isinstance(c, Mapping):
-            continue
-        res = c.get("resources") or {}
-        q = (res.get("limits") or {}).get(resource, (res.get("requests") or {}).get(resource, 0))
+    for c in init + app:
+        q = container_requests(c).get(resource, 0)
         try:
             n = quantity_to_int(q, f"{resource} of container {c.get('name', '?')}")
         except RequestError:
@@ -238,7 +241,12 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
             # restarted kubelet re-adds pods one at a time. Taking it for the pod being admitted
             # would hand that pod this one's card.
             continue
-        sizes = _container_sizes(pod, resource)
+        try:
+            sizes = _container_sizes(pod, resource)
+        except RequestError as exc:
+            # only this pod's problem: the survey reads every pod of the node at every call
+            notes.append(f"{ref}: its containers' requests cannot be read: {exc}")
+            continue
         if not sizes:
             continue
         uid = str(meta.get("uid") or ref)

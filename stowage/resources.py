@@ -219,10 +219,11 @@ def fmt_mib(mib: float) -> str:
     return f"{mib:.4g} MiB"
 
 
-def _container_requests(container: Mapping[str, Any]) -> dict[str, Any]:
+def container_requests(container: Mapping[str, Any]) -> dict[str, Any]:
     """Requests of one container, falling back to limits (extended resources: requests == limits).
     Resources that are not objects are refused by name (no API server stores them, but anything
-    may reach the extender's port)."""
+    may reach the extender's port, and the device plugin reads whatever its API connection
+    answers)."""
     res = container.get("resources") or {}
     if not isinstance(res, Mapping):
         raise RequestError(f"resources of container {shown(container.get('name', '?'))} is not an object")
@@ -237,7 +238,7 @@ def _container_requests(container: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _amounts(container: Mapping[str, Any], memory_unit_mib: int) -> tuple[int, int, int]:
-    req = _container_requests(container)
+    req = container_requests(container)
     name = shown(container.get("name", "?"))
     gpus = quantity_to_int(req.get(RESOURCE_GPU, 0), f"{RESOURCE_GPU} of container {name}")
     mem_units = quantity_to_int(req.get(RESOURCE_GPU_MEMORY, 0), f"{RESOURCE_GPU_MEMORY} of container {name}")
@@ -276,7 +277,7 @@ def quantity_to_bytes(value: Any, what: str) -> int:
 def _host_amounts(container: Mapping[str, Any]) -> tuple[int, int]:
     """(milli-CPU, memory bytes) one container requests (requests, else limits: the API server
     defaults a missing request to its limit)."""
-    req = _container_requests(container)
+    req = container_requests(container)
     name = shown(container.get("name", "?"))
     cpu = req.get("cpu", 0)
     mem = req.get("memory", 0)
