@@ -274,8 +274,13 @@ def load_api_client(kubeconfig: str | None = None, in_cluster: bool = False,
 
 
 @dataclass
-class Backoff:
-    """Exponential back-off with jitter: base * 2^(n-1), capped, times a random factor in [0.5, 1)."""
+class JitteredBackoff:
+    """Exponential back-off with jitter: base * 2^(n-1), capped, times a random factor in [0.5, 1).
+
+    A delay rule only: the failure count lives in each :class:`StreamState`, since both streams
+    share one rule. The jitter keeps many extender replicas from retrying a recovering API server
+    in step. (Not :class:`gpunode.backoff.Backoff`, the node agents' streak keeper with no jitter:
+    one agent per node, nothing to spread.)"""
 
     base_s: float = 0.5
     max_s: float = 30.0
@@ -380,7 +385,7 @@ class KubeFeeder:
         self.request_timeout_s = request_timeout_s
         self.clock = clock
         self.rng = rng or random.Random()
-        self.backoff = Backoff(backoff_base_s, backoff_max_s, self.rng)
+        self.backoff = JitteredBackoff(backoff_base_s, backoff_max_s, self.rng)
         self.streams = {NODES: StreamState(NODES), PODS: StreamState(PODS)}
         self._lock = threading.Lock()            # feeder bookkeeping below (never held across I/O)
         self._stop = threading.Event()

@@ -8,7 +8,7 @@ import pytest
 from extender_kube_helpers import (FakeClock, FakeKube, feeders, gfd_node, inv_node, kube, make_node,  # noqa: F401
                                    make_pod, new_feeder, row)
 
-from extender.kube import NODES, PODS, Backoff
+from extender.kube import NODES, PODS, JitteredBackoff
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, encode_allocation
 from stowage.inventory import INVENTORY_ANNOTATION
 
@@ -218,7 +218,7 @@ def test_backoff_on_500s_then_recovery(kube, feeders):
 
 def test_backoff_delays_grow_exponentially_with_jitter_and_cap():
     import random
-    b = Backoff(base_s=0.5, max_s=8.0, rng=random.Random(1))
+    b = JitteredBackoff(base_s=0.5, max_s=8.0, rng=random.Random(1))
     for n, nominal in [(1, 0.5), (2, 1.0), (3, 2.0), (4, 4.0), (5, 8.0), (9, 8.0)]:
         d = [b.delay(n) for _ in range(50)]
         assert all(nominal * 0.5 <= x < nominal for x in d)
