@@ -412,7 +412,38 @@ class HealthMonitor:
         self._thread = threading.Thread(target=self._run, name="health", daemon=True)
 
     def start(self) -> None:
+        """Probe every card once, then watch in the background. The first probes run here, before
+        the plugin registers with the kubelet, so a card unfit at start (in MIG mode, needing a
+        reset) is Unhealthy in the first list instead of for one probe interval (10 s by default),
+        long enough for the kubelet to give it to a pod."""
+        if not self.cfg.health_disabled and self._probe_all(time.monotonic()):
+            self.state.set_health(self.tracker.snapshot())
+            self.on_change()
         self._thread.start()
+
+    def probe(self, uuid: str) -> str | None:
+        """Why the plugin must not hand this card out, or None: what :meth:`Nvml.probe` finds wrong
+        with it, or its MIG mode (a container given the whole card's UUID sees no CUDA device it
+        can use, and a share of a MIG card means nothing)."""
+        problem = self.nvml.probe(uuid)
+        if problem is None and self.nvml.mig_enabled(uuid):
+            card = self.state.table.by_uuid.get(uuid)
+            index = card.index if card is not None else "<index>"
+            problem = (f"MIG mode is enabled: Stowage hands out whole cards and shares of them, not MIG instances, "
+                       f"and a container given this card could not use it; disable MIG (nvidia-smi -i {index} "
+                       f"-mig 0, then reset the card) or leave this node to a device plugin with a MIG strategy")
+        return problem
+
+    def _probe_all(self, now: float) -> set[str]:
+        """Probe every tracked card; returns those whose health changed (each logged)."""
+        changed = set()
+        for uuid in self.tracker.cards:
+            was = self.tracker.cards[uuid].healthy
+            if self.tracker.on_probe(uuid, self.probe(uuid), now):
+                changed.add(uuid)
+                log.warning("card %s is %s%s", uuid, "healthy again" if not was else "unhealthy",
+                            "" if not was else f": {self.tracker.cards[uuid].reason}")
+        return changed
 
     def _run(self) -> None:
         cfg = self.cfg
@@ -440,12 +471,7 @@ class HealthMonitor:
                                     f" -> unhealthy: {', '.join(sorted(changed))}" if changed else " (ignored)")
                 if now >= next_probe and not cfg.health_disabled:
                     next_probe = now + cfg.probe_interval_s
-                    for uuid in self.tracker.cards:
-                        was = self.tracker.cards[uuid].healthy
-                        if self.tracker.on_probe(uuid, self.nvml.probe(uuid), now):
-                            changed.add(uuid)
-                            log.warning("card %s is %s%s", uuid, "healthy again" if not was else "unhealthy",
-                                        "" if not was else f": {self.tracker.cards[uuid].reason}")
+                    changed |= self._probe_all(now)
                 if self.late is not None and self.late.wait_left() <= 0:
                     changed |= self._add_late_cards(watch, now)
                 if changed:
@@ -490,7 +516,7 @@ class HealthMonitor:
             self.tracker.add(card.uuid)
             if watch is not None:
                 watch.add(card.uuid)
-            if not cfg.health_disabled and self.tracker.on_probe(card.uuid, self.nvml.probe(card.uuid), now):
+            if not cfg.health_disabled and self.tracker.on_probe(card.uuid, self.probe(card.uuid), now):
                 log.warning("card %s is unhealthy: %s", card.uuid, self.tracker.cards[card.uuid].reason)
         self.state.set_table(DeviceTable(self.nvml.cards(indices), cfg.memory_unit_mib), self.tracker.snapshot())
         return {c.uuid for c in added}

@@ -229,6 +229,19 @@ class Nvml:
         return None
 
 
+    def mig_enabled(self, uuid: str) -> bool:
+        """Whether the card is in MIG mode now (the mode in force, not one pending until the next
+        reset). False where NVML does not support MIG (pre-Ampere cards) or cannot say: whatever
+        else is wrong with such a card, :meth:`probe` says. Not part of :meth:`probe`: a MIG card
+        works (the exporter reads it as any other), it is only not one the device plugin can hand
+        out whole or in shares."""
+        try:
+            current = pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByUUID(uuid))[0]
+        except pynvml.NVMLError:
+            return False
+        return current == pynvml.NVML_DEVICE_MIG_ENABLE
+
+
 class LateCards:
     """What discovery could not read, read again with back-off until it answers: the card count, and
     the card indices.

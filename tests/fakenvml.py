@@ -51,6 +51,8 @@ class FakeCard:
     # health state
     lost: bool = False
     retired_pages_pending: bool = False
+    # MIG mode (current, pending) as nvmlDeviceGetMigMode answers; None: NOT_SUPPORTED (pre-Ampere)
+    mig_mode: tuple[int, int] | None = None
     ecc_uncorrected_volatile: int = 0
     # telemetry (for the exporter)
     used_mib: int = 0
@@ -265,6 +267,12 @@ class FakeNvml:
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, h: Any) -> int:
         return int(self._live(h).retired_pages_pending)
+
+    def nvmlDeviceGetMigMode(self, h: Any) -> list[int]:
+        mode = self._live(h).mig_mode
+        if mode is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return list(mode)
 
     def nvmlDeviceGetRemappedRows(self, h: Any) -> tuple[int, int, int, int]:
         self._live(h)

@@ -1,0 +1,86 @@
+"""A card in MIG mode is not one Stowage can hand out: the device plugin advertises it Unhealthy,
+from its first list to the kubelet, and says why; the exporter still reads it as a working card.
+
+In MIG mode a card's compute is split into GPU instances, and a container given the whole card's
+UUID (what Stowage's records name) sees no CUDA device it can use; a share of its memory or
+compute means nothing either. Stowage allocates whole cards and shares of whole cards, not MIG
+instances. Before, nothing read the MIG mode: such a card was advertised Healthy in every
+resource, the extender placed pods on it, and they started on a card they could not use.
+Enabling or disabling MIG takes a card reset, which can happen while the plugin runs: the mode is
+read by the periodic probes too, and a card whose MIG mode is disabled again is healthy again
+after the usual quiet period. Only the mode in force counts: a pending one takes effect at the
+next reset.
+"""
+from __future__ import annotations
+
+import logging
+
+import pynvml
+
+from dp_harness import NODE, rig
+from fakenvml import FakeNvml, default_cards
+
+from gpunode.nvml import Nvml
+from stowage.inventory import INVENTORY_ANNOTATION, decode_inventory
+from stowage.resources import GPU_RESOURCES, RESOURCE_GPU
+
+ON, OFF = pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_DISABLE
+
+
+def unhealthy_cards(r, resource):
+    return {i.split("::")[0] for i, h in r.kubelet.devices(resource).items() if h == "Unhealthy"}
+
+
+def inventory_health(r):
+    ann = r.kube.get_node(NODE)["metadata"]["annotations"].get(INVENTORY_ANNOTATION)
+    return [c.healthy for c in decode_inventory(ann).cards] if ann else None
+
+
+def test_a_card_in_mig_mode_at_start_is_unhealthy_in_the_first_list(monkeypatch, caplog):
+    cards = default_cards()
+    cards[1].mig_mode = (ON, ON)
+    cards[0].mig_mode = (OFF, OFF)          # MIG-capable, not in MIG mode: an ordinary card
+    caplog.set_level(logging.WARNING)
+    # no periodic probe during the test: the first list must already say it
+    with rig(monkeypatch, cards=cards, probe_interval_s=3600, recovery_quiet_s=3600) as r:
+        assert r.registered()
+        u1 = r.uuid(1)
+        assert r.kubelet.wait_for(lambda: all(r.kubelet.devices(res) for res in GPU_RESOURCES))
+        for res in GPU_RESOURCES:
+            assert unhealthy_cards(r, res) == {u1}, res
+            assert r.kubelet.plugins[res].updates == 1, res     # the first list said so, not a later update
+        assert r.kubelet.allocatable(RESOURCE_GPU) == 3
+        assert r.kube.wait_for(lambda: inventory_health(r) == [True, False, True, True])
+    said = [rec.getMessage() for rec in caplog.records if u1 in rec.getMessage()]
+    assert any("MIG mode" in m and "nvidia-smi" in m for m in said), said
+
+
+def test_mig_enabled_while_running_goes_unhealthy_and_disabled_again_heals(monkeypatch):
+    with rig(monkeypatch, probe_interval_s=0.1, recovery_quiet_s=0.3) as r:
+        assert r.registered()
+        u0 = r.uuid(0)
+        assert r.kubelet.allocatable(RESOURCE_GPU) == 4
+        r.nvml.card(u0).mig_mode = (OFF, ON)        # pending: the card still works as a whole card
+        calls = r.nvml.calls.get("nvmlEventSetWait", 0)
+        assert r.kube.wait_for(lambda: r.nvml.calls["nvmlEventSetWait"] > calls + 10)   # probe rounds later
+        assert unhealthy_cards(r, RESOURCE_GPU) == set()
+        r.nvml.card(u0).mig_mode = (ON, ON)         # after the reset
+        assert r.kubelet.wait_for(lambda: all(unhealthy_cards(r, res) == {u0} for res in GPU_RESOURCES))
+        assert r.kube.wait_for(lambda: inventory_health(r) == [False, True, True, True])
+        r.nvml.card(u0).mig_mode = (OFF, OFF)
+        assert r.kubelet.wait_for(lambda: unhealthy_cards(r, RESOURCE_GPU) == set(), timeout=20)
+        assert r.kube.wait_for(lambda: inventory_health(r) == [True] * 4)
+
+
+def test_the_health_probe_the_exporter_shares_does_not_call_a_mig_card_broken(monkeypatch):
+    """The exporter reads ``Nvml.probe``: a MIG card is a working card there (its metrics and its
+    stowage_gpu_healthy stay as they are); only the plugin cannot hand it out."""
+    cards = default_cards()
+    cards[0].mig_mode = (ON, ON)
+    FakeNvml(cards).install(monkeypatch)
+    nvml = Nvml()
+    nvml.init()
+    nvml.discover()
+    assert nvml.probe(cards[0].uuid) is None
+    assert nvml.mig_enabled(cards[0].uuid) is True
+    assert nvml.mig_enabled(cards[2].uuid) is False              # NOT_SUPPORTED: not a MIG card
