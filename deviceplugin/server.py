@@ -421,25 +421,12 @@ class HealthMonitor:
             self.on_change()
         self._thread.start()
 
-    def probe(self, uuid: str) -> str | None:
-        """Why the plugin must not hand this card out, or None: what :meth:`Nvml.probe` finds wrong
-        with it, or its MIG mode (a container given the whole card's UUID sees no CUDA device it
-        can use, and a share of a MIG card means nothing)."""
-        problem = self.nvml.probe(uuid)
-        if problem is None and self.nvml.mig_enabled(uuid):
-            card = self.state.table.by_uuid.get(uuid)
-            index = card.index if card is not None else "<index>"
-            problem = (f"MIG mode is enabled: Stowage hands out whole cards and shares of them, not MIG instances, "
-                       f"and a container given this card could not use it; disable MIG (nvidia-smi -i {index} "
-                       f"-mig 0, then reset the card) or leave this node to a device plugin with a MIG strategy")
-        return problem
-
     def _probe_all(self, now: float) -> set[str]:
         """Probe every tracked card; returns those whose health changed (each logged)."""
         changed = set()
         for uuid in self.tracker.cards:
             was = self.tracker.cards[uuid].healthy
-            if self.tracker.on_probe(uuid, self.probe(uuid), now):
+            if self.tracker.on_probe(uuid, self.nvml.probe(uuid), now):
                 changed.add(uuid)
                 log.warning("card %s is %s%s", uuid, "healthy again" if not was else "unhealthy",
                             "" if not was else f": {self.tracker.cards[uuid].reason}")
@@ -516,7 +503,7 @@ class HealthMonitor:
             self.tracker.add(card.uuid)
             if watch is not None:
                 watch.add(card.uuid)
-            if not cfg.health_disabled and self.tracker.on_probe(card.uuid, self.probe(card.uuid), now):
+            if not cfg.health_disabled and self.tracker.on_probe(card.uuid, self.nvml.probe(card.uuid), now):
                 log.warning("card %s is unhealthy: %s", card.uuid, self.tracker.cards[card.uuid].reason)
         self.state.set_table(DeviceTable(self.nvml.cards(indices), cfg.memory_unit_mib), self.tracker.snapshot())
         return {c.uuid for c in added}

@@ -209,7 +209,11 @@ class Nvml:
 
         A card is healthy when NVML still finds it, its memory info reads, and it has no pending
         retired pages / remapped rows and no volatile uncorrectable ECC errors (those need a reset).
-        Checks a card does not support are skipped.
+        A card in MIG mode (the mode in force; one pending until the next reset does not count) is
+        not fit for Stowage's work either: a container given the whole card's UUID, as Stowage's
+        records name it, sees no CUDA device it can use, and a share of it means nothing. The
+        device plugin and the exporter both read this, so ``stowage_gpu_healthy`` keeps saying
+        what the plugin advertises. Checks a card does not support are skipped.
         """
         try:
             h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
@@ -226,20 +230,13 @@ class Nvml:
                         pynvml.NVML_VOLATILE_ECC)
         if ecc:
             return f"{ecc} uncorrectable ECC errors since the driver loaded"
+        mig = _optional(pynvml.nvmlDeviceGetMigMode, h)   # [current, pending]; NOT_SUPPORTED before Ampere
+        if mig and mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE:
+            index = _optional(pynvml.nvmlDeviceGetIndex, h, default="<index>")
+            return (f"MIG mode is enabled: Stowage hands out whole cards and shares of them, not MIG instances, and "
+                    f"a container given this card could not use it; disable MIG (nvidia-smi -i {index} -mig 0, "
+                    f"then reset the card) or leave this node to a device plugin with a MIG strategy")
         return None
-
-
-    def mig_enabled(self, uuid: str) -> bool:
-        """Whether the card is in MIG mode now (the mode in force, not one pending until the next
-        reset). False where NVML does not support MIG (pre-Ampere cards) or cannot say: whatever
-        else is wrong with such a card, :meth:`probe` says. Not part of :meth:`probe`: a MIG card
-        works (the exporter reads it as any other), it is only not one the device plugin can hand
-        out whole or in shares."""
-        try:
-            current = pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByUUID(uuid))[0]
-        except pynvml.NVMLError:
-            return False
-        return current == pynvml.NVML_DEVICE_MIG_ENABLE
 
 
 class LateCards:

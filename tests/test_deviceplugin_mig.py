@@ -1,5 +1,5 @@
 """A card in MIG mode is not one Stowage can hand out: the device plugin advertises it Unhealthy,
-from its first list to the kubelet, and says why; the exporter still reads it as a working card.
+from its first list to the kubelet, and says why.
 
 In MIG mode a card's compute is split into GPU instances, and a container given the whole card's
 UUID (what Stowage's records name) sees no CUDA device it can use; a share of its memory or
@@ -9,7 +9,8 @@ resource, the extender placed pods on it, and they started on a card they could 
 Enabling or disabling MIG takes a card reset, which can happen while the plugin runs: the mode is
 read by the periodic probes too, and a card whose MIG mode is disabled again is healthy again
 after the usual quiet period. Only the mode in force counts: a pending one takes effect at the
-next reset.
+next reset. The exporter's ``stowage_gpu_healthy`` says the same (its contract: 1 while the plugin
+would advertise the card Healthy).
 """
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ import logging
 import pynvml
 
 from dp_harness import NODE, rig
-from fakenvml import FakeNvml, default_cards
+from exporter_harness import make_node
+from fakenvml import default_cards
 
-from gpunode.nvml import Nvml
 from stowage.inventory import INVENTORY_ANNOTATION, decode_inventory
 from stowage.resources import GPU_RESOURCES, RESOURCE_GPU
 
@@ -72,15 +73,16 @@ def test_mig_enabled_while_running_goes_unhealthy_and_disabled_again_heals(monke
         assert r.kube.wait_for(lambda: inventory_health(r) == [True] * 4)
 
 
-def test_the_health_probe_the_exporter_shares_does_not_call_a_mig_card_broken(monkeypatch):
-    """The exporter reads ``Nvml.probe``: a MIG card is a working card there (its metrics and its
-    stowage_gpu_healthy stay as they are); only the plugin cannot hand it out."""
+def test_the_exporter_reports_a_mig_card_unhealthy_as_the_plugin_advertises_it(monkeypatch, tmp_path):
+    """docs/metrics-contract.md: ``stowage_gpu_healthy`` is 1 while the device plugin would advertise
+    the card Healthy (same code, ``Nvml.probe``). The card's telemetry is still read: it works, it
+    is only not Stowage's to hand out. Turned off again, it is 1 after the quiet period."""
     cards = default_cards()
     cards[0].mig_mode = (ON, ON)
-    FakeNvml(cards).install(monkeypatch)
-    nvml = Nvml()
-    nvml.init()
-    nvml.discover()
-    assert nvml.probe(cards[0].uuid) is None
-    assert nvml.mig_enabled(cards[0].uuid) is True
-    assert nvml.mig_enabled(cards[2].uuid) is False              # NOT_SUPPORTED: not a MIG card
+    for node in make_node(monkeypatch, tmp_path, cards=cards, exporter_config=dict(recovery_quiet_s=0.0)):
+        s = node.scrape()
+        assert {x.labels["gpu"]: x.value for x in s.samples("stowage_gpu_healthy")} == {
+            c.uuid: (0 if c is cards[0] else 1) for c in cards}
+        assert s.value("stowage_gpu_memory_total_bytes", gpu=cards[0].uuid) > 0
+        node.nvml.card(cards[0].uuid).mig_mode = (OFF, OFF)
+        assert node.scrape().value("stowage_gpu_healthy", gpu=cards[0].uuid) == 1
