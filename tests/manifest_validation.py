@@ -9,8 +9,8 @@ default. So every object is checked field by field:
   ``attribute_map`` are generated from the API server's OpenAPI schema), recursively, then
   deserialised by the client to catch missing required fields and bad enum values;
 - kinds without client models (KubeSchedulerConfiguration, Kustomization, ServiceMonitor,
-  ScaledObject, prometheus-adapter's config) against small closed schemas written below from the
-  upstream type definitions.
+  PrometheusRule, ScaledObject, prometheus-adapter's config) against small closed schemas written
+  below from the upstream type definitions.
 
 Unknown fields and wrong scalar types are errors, reported with their path in the document.
 """
@@ -423,6 +423,31 @@ SERVICE_MONITOR = Obj({
     }, required=("selector",)),
 }, required=("apiVersion", "kind", "metadata", "spec"))
 
+# --- monitoring.coreos.com/v1 PrometheusRule (prometheus-operator API reference: RuleGroup, Rule;
+# the group and rule fields are spelt as in a Prometheus rules file, snake_case)
+def _int_or_string(value: Any, path: str, errors: list[str]) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        errors.append(f"{path}: expected a string or an integer, got {type(value).__name__} {value!r}")
+
+
+def _rule(value: Any, path: str, errors: list[str]) -> None:
+    Obj({"record": STR, "alert": STR, "expr": _int_or_string, "for": PROM_DURATION,
+         "keep_firing_for": PROM_DURATION, "labels": map_of(STR), "annotations": map_of(STR)},
+        required=("expr",))(value, path, errors)
+    if isinstance(value, dict) and ("alert" in value) == ("record" in value):
+        errors.append(f"{path}: a rule is either an alert or a record (exactly one of the two)")
+    if isinstance(value, dict) and "record" in value and ("for" in value or "annotations" in value):
+        errors.append(f"{path}: a recording rule takes no for/annotations")
+
+
+_RULE_GROUP = Obj({"name": STR, "labels": map_of(STR), "interval": PROM_DURATION, "query_offset": PROM_DURATION,
+                   "rules": list_of(_rule), "partial_response_strategy": STR, "limit": INT},
+                  required=("name", "rules"))
+PROMETHEUS_RULE = Obj({
+    **TYPE_META, "metadata": META,
+    "spec": Obj({"groups": list_of(_RULE_GROUP)}),
+}, required=("apiVersion", "kind", "metadata", "spec"))
+
 # --- keda.sh/v1alpha1 ScaledObject (KEDA's ScaledObject specification) and its prometheus trigger
 PROMETHEUS_TRIGGER_METADATA = {"serverAddress", "query", "threshold", "activationThreshold", "namespace",
                                "customHeaders", "ignoreNullValues", "unsafeSsl", "queryParameters", "timeout",
@@ -480,6 +505,7 @@ CUSTOM_KINDS: dict[tuple[str, str], Checker] = {
     ("kubescheduler.config.k8s.io/v1", "KubeSchedulerConfiguration"): KUBE_SCHEDULER_CONFIGURATION,
     ("kustomize.config.k8s.io/v1beta1", "Kustomization"): KUSTOMIZATION,
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): PROMETHEUS_RULE,
     ("keda.sh/v1alpha1", "ScaledObject"): SCALED_OBJECT,
 }
 

@@ -27,6 +27,7 @@ def test_scheduler_config_dir_has_the_expected_files():
     names = {_rel(p) for p in YAML_FILES}
     for expected in ("kustomization.yaml", "scheduler-config.yaml", "rbac.yaml", "scheduler.yaml", "exporter.yaml",
                      "namespace.yaml", "monitoring/servicemonitor.yaml",
+                     "monitoring/prometheusrule.yaml", "monitoring/grafana-dashboard.yaml",
                      "autoscaling/prometheus-adapter-config.yaml", "examples/model-serving-whole-gpu.yaml",
                      "examples/model-serving-shared-gpu.yaml", "examples/model-serving-keda.yaml",
                      "examples/training-job-4gpu.yaml"):
