@@ -232,6 +232,23 @@ def test_alert_and_group_names_are_unique_and_every_alert_is_documented():
     assert not undocumented, f"docs/deploy.md#alerts does not explain {undocumented}"
 
 
+def test_alert_names_and_deploy_sections_the_docs_mention_exist():
+    """Docs elsewhere name alerts and link to deploy.md's monitoring sections: a renamed alert or
+    heading must not leave them pointing at nothing."""
+    names = {a["alert"] for a in ALERTS}
+    anchors = _anchors(ROOT / "docs" / "deploy.md")
+    texts = {md.name: md.read_text() for md in (ROOT / "docs").glob("*.md")}
+    texts["README.md"] = (ROOT / "README.md").read_text()
+    mentioned = set()
+    for name, text in texts.items():
+        for alert in re.findall(r"`(Stowage[A-Z][A-Za-z]+)`", text):
+            mentioned.add(alert)
+            assert alert in names, f"{name} names an alert {alert} that prometheusrule.yaml does not have"
+        for link in re.findall(r"deploy\.md#([\w-]+)", text):
+            assert link in anchors, f"{name} links to deploy.md#{link}, no such section"
+    assert {"StowageLearnedPastUnwritten", "StowageExtenderBoundDropping", "StowageGpuUnhealthy"} <= mentioned
+
+
 # ----------------------------------------------------------------------------------- the dashboard
 
 
