@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-import requests
-import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -28,7 +26,7 @@ from extender_harness import start_process
 from exporter_harness import make_node
 from fakekube import FakeKube, kubeconfig_file, make_pod
 from fakenvml import default_cards
-from manifest_validation import Doc, load_docs, validate
+from manifest_validation import load_docs, validate
 from promql_check import (annotation_labels, check_expr, grafana_to_promql, legend_labels,
                           parse_label_values, result_labels)
 
@@ -356,7 +354,7 @@ def test_the_rule_validator_catches_rule_typos():
     assert any("exactly one of the two" in e for e in validate(doc))
     (doc,) = load_docs(RULES)
     doc.body["spec"]["groups"][0]["rules"][0]["labels"]["severity"] = 3
-    assert any("labels.severity: expected a string" in e for e in validate(Doc(doc.path, 0, doc.body)))
+    assert any("labels.severity: expected a string" in e for e in validate(doc))
 
 
 # ---------------------------------------------------------------------------- the checker can fail
