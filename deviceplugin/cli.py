@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from typing import Any
 
 import click
 
@@ -100,11 +101,21 @@ def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple
     except MessageTooLarge as exc:   # the kubelet would silently advertise nothing: refuse, saying why
         raise click.BadParameter(str(exc), param_hint="--memory-unit-mib") from None
     if metrics_port and plugin.reconciler is not None:
-        from prometheus_client import start_http_server
-        start_http_server(metrics_port, registry=plugin.reconciler.registry)
+        serve_metrics(plugin.reconciler.registry, metrics_port)
         log.info("metrics on :%d/metrics", metrics_port)
     log.info("device plugin running for %s in %s", ", ".join(cfg.resources), plugin_dir)
     while not done.wait(1.0):
         pass
     log.info("shutting down")
     plugin.stop()
+
+
+def serve_metrics(registry: Any, port: int, addr: str = "0.0.0.0") -> tuple[Any, Any]:
+    """Serve ``registry`` on ``addr:port`` (0: a free port) in a background thread; returns
+    (server, thread). On the node agents' bounded server (:mod:`gpunode.metrics_http`), not
+    prometheus_client's ``start_http_server``: the port is open to the pod network, and that
+    server gives every silent connection a thread for ever (the plugin's limit is 256 MiB)."""
+    from prometheus_client import make_wsgi_app
+
+    from gpunode.metrics_http import serve
+    return serve(make_wsgi_app(registry), port, addr)
