@@ -497,6 +497,35 @@ def test_service_and_servicemonitor_reach_the_exporter_pods():
     assert ep["honorLabels"] is True
 
 
+def test_service_and_servicemonitor_reach_the_device_plugins_metrics():
+    """The plugin's record-reconciler metrics are on in the shipped DaemonSet (the alerts of
+    monitoring/prometheusrule.yaml read them): the env the CLI reads, the container port, the
+    headless Service and the ServiceMonitor agree, and the ServiceMonitor matches no other Service."""
+    ds = one("device-plugin.yaml", "DaemonSet", "stowage-device-plugin")
+    svc = one("device-plugin.yaml", "Service", "stowage-device-plugin")
+    sm = one("monitoring/servicemonitor.yaml", "ServiceMonitor", "stowage-device-plugin")
+    spec = ds["spec"]["template"]["spec"]
+    c = container(spec, "device-plugin")
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    (cp,) = c["ports"]
+    assert (cp["name"], cp["containerPort"]) == ("metrics", int(env["STOWAGE_METRICS_PORT"]))
+    assert not spec.get("hostNetwork")     # the pod's own IP: no port to collide with on the node
+    from deviceplugin.cli import main as plugin_main
+    assert any(getattr(o, "envvar", None) == "STOWAGE_METRICS_PORT" for o in plugin_main.params)
+    assert svc["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert svc["spec"]["clusterIP"] == "None"
+    (sp,) = svc["spec"]["ports"]
+    assert sp["targetPort"] == cp["name"] and sp["port"] == cp["containerPort"]
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert svc["metadata"]["namespace"] in sm["spec"]["namespaceSelector"]["matchNames"]
+    (ep,) = sm["spec"]["endpoints"]
+    assert ep["port"] == sp["name"] and ep["path"] == "/metrics"
+    others = [d for rel in ("exporter.yaml", "device-plugin.yaml", "scheduler.yaml") for d in docs(rel)
+              if d.kind == "Service" and d.name != "stowage-device-plugin"]
+    assert not any(sm["spec"]["selector"]["matchLabels"].items() <= d.body["metadata"].get("labels", {}).items()
+                   for d in others)
+
+
 # ------------------------------------------------------------------------------- image
 
 

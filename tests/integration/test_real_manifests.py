@@ -160,7 +160,8 @@ def test_kustomization_is_accepted_by_the_api_server(rbac_k8s: LocalK8s) -> None
 def test_service_monitors_are_accepted_with_the_crd(api: LocalK8s) -> None:
     r = dry_run(api, "-f", str(CONFIG / "monitoring" / "servicemonitor.yaml"))
     accepted(r)
-    assert r.stdout.count("servicemonitor.monitoring.coreos.com/") == 2, r.stdout
+    assert {line.split()[0] for line in r.stdout.splitlines()} == {
+        f"servicemonitor.monitoring.coreos.com/stowage-{name}" for name in ("exporter", "extender", "device-plugin")}
 
 
 def test_prometheus_adapter_config_map_is_accepted(api: LocalK8s) -> None:
