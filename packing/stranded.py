@@ -1,0 +1,46 @@
+"""Stranded whole cards: free GPUs on nodes that cannot take one more 1-GPU pod.
+
+A healthy card with no pod on a schedulable node is stranded when the node has no pod slot left,
+or less host CPU or memory free than the least any running 1-GPU whole-card pod asks for::
+
+    stranded = sum over schedulable nodes i, cards k of
+               free_whole[i, k] * [pod_room[i] < 1  or  cpu_free[i] < c  or  hmem_free[i] < m]
+
+    (c, m) = (min CPU, min memory) over the running pods that hold exactly one whole card
+             ((0, 0) when none runs: then only a node out of pod slots, or overbooked by pods
+             bound without Stowage, strands its cards)
+
+Why the least of the running 1-GPU pods: it is what the cluster's own workload says a GPU pod
+needs beside its card, learned from nothing but what is bound now, and it makes the count a floor
+(a card counted is one no such pod could use; some cards not counted may still be stranded for
+the usual pods). The two minima may come from different pods, which keeps it a floor. A node
+whose host figures are not modelled (infinite) never strands a card.
+
+What Stowage's packing exists to avoid, as a number an operator can alert on:
+``stowage_extender_stranded_whole_cards`` (extender/verbs.py).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from .model import CardArrays, PodAllocation
+
+
+def least_one_gpu_host_request(allocations: Iterable[PodAllocation]) -> tuple[float, float]:
+    """(milli-CPU, host MiB): the least each of the running 1-GPU whole-card pods asks for,
+    taken separately; (0, 0) when none runs."""
+    cpu = mem = np.inf
+    for al in allocations:
+        if al.whole and len(al.cards) == 1:
+            cpu = min(cpu, al.cpu_milli)
+            mem = min(mem, al.host_mem_mib)
+    return (0.0, 0.0) if cpu == np.inf else (float(cpu), float(mem))
+
+
+def stranded_whole_cards(a: CardArrays, cpu_milli: float, host_mem_mib: float) -> int:
+    """Free whole cards on schedulable nodes that cannot take a 1-GPU pod asking ``cpu_milli``
+    and ``host_mem_mib`` (module docstring)."""
+    blocked = (a.pod_room < 1) | (a.cpu_free < cpu_milli) | (a.hmem_free < host_mem_mib)
+    return int((a.free_whole() & (a.node_ok & blocked)[:, None]).sum())
