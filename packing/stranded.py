@@ -25,6 +25,8 @@ from typing import Iterable
 
 import numpy as np
 
+from stowage.resources import fmt_mib
+
 from .model import CardArrays, PodAllocation
 
 
@@ -39,8 +41,33 @@ def least_one_gpu_host_request(allocations: Iterable[PodAllocation]) -> tuple[fl
     return (0.0, 0.0) if cpu == np.inf else (float(cpu), float(mem))
 
 
+def host_blocked(a: CardArrays, cpu_milli: float, host_mem_mib: float) -> np.ndarray:
+    """[N] nodes that cannot take one more pod asking ``cpu_milli`` and ``host_mem_mib``: no pod
+    slot left, or less CPU or memory free than that."""
+    return (a.pod_room < 1) | (a.cpu_free < cpu_milli) | (a.hmem_free < host_mem_mib)
+
+
+def stranded_per_node(a: CardArrays, cpu_milli: float, host_mem_mib: float) -> np.ndarray:
+    """[N] free whole cards of each schedulable node that cannot take a 1-GPU pod asking
+    ``cpu_milli`` and ``host_mem_mib`` (0 elsewhere; module docstring)."""
+    blocked = a.node_ok & host_blocked(a, cpu_milli, host_mem_mib)
+    return (a.free_whole() & blocked[:, None]).sum(axis=1)
+
+
 def stranded_whole_cards(a: CardArrays, cpu_milli: float, host_mem_mib: float) -> int:
     """Free whole cards on schedulable nodes that cannot take a 1-GPU pod asking ``cpu_milli``
     and ``host_mem_mib`` (module docstring)."""
-    blocked = (a.pod_room < 1) | (a.cpu_free < cpu_milli) | (a.hmem_free < host_mem_mib)
-    return int((a.free_whole() & (a.node_ok & blocked)[:, None]).sum())
+    return int(stranded_per_node(a, cpu_milli, host_mem_mib).sum())
+
+
+def why_stranded(a: CardArrays, i: int, cpu_milli: float, host_mem_mib: float) -> str:
+    """Why node ``i`` cannot take a 1-GPU pod asking ``cpu_milli`` and ``host_mem_mib``, in words
+    ("" when it can): what an operator reads beside its stranded cards."""
+    why = []
+    if a.pod_room[i] < 1:
+        why.append("no pod slot left")
+    if a.cpu_free[i] < cpu_milli:
+        why.append(f"{max(float(a.cpu_free[i]), 0.0) / 1000:g} CPU free, a 1-GPU pod asks {cpu_milli / 1000:g} CPU")
+    if a.hmem_free[i] < host_mem_mib:
+        why.append(f"{fmt_mib(max(float(a.hmem_free[i]), 0.0))} memory free, a 1-GPU pod asks {fmt_mib(host_mem_mib)}")
+    return "; ".join(why)

@@ -13,6 +13,7 @@ import click
 
 from packing.frag import model_list
 from packing.model import ClusterModel
+from packing.stranded import least_one_gpu_host_request, stranded_per_node, why_stranded
 from stowage_ops.cluster_source import LearnFrom, LiveFacts, Source, cluster_options, learn_options, load
 from stowage_ops.planning import Learned, ShapeError, fragmentation, iter_nodes, parse_shape
 from stowage.resources import CORE_MILLI_PER_CARD, fmt_mib
@@ -26,6 +27,8 @@ def report(model: ClusterModel, typical: Sequence[str] = (), nodes: Sequence[str
     frag = fragmentation(model, shapes)
     with model.lock:
         a = model.a
+        least = least_one_gpu_host_request(model.allocations.values())
+        host_stranded = stranded_per_node(a, *least)
         out_nodes = []
         want = set(nodes)
         for i, name in iter_nodes(model):
@@ -61,7 +64,11 @@ def report(model: ClusterModel, typical: Sequence[str] = (), nodes: Sequence[str
                 "memoryMiB": sum(c["memoryMiB"] for c in cards),
                 "memoryFreeMiB": sum(c["memoryFreeMiB"] for c in cards if c["healthy"]),
                 "pods": len({p["uid"] for c in cards for p in c["pods"]}),
-                "freeMilli": free, "strandedMilli": stranded, "cards": cards,
+                "freeMilli": free, "strandedMilli": stranded,
+                # free whole cards no 1-GPU pod can use for lack of CPU, memory or pod slots here
+                "strandedWholeGpus": int(host_stranded[i]),
+                "strandedBecause": why_stranded(a, i, *least) if host_stranded[i] else "",
+                "cards": cards,
             })
     gpus = sum(n["gpus"] for n in out_nodes)
     return {
@@ -72,6 +79,7 @@ def report(model: ClusterModel, typical: Sequence[str] = (), nodes: Sequence[str
                     "allocatedPct": _pct(sum(n["healthyGpus"] * CORE_MILLI_PER_CARD - n["freeMilli"] for n in out_nodes),
                                          sum(n["healthyGpus"] for n in out_nodes) * CORE_MILLI_PER_CARD),
                     "strandedPct": _pct(sum(n["strandedMilli"] for n in out_nodes), sum(n["freeMilli"] for n in out_nodes)),
+                    "strandedWholeGpus": sum(n["strandedWholeGpus"] for n in out_nodes),
                     "typicalShapes": [s.describe() for s in frag.shapes]},
         "nodes": out_nodes,
     }
@@ -90,7 +98,9 @@ def render_table(rep: dict[str, Any], cards: bool = True) -> str:
     lines = [f"{s['nodes']} nodes, {s['gpus']} GPUs ({s['healthyGpus']} healthy, {s['freeGpus']} free), "
              f"{s['pods']} GPU pods; {s['allocatedPct']}% of healthy GPU capacity allocated; "
              f"{s['strandedPct']}% of the free capacity is stranded (no typical shape fits: "
-             f"{', '.join(s['typicalShapes'])})", ""]
+             f"{', '.join(s['typicalShapes'])})"
+             + (f"; {s['strandedWholeGpus']} free GPUs on nodes that cannot take a 1-GPU pod (CPU, memory or pod "
+                f"slots gone)" if s["strandedWholeGpus"] else ""), ""]
     rows = []
     for n in rep["nodes"]:
         state = "ok" if n["schedulable"] else "unschedulable"
@@ -98,6 +108,8 @@ def render_table(rep: dict[str, Any], cards: bool = True) -> str:
             state += f", {n['gpus'] - n['healthyGpus']} unhealthy"
         if n["wholeOnly"]:
             state += ", whole GPUs only"
+        if n["strandedWholeGpus"]:
+            state += f", {n['strandedWholeGpus']} free GPUs stranded ({n['strandedBecause']})"
         models = sorted({c["model"] for c in n["cards"]})
         rows.append([n["name"], "/".join(models) or "-", n["gpus"], n["freeGpus"], n["pods"],
                      f"{fmt_mib(n['memoryFreeMiB'])} / {fmt_mib(n['memoryMiB'])}" if n["memoryMiB"] else "-",

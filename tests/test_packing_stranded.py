@@ -85,3 +85,27 @@ def test_the_extenders_metrics_say_how_many_free_cards_are_stranded():
     assert "stowage_extender_free_whole_cards 6.0" in text
     assert "stowage_extender_stranded_whole_cards 3.0" in text
     assert "# HELP stowage_extender_stranded_whole_cards" in text and "1-GPU pod" in text
+
+
+def test_stowage_inspect_names_the_nodes_whose_free_cards_are_stranded():
+    """The alert's "stowage inspect shows the nodes": per node the stranded whole cards and why,
+    in the JSON and the table's STATE, and the total in the summary."""
+    from stowage_ops.inspect_cmd import render_table, report
+
+    m = ClusterModel()
+    gpu_node(m, "cpu-gone", 4, cpu_milli=16_000, mem_mib=256 * GiB)
+    gpu_node(m, "slots-gone", 4, cpu_milli=64_000, mem_mib=256 * GiB, max_pods=1)
+    gpu_node(m, "roomy", 4, cpu_milli=64_000, mem_mib=256 * GiB)
+    m.assign("a", "ns/a", "cpu-gone", [0], one_gpu(12_000, 16 * GiB))
+    m.assign("b", "ns/b", "slots-gone", [0], one_gpu(8_000, 16 * GiB))
+    m.assign("c", "ns/c", "roomy", [0], one_gpu(8_000, 16 * GiB))
+    rep = report(m)
+    by_name = {n["name"]: n for n in rep["nodes"]}
+    assert {k: n["strandedWholeGpus"] for k, n in by_name.items()} == {"cpu-gone": 3, "slots-gone": 3, "roomy": 0}
+    assert "4 CPU free" in by_name["cpu-gone"]["strandedBecause"] and "8 CPU" in by_name["cpu-gone"]["strandedBecause"]
+    assert "no pod slot" in by_name["slots-gone"]["strandedBecause"] and by_name["roomy"]["strandedBecause"] == ""
+    assert rep["summary"]["strandedWholeGpus"] == 6
+    table = render_table(rep, cards=False)
+    row = next(line for line in table.splitlines() if line.startswith("cpu-gone"))
+    assert "3 free GPUs stranded" in row and "4 CPU free" in row
+    assert "6 free GPUs on nodes that cannot take a 1-GPU pod" in table.splitlines()[0]
