@@ -1,7 +1,7 @@
 """Serve the collector over HTTP and stop cleanly.
 
 The server is prometheus_client's WSGI app on the node agents' bounded server
-(:mod:`gpunode.metrics_http`): the port is open to the whole pod network, and prometheus_client's
+(:mod:`stowage.metrics_http`): the port is open to the whole pod network, and prometheus_client's
 own server gives every connection a thread that waits for its request for ever.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from gpunode.metrics_http import MetricsServer, serve
+from stowage.metrics_http import MetricsServer, serve
 
 from .collector import ExporterConfig, GpuCollector, Snapshotter
 

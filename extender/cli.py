@@ -94,12 +94,21 @@ def serve_metrics(app: Flask, bind: str) -> None:
 
     Why a second listener: in the sidecar layout the extender's verbs listen on the pod's
     loopback only (nothing but kube-scheduler may call bind), so Prometheus could not reach
-    /metrics there; this port serves nothing but the metrics."""
-    from prometheus_client import start_http_server
+    /metrics there; this port serves nothing but the metrics. It is open to the pod network, so
+    it is served by the bounded server of :mod:`stowage.metrics_http`, not prometheus_client's
+    ``start_http_server`` (a thread for ever per silent connection, in the process that holds
+    the model)."""
+    from prometheus_client import make_wsgi_app
+
+    from stowage.metrics_http import serve
 
     host, port = parse_host_port(bind)
-    server, _thread = start_http_server(port, addr=host, registry=app.extensions["stowage"]["metrics"].registry)
-    register_exit(server.shutdown)
+    server, _thread = serve(make_wsgi_app(app.extensions["stowage"]["metrics"].registry), port, host)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+    register_exit(stop)
     log.info("metrics on http://%s:%d/metrics", host, port)
 
 

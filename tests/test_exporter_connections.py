@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from gpunode import metrics_http as exporter_server
+from stowage import metrics_http as exporter_server
 from exporter_harness import make_node
 
 

@@ -1,15 +1,20 @@
-"""The node agents' metrics port: a WSGI app on a thread-per-connection server that bounds the
-connections waiting for their request.
+"""The metrics ports of Stowage's processes: a WSGI app on a thread-per-connection server that
+bounds the connections waiting for their request.
 
-Both agents' ports (the exporter's, the device plugin's ``--metrics-port``) are open to the whole
-pod network (Prometheus scrapes them), and prometheus_client's own server gives every connection a
-thread that waits for its request for ever: 3,000 silent connections held 3,000 threads and
-+78 MiB, and ~9,000 take the exporter past its 256 MiB limit (the device plugin has the same limit,
-and an OOM-killed plugin fails the admission of every GPU pod pending on its node). Here a
-connection waits for its request at most :data:`REQUEST_TIMEOUT_S`, and at most
-:data:`MAX_WAITING_CONNECTIONS` wait at once: a new one sheds the one that has waited longest (a
-scrape sends its request at once and is answered in milliseconds, so the connections shed are
-those that send nothing). A request being answered is never cut.
+Every such port is open to the whole pod network (Prometheus scrapes it): the exporter's, the
+device plugin's ``--metrics-port`` and the extender's ``--metrics-bind``. prometheus_client's own
+server gives every connection a thread that waits for its request for ever: 3,000 silent
+connections held 3,000 threads and +78 MiB, and ~9,000 take the exporter past its 256 MiB limit
+(the device plugin has the same limit, and an OOM-killed plugin fails the admission of every GPU
+pod pending on its node; in the extender the threads pile up in the process that holds the model
+and makes every decision). Here a connection waits for its request at most
+:data:`REQUEST_TIMEOUT_S`, and at most :data:`MAX_WAITING_CONNECTIONS` wait at once: a new one
+sheds the one that has waited longest (a scrape sends its request at once and is answered in
+milliseconds, so the connections shed are those that send nothing). A request being answered is
+never cut.
+
+On the ground floor, beside the other pieces every host shares (``stowage.kubelist``): it knows
+nothing of what it serves.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from socketserver import ThreadingMixIn
 from typing import Any, Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-log = logging.getLogger("stowage.gpunode.metrics")
+log = logging.getLogger("stowage.metrics")
 
 MAX_WAITING_CONNECTIONS = 64   # connections whose request has not all arrived yet
 REQUEST_TIMEOUT_S = 10.0       # each socket read and write (Prometheus' default scrape timeout)
