@@ -186,7 +186,9 @@ def render_learned(learned: dict[str, Any], top: int = 15) -> str:
 def inspect(source: Source, learn: LearnFrom, learned: bool, nodes: tuple[str, ...], typical: tuple[str, ...],
             cards: bool, output: str) -> None:
     """Show, per node and per card, which pods hold what, what is free, card health, and
-    STRANDED capacity: free GPU share that no typical pod shape could use right now.
+    STRANDED capacity: free GPU share that no typical pod shape could use right now. STATE
+    also names a node's free GPUs that no 1-GPU pod can use for lack of CPU, memory or pod
+    slots there (the extender's stowage_extender_stranded_whole_cards).
 
     \b
     Examples:
