@@ -293,12 +293,18 @@ def run(per_verb: int, workers: int = 1, seed: int = 1, log_dir: str = "/tmp", p
     return res
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python tests/fuzzing.py``, apart from ``main`` so that
+    tests/test_doc_commands.py can check the documented command lines against it without running them."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--per-verb", type=int, default=10_000, help="requests per verb (filter, prioritize, bind, preempt)")
     ap.add_argument("--workers", type=int, default=1, help="1: one process; 2+: the split layout")
     ap.add_argument("--seed", type=int, default=1)
-    a = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    a = build_parser().parse_args()
     res = run(a.per_verb, a.workers, a.seed, progress=True)
     print(json.dumps({"requests": res.requests, "statuses": res.statuses, "5xx": len(res.five_xx),
                       "tracebacks": res.tracebacks, "slowest_s": round(res.slowest_s, 3),

@@ -161,7 +161,9 @@ def anatomy(nodes: Nodes, pods: Pods, policy: str, seed: int, arrived_pct: float
                    free_cards_starved=free_starved, failed=failed, failed_milli=failed_milli, slices=slices)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.binpack.anatomy``, apart from ``main`` so that
+    tests/test_doc_commands.py can check the documented command lines against it without running them."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.binpack.anatomy", formatter_class=HelpFormatter, description=__doc__.split("\n\n")[0])
     p.add_argument("--trace", default="default", help="trace name, generated variant or CSV path (default: default)")
     p.add_argument("--policy", default="stowage", help="placer name (default: stowage)")
@@ -170,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
                    "of the cluster (default: 100)")
     p.add_argument("--top", type=int, default=12, help="gap sizes to list (default: 12)")
     p.add_argument("--data-dir", default=None, help="folder with the openb CSVs")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         d = data_dir(args.data_dir)
         nodes, pods = load_nodes(d), load_trace(args.trace, Path(d))

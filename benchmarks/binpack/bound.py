@@ -149,7 +149,9 @@ def lp_report(nodes: Nodes, pods: Pods, policy: str, seeds: Sequence[int], progr
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.binpack.bound``, apart from ``main`` so that
+    tests/test_doc_commands.py can check the documented command lines against it without running them."""
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.binpack.bound", description=__doc__.split("\n\n")[0],
         formatter_class=HelpFormatter,
@@ -164,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
                    "idle GPU of the slices it placed with the configuration LP (needs scipy; ~25 s a seed on a 2-core VM)")
     p.add_argument("--policy", default="stowage", help="the policy whose slices --lp bounds (default: stowage)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.seeds < 1:
         p.error("--seeds must be at least 1")

@@ -157,7 +157,9 @@ def run(n: int, pods_n: int, seed: int, mode: str, profile: str | None = None) -
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.latency.inproc``, apart from ``main`` so that
+    tests/test_doc_commands.py can check the documented command lines against it without running them."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.latency.inproc", description=__doc__,
                                 formatter_class=HelpFormatter)
     p.add_argument("--nodes", type=int, default=5000)
@@ -165,7 +167,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--modes", default="service,wire,wsgi")
     p.add_argument("--profile", help="cProfile of the last mode's run to this file")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = build_parser().parse_args(argv)
     modes = a.modes.split(",")
     for mode in modes:
         r = run(a.nodes, a.pods, a.seed, mode, a.profile if mode == modes[-1] else None)
