@@ -24,9 +24,10 @@ What counts as a quoted command line (kept simple on purpose, see :func:`quoted_
 line of a fenced code block in markdown (``\\`` continuations joined; an alternative in its comment,
 ``# or: stowage demo --pods 150``, counts too), each inline code span in markdown (a span may wrap
 onto the next line of its paragraph), and in YAML comments each code span and each bare
-``stowage SUBCOMMAND ...`` up to the first ``)``, ``,`` or ``;``. A line counts when, after an
-optional ``$`` prompt, ``sudo``, ``time`` and ``VAR=value`` prefixes, it starts with ``stowage``
-followed by something (a bare `stowage` is the project's or the policy's name), ``make``,
+``stowage SUBCOMMAND --flag ...`` up to the first ``)``, ``,`` or ``;`` (the flag makes it a
+command line rather than a sentence about the command). A line counts when, after an optional
+``$`` prompt, ``sudo``, ``time`` and ``VAR=value`` prefixes, it starts with ``stowage`` or
+``make`` followed by something (bare, they are the project's, the policy's or the tool's name),
 ``tests/fuzzing.py`` or a ``python`` that runs ``-m benchmarks...`` or ``tests/fuzzing.py`` (any
 other ``python -m`` is not ours to check). The command ends at the first shell operator (``|``,
 ``&``, ``;``, ``>``, ...) or ``#`` comment.
@@ -39,11 +40,13 @@ What is substituted before parsing (the docs use these conventions; see :func:`a
 
 - ``[...]`` marks optional arguments: the brackets are dropped, the arguments are checked;
 - ``...`` ("more arguments here") is dropped;
-- an UPPER-CASE placeholder takes a value of its kind from :data:`PLACEHOLDERS` (``FILE``, ``N``,
-  ``SHAPE``, ...); an unknown one fails the test, so a new placeholder is a conscious addition;
-- a path that does not exist on this machine (``/etc/stowage/tls/server.crt``, ``~/.kube/config``)
-  becomes an existing file (this one), so an option that insists the file exists (click's
-  ``Path(exists=True)``) checks the flag and not the reader's disk;
+- a placeholder (``FILE``, ``N``, ``SHAPE``, ...) takes a value of its kind from
+  :data:`PLACEHOLDERS`; any other word of two or more capitals and no digit (unlike ``H100``) fails
+  the test as an unknown placeholder, so a new one is a conscious addition;
+- an absolute, home or ``./`` path that does not exist on this machine
+  (``/etc/stowage/tls/server.crt``, ``~/.kube/config``) becomes an existing file (this one), so an
+  option that insists the file exists (click's ``Path(exists=True)``) checks the flag and not the
+  reader's disk;
 - an inline span that ends with a flag that takes a value but gives none (``stowage extender
   --pending-pods-mib`` in prose) names the flag: the flag must exist, its value is not checked.
 
@@ -61,7 +64,6 @@ import runpy
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import click
 import pytest
@@ -104,10 +106,10 @@ ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 FENCE = re.compile(r"^\s*```")
 # A code span: single backticks; it may continue on the next lines of its paragraph, never past a blank line.
 SPAN = re.compile(r"`([^`\n]+(?:\n[^`\n]+)*)`")
-# In a YAML comment, outside code spans: `stowage SUBCOMMAND ...` up to the sentence's next ) , or ;
 # In a fenced line's comment: an alternative command ("make demo   # or: stowage demo --pods 150").
 ALTERNATIVE = re.compile(r"#.*?\bor: (.+)$")
-BARE_STOWAGE = re.compile(r"(?<![\w/.-])stowage [a-z][^),;`]*")
+# In a YAML comment, outside code spans: `stowage SUBCOMMAND --flag ...` up to the sentence's next ) , or ;
+BARE_STOWAGE = re.compile(r"(?<![\w/.-])stowage [a-z-]+ --[^),;`]*")
 YAML_COMMENT = re.compile(r"(?:^|\s)#(.*)$")
 
 
@@ -196,7 +198,7 @@ def command_of(text: str) -> Command | None:
     if head == "stowage" or head.endswith("/stowage"):
         return Command("stowage", rest) if rest else None
     if head == "make":
-        return Command("make", rest)
+        return Command("make", rest) if rest else None
     if head.endswith("tests/fuzzing.py"):
         return Command("tests/fuzzing.py", rest)
     if re.fullmatch(r"(.*/)?python3?", head) and rest:
@@ -215,12 +217,11 @@ def arguments(args: list[str]) -> list[str]:
         a = a.removeprefix("[").removesuffix("]")
         if a in ("", "..."):
             continue
-        if re.fullmatch(r"[A-Z][A-Z0-9_]*", a):
-            if a not in PLACEHOLDERS:
-                raise AssertionError(f"unknown placeholder {a!r}: add it to PLACEHOLDERS with a valid value")
+        if a in PLACEHOLDERS:
             a = PLACEHOLDERS[a]
-        elif ("/" in a or a.startswith("~")) and not a.startswith("-") and not Path(a).expanduser().exists() \
-                and not (ROOT / a).exists():
+        elif re.fullmatch(r"[A-Z][A-Z_]+", a):
+            raise AssertionError(f"unknown placeholder {a!r}: add it to PLACEHOLDERS with a valid value")
+        elif a.startswith(("/", "~/", "./", "../")) and not Path(a).expanduser().exists():
             a = str(Path(__file__))
         out.append(a)
     return out
@@ -374,7 +375,7 @@ def test_a_flag_named_in_prose_must_exist_but_needs_no_value() -> None:
 def test_what_is_not_one_of_our_commands_is_left_alone(tmp_path: Path, text: str) -> None:
     doc = tmp_path / "x.md"
     doc.write_text(text + "\n")
-    assert [q for q in markdown_quotes(doc) if command_of(q.text) and q.text != "make"] == []
+    assert [q for q in markdown_quotes(doc) if command_of(q.text)] == []
 
 
 def test_the_extractor_finds_commands_as_the_docs_write_them(tmp_path: Path) -> None:
@@ -396,7 +397,8 @@ def test_the_extractor_finds_commands_as_the_docs_write_them(tmp_path: Path) -> 
     assert command_of(got[0][1]) == Command("stowage", ["plan", "--simulated", "--fill", "60"])
     yaml = tmp_path / "x.yaml"
     yaml.write_text("# listens on loopback (stowage extender --bind 127.0.0.1:8888), so: `make demo`\n"
-                    "bind: x  # stowage extender --workers 2; more\n")
+                    "bind: x  # stowage extender --workers 2; more\n"
+                    "# stowage extender in kube mode reads it\n")
     assert [q.text for q in yaml_quotes(yaml)] == [
         "make demo", "stowage extender --bind 127.0.0.1:8888", "stowage extender --workers 2"]
 
