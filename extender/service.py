@@ -49,7 +49,7 @@ from packing.placer import Placer, attach_placer
 from packing.preempt import DEFAULT_BUDGET, judge_node, pdb_violations, reserve, row_copy
 from packing.pod_policy import PACK, SPREAD, PodPolicy, PolicyError, parse_policy
 from packing.registry import placer_for
-from packing.stranded import least_one_gpu_host_request, stranded_whole_cards
+from packing.stranded import typical_one_gpu_host_request, stranded_whole_cards
 from stowage.allocation import AllocationRecord, CardShare
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError, pod_request
 
@@ -938,11 +938,11 @@ class ExtenderService:
         with self.model.lock:
             a = self.model.a
             live = a.exists & a.node_ok[:, None]
-            least = least_one_gpu_host_request(self.model.allocations.values())
+            typical = typical_one_gpu_host_request(self.model.allocations.values())
             return {"nodes": len(self.model.index), "cards": int(live.sum()),
                     "healthy_cards": int((live & a.healthy).sum()),
                     "free_whole_cards": int((live & a.free_whole()).sum()),
-                    "stranded_whole_cards": stranded_whole_cards(a, *least),
+                    "stranded_whole_cards": stranded_whole_cards(a, *typical),
                     "allocations": len(self.model.allocations)}
 
     def bounds(self) -> dict[str, BoundUse]:

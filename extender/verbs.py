@@ -113,8 +113,8 @@ class _ModelCollector:
                                ("healthy_cards", "healthy GPU cards on schedulable nodes"),
                                ("free_whole_cards", "healthy cards with no pod on them"),
                                ("stranded_whole_cards", "free whole cards on nodes that cannot take one more 1-GPU "
-                                "pod: no pod slot left, or less host CPU or memory free than the least any running "
-                                "1-GPU pod asks for (packing/stranded.py). What packing exists to avoid: paid for, "
+                                "pod: no pod slot left, or less host CPU or memory free than the running 1-GPU pods' "
+                                "median asks for (packing/stranded.py). What packing exists to avoid: paid for, "
                                 "unusable until pods leave the node"),
                                ("allocations", "GPU pods holding cards")):
             yield GaugeMetricFamily(f"stowage_extender_{key}", help_text, value=s[key])

@@ -1,26 +1,27 @@
 """Stranded whole cards: free GPUs on nodes that cannot take one more 1-GPU pod.
 
 A healthy card with no pod on a schedulable node is stranded when the node has no pod slot left,
-or less host CPU or memory free than the least any running 1-GPU whole-card pod asks for::
+or less host CPU or memory free than the running 1-GPU whole-card pods' median asks for::
 
     stranded = sum over schedulable nodes i, cards k of
                free_whole[i, k] * [pod_room[i] < 1  or  cpu_free[i] < c  or  hmem_free[i] < m]
 
-    (c, m) = (min CPU, min memory) over the running pods that hold exactly one whole card
-             ((0, 0) when none runs: then only a node out of pod slots, or overbooked by pods
-             bound without Stowage, strands its cards)
+    (c, m) = (median CPU, median memory) over the running pods that hold exactly one whole card
+             (the lower median, each taken alone; (0, 0) when none runs: then only a node out of
+             pod slots, or overbooked by pods bound without Stowage, strands its cards)
 
-Why the least of the running 1-GPU pods: it is what the cluster's own workload says a GPU pod
-needs beside its card, learned from nothing but what is bound now, and it makes the count a floor
-(a card counted is one no such pod could use; some cards not counted may still be stranded for
-the usual pods). The two minima may come from different pods, which keeps it a floor. A node
-whose host figures are not modelled (infinite) never strands a card.
+Why the median of the running 1-GPU pods: it is what the cluster's own workload says a GPU pod
+needs beside its card, learned from nothing but what is bound now, and a card counted is one at
+least half of those pods could not use. Not their least: one 1-GPU pod that asks for no CPU (a
+pod without requests) would make every node's CPU look enough, and the count would say nothing.
+A node whose host figures are not modelled (infinite) never strands a card.
 
 What Stowage's packing exists to avoid, as a number an operator can alert on:
 ``stowage_extender_stranded_whole_cards`` (extender/verbs.py).
 """
 from __future__ import annotations
 
+from statistics import median_low
 from typing import Iterable
 
 import numpy as np
@@ -30,15 +31,17 @@ from stowage.resources import fmt_mib
 from .model import CardArrays, PodAllocation
 
 
-def least_one_gpu_host_request(allocations: Iterable[PodAllocation]) -> tuple[float, float]:
-    """(milli-CPU, host MiB): the least each of the running 1-GPU whole-card pods asks for,
-    taken separately; (0, 0) when none runs."""
-    cpu = mem = np.inf
+def typical_one_gpu_host_request(allocations: Iterable[PodAllocation]) -> tuple[float, float]:
+    """(milli-CPU, host MiB): the lower median of what the running 1-GPU whole-card pods ask
+    for, each taken alone; (0, 0) when none runs."""
+    cpus, mems = [], []
     for al in allocations:
         if al.whole and len(al.cards) == 1:
-            cpu = min(cpu, al.cpu_milli)
-            mem = min(mem, al.host_mem_mib)
-    return (0.0, 0.0) if cpu == np.inf else (float(cpu), float(mem))
+            cpus.append(al.cpu_milli)
+            mems.append(al.host_mem_mib)
+    if not cpus:
+        return 0.0, 0.0
+    return float(median_low(cpus)), float(median_low(mems))
 
 
 def host_blocked(a: CardArrays, cpu_milli: float, host_mem_mib: float) -> np.ndarray:
@@ -67,7 +70,7 @@ def why_stranded(a: CardArrays, i: int, cpu_milli: float, host_mem_mib: float) -
     if a.pod_room[i] < 1:
         why.append("no pod slot left")
     if a.cpu_free[i] < cpu_milli:
-        why.append(f"{max(float(a.cpu_free[i]), 0.0) / 1000:g} CPU free, a 1-GPU pod asks {cpu_milli / 1000:g} CPU")
+        why.append(f"{max(float(a.cpu_free[i]), 0.0) / 1000:g} CPU free, a typical 1-GPU pod asks {cpu_milli / 1000:g} CPU")
     if a.hmem_free[i] < host_mem_mib:
-        why.append(f"{fmt_mib(max(float(a.hmem_free[i]), 0.0))} memory free, a 1-GPU pod asks {fmt_mib(host_mem_mib)}")
+        why.append(f"{fmt_mib(max(float(a.hmem_free[i]), 0.0))} memory free, a typical 1-GPU pod asks {fmt_mib(host_mem_mib)}")
     return "; ".join(why)

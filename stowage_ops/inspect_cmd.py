@@ -13,7 +13,7 @@ import click
 
 from packing.frag import model_list
 from packing.model import ClusterModel
-from packing.stranded import least_one_gpu_host_request, stranded_per_node, why_stranded
+from packing.stranded import typical_one_gpu_host_request, stranded_per_node, why_stranded
 from stowage_ops.cluster_source import LearnFrom, LiveFacts, Source, cluster_options, learn_options, load
 from stowage_ops.planning import Learned, ShapeError, fragmentation, iter_nodes, parse_shape
 from stowage.resources import CORE_MILLI_PER_CARD, fmt_mib
@@ -27,8 +27,8 @@ def report(model: ClusterModel, typical: Sequence[str] = (), nodes: Sequence[str
     frag = fragmentation(model, shapes)
     with model.lock:
         a = model.a
-        least = least_one_gpu_host_request(model.allocations.values())
-        host_stranded = stranded_per_node(a, *least)
+        typical = typical_one_gpu_host_request(model.allocations.values())
+        host_stranded = stranded_per_node(a, *typical)
         out_nodes = []
         want = set(nodes)
         for i, name in iter_nodes(model):
@@ -67,7 +67,7 @@ def report(model: ClusterModel, typical: Sequence[str] = (), nodes: Sequence[str
                 "freeMilli": free, "strandedMilli": stranded,
                 # free whole cards no 1-GPU pod can use for lack of CPU, memory or pod slots here
                 "strandedWholeGpus": int(host_stranded[i]),
-                "strandedBecause": why_stranded(a, i, *least) if host_stranded[i] else "",
+                "strandedBecause": why_stranded(a, i, *typical) if host_stranded[i] else "",
                 "cards": cards,
             })
     gpus = sum(n["gpus"] for n in out_nodes)

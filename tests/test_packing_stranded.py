@@ -1,5 +1,5 @@
 """Stranded whole cards: free GPUs on nodes that cannot take one more 1-GPU pod (no pod slot left,
-or less host CPU or memory free than the least any running 1-GPU whole-card pod asks for).
+or less host CPU or memory free than the running 1-GPU whole-card pods' median asks for).
 
 What Stowage exists to avoid ("nobody pays for stranded GPUs"), and before this no series said it:
 the extender counted free whole cards cluster-wide, and in the real-scheduler replays of issue 13
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from packing.model import ClusterModel
-from packing.stranded import least_one_gpu_host_request, stranded_whole_cards
+from packing.stranded import typical_one_gpu_host_request, stranded_whole_cards
 from stowage.inventory import Card, Inventory
 from stowage.resources import GpuRequest
 
@@ -40,10 +40,12 @@ def test_free_cards_on_a_node_out_of_cpu_memory_or_pod_slots_are_stranded():
     m.assign("d", "ns/d", "slots-gone", [0], one_gpu(8_000, 16 * GiB))
     m.assign("e", "ns/e", "slots-gone", [], GpuRequest(cpu_milli=100))   # a CPU-only pod takes the last slot
     m.assign("f", "ns/f", "roomy", [0], one_gpu(8_000, 16 * GiB))
-    least = least_one_gpu_host_request(m.allocations.values())
-    assert least == (7_000, 16 * GiB)
-    # cpu-gone 2 free, mem-gone 3, slots-gone 3; roomy's 3 free cards can each take such a pod
-    assert stranded_whole_cards(m.a, *least) == 2 + 3 + 3
+    m.assign("g", "ns/g", "roomy", [1], one_gpu(0, 0))                  # a 1-GPU pod without requests
+    typical = typical_one_gpu_host_request(m.allocations.values())
+    # the 1-GPU pods' median, each taken alone: the one without requests does not hide the rest
+    assert typical == (8_000, 16 * GiB)
+    # cpu-gone 2 free, mem-gone 3, slots-gone 3; roomy's 2 free cards can each take such a pod
+    assert stranded_whole_cards(m.a, *typical) == 2 + 3 + 3
 
 
 def test_without_a_running_one_gpu_pod_only_pod_slots_and_overbooking_strand_cards():
@@ -54,9 +56,9 @@ def test_without_a_running_one_gpu_pod_only_pod_slots_and_overbooking_strand_car
     m.assign("big", "ns/big", "n2", range(4), GpuRequest(gpus=4, cpu_milli=9_000, host_mem_mib=8 * GiB),
              check=False)                                               # bound by another scheduler: CPU overbooked
     m.assign("train", "ns/train", "n1", range(4), GpuRequest(gpus=4, cpu_milli=1_000, host_mem_mib=8 * GiB))
-    least = least_one_gpu_host_request(m.allocations.values())
-    assert least == (0, 0)                                              # no 1-GPU pod runs: nothing to go by
-    assert stranded_whole_cards(m.a, *least) == 4 + 4                   # n1: no slot; n2: CPU below 0
+    typical = typical_one_gpu_host_request(m.allocations.values())
+    assert typical == (0, 0)                                            # no 1-GPU pod runs: nothing to go by
+    assert stranded_whole_cards(m.a, *typical) == 4 + 4                   # n1: no slot; n2: CPU below 0
 
 
 def test_unhealthy_cards_and_unschedulable_nodes_are_not_counted():
