@@ -280,3 +280,30 @@ def test_pods_without_gpus_go_through_the_extender_and_hold_host_room(sched: Sch
     # 8 CPUs per node, 6 taken on one: a GPU pod asking for 4 must take the other node's cards.
     gpu, rec = pool.place(PodSpec("gpu-4cpu", gpus=1, cpu="4"))
     assert rec.node == ({a, b} - {pod.spec.node_name}).pop()
+
+
+def stranded_on_metrics(sched: SchedBed) -> float:
+    """``stowage_extender_stranded_whole_cards`` as the extender serves it now."""
+    with sched.extender.session() as s:
+        text = s.get(sched.extender.url + "/metrics", timeout=10).text
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("stowage_extender_stranded_whole_cards ")]
+    return float(line.split()[1])
+
+
+def test_free_cards_on_a_node_whose_cpu_a_pod_bound_by_hand_took_are_counted_stranded(sched: SchedBed,
+                                                                                      pool: Pool) -> None:
+    """The live model's host figures come from the real API server (node allocatable, every bound
+    pod's requests, any scheduler's): a pod bound by hand (``spec.nodeName``, no scheduler) that
+    takes a node's last CPUs strands that node's free cards, and /metrics says how many."""
+    a = pool.node("a", lambda n: cards(n, A100, 4, 80), cpu="8")
+    pool.wait_extender_knows(sched)
+    before = stranded_on_metrics(sched)
+    pool.place(PodSpec("gpu-4cpu", gpus=1, cpu="4"))         # the 1-GPU pods' median: 4 CPUs
+    assert stranded_on_metrics(sched) == before              # 4 CPUs left: 3 free cards usable
+    hog = pool.body(PodSpec("cpu-hog", cpu="2"))
+    hog["spec"].pop("schedulerName")
+    hog["spec"]["nodeName"] = a                               # bound by hand: 2 CPUs left < 4
+    pool.k8s.core.create_namespaced_pod(pool.namespace, hog)
+    wait_until(lambda: stranded_on_metrics(sched) == before + 3, 30, "the 3 free cards of the node counted stranded")
+    pool.k8s.core.delete_namespaced_pod("cpu-hog", pool.namespace, grace_period_seconds=0)
+    wait_until(lambda: stranded_on_metrics(sched) == before, 30, "the cards usable again once the pod left")
