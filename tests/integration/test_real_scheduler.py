@@ -294,12 +294,17 @@ def test_free_cards_on_a_node_whose_cpu_a_pod_bound_by_hand_took_are_counted_str
                                                                                       pool: Pool) -> None:
     """The live model's host figures come from the real API server (node allocatable, every bound
     pod's requests, any scheduler's): a pod bound by hand (``spec.nodeName``, no scheduler) that
-    takes a node's last CPUs strands that node's free cards, and /metrics says how many."""
-    a = pool.node("a", lambda n: cards(n, A100, 4, 80), cpu="8")
+    takes a node's last CPUs strands that node's free cards, and /metrics says how many.
+
+    The gauge is cluster-wide and measured against the running 1-GPU pods' median request, so
+    other nodes of the shared cluster move with that median: the test places three 1-GPU pods of
+    4 CPUs (the median from then on, whatever else runs) and counts only what the hand-bound pod
+    changes."""
+    a = pool.node("a", lambda n: cards(n, A100, 6, 80), cpu="16")
     pool.wait_extender_knows(sched)
-    before = stranded_on_metrics(sched)
-    pool.place(PodSpec("gpu-4cpu", gpus=1, cpu="4"))         # the 1-GPU pods' median: 4 CPUs
-    assert stranded_on_metrics(sched) == before              # 4 CPUs left: 3 free cards usable
+    for k in range(3):
+        pool.place(PodSpec(f"gpu-4cpu-{k}", gpus=1, cpu="4"))   # 12 of 16 CPUs, 3 of 6 cards
+    before = stranded_on_metrics(sched)                      # 4 CPUs left: the 3 free cards usable
     hog = pool.body(PodSpec("cpu-hog", cpu="2"))
     hog["spec"].pop("schedulerName")
     hog["spec"]["nodeName"] = a                               # bound by hand: 2 CPUs left < 4
