@@ -112,10 +112,10 @@ def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple
 
 def serve_metrics(registry: Any, port: int, addr: str = "0.0.0.0") -> tuple[Any, Any]:
     """Serve ``registry`` on ``addr:port`` (0: a free port) in a background thread; returns
-    (server, thread). On the node agents' bounded server (:mod:`stowage.metrics_http`), not
-    prometheus_client's ``start_http_server``: the port is open to the pod network, and that
-    server gives every silent connection a thread for ever (the plugin's limit is 256 MiB)."""
-    from prometheus_client import make_wsgi_app
-
+    (server, thread). On the bounded server every Stowage metrics port uses
+    (:mod:`stowage.metrics_http`), not prometheus_client's ``start_http_server``: the port is
+    open to the pod network, and that server gives every silent connection a thread for ever
+    (the plugin's limit is 256 MiB)."""
     from stowage.metrics_http import serve
-    return serve(make_wsgi_app(registry), port, addr)
+    return serve(registry, port, addr)
+

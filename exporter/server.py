@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry
 
 from stowage.metrics_http import MetricsServer, serve
 
@@ -35,7 +35,7 @@ class Exporter:
 
     def start(self, port: int, addr: str = "0.0.0.0") -> int:
         """Serve /metrics; returns the bound port (``port`` 0 picks a free one)."""
-        self._server, self._thread = serve(make_wsgi_app(self.registry), port, addr)
+        self._server, self._thread = serve(self.registry, port, addr)
         self.port = self._server.server_port
         log.info("serving GPU metrics on %s:%d/metrics", addr, self.port)
         return self.port

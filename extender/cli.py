@@ -98,12 +98,10 @@ def serve_metrics(app: Flask, bind: str) -> None:
     it is served by the bounded server of :mod:`stowage.metrics_http`, not prometheus_client's
     ``start_http_server`` (a thread for ever per silent connection, in the process that holds
     the model)."""
-    from prometheus_client import make_wsgi_app
-
     from stowage.metrics_http import serve
 
     host, port = parse_host_port(bind)
-    server, _thread = serve(make_wsgi_app(app.extensions["stowage"]["metrics"].registry), port, host)
+    server, _thread = serve(app.extensions["stowage"]["metrics"].registry, port, host)
 
     def stop() -> None:
         server.shutdown()

@@ -13,8 +13,8 @@ sheds the one that has waited longest (a scrape sends its request at once and is
 milliseconds, so the connections shed are those that send nothing). A request being answered is
 never cut.
 
-On the ground floor, beside the other pieces every host shares (``stowage.kubelist``): it knows
-nothing of what it serves.
+On the ground floor, beside the other pieces every host shares (``stowage.kubelist``): it serves
+a Prometheus registry and knows nothing of what the registry holds.
 """
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ import socket
 import threading
 import time
 from socketserver import ThreadingMixIn
-from typing import Any, Callable
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
 
 log = logging.getLogger("stowage.metrics")
 
@@ -110,12 +112,12 @@ def _server_class(addr: str) -> type[MetricsServer]:
     return Server
 
 
-def serve(app: Callable[..., Any], port: int, addr: str = "0.0.0.0") -> tuple[MetricsServer, threading.Thread]:
-    """Serve the WSGI ``app`` on ``addr:port`` (0: a free port; an IPv6 address in brackets or not)
-    from a daemon thread; returns (server, thread). Stop with ``server.shutdown()`` and
-    ``server.server_close()``."""
+def serve(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> tuple[MetricsServer, threading.Thread]:
+    """Serve ``registry`` as prometheus_client's WSGI app (``/metrics``) on ``addr:port`` (0: a
+    free port; an IPv6 address in brackets or not) from a daemon thread; returns (server,
+    thread). Stop with ``server.shutdown()`` and ``server.server_close()``."""
     host = addr.strip("[]")
-    server = make_server(host, port, app, _server_class(host), handler_class=_Handler)
+    server = make_server(host, port, make_wsgi_app(registry), _server_class(host), handler_class=_Handler)
     thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
     thread.start()
     return server, thread
