@@ -423,14 +423,16 @@ class HealthMonitor:
 
     def _probe_all(self, now: float) -> set[str]:
         """Probe every tracked card; returns those whose health changed (each logged)."""
-        changed = set()
-        for uuid in self.tracker.cards:
-            was = self.tracker.cards[uuid].healthy
-            if self.tracker.on_probe(uuid, self.nvml.probe(uuid), now):
-                changed.add(uuid)
-                log.warning("card %s is %s%s", uuid, "healthy again" if not was else "unhealthy",
-                            "" if not was else f": {self.tracker.cards[uuid].reason}")
-        return changed
+        return {uuid for uuid in list(self.tracker.cards) if self._probe(uuid, now)}
+
+    def _probe(self, uuid: str, now: float) -> bool:
+        """Probe one card into the tracker; whether its health changed (logged when it did)."""
+        was = self.tracker.cards[uuid].healthy
+        if not self.tracker.on_probe(uuid, self.nvml.probe(uuid), now):
+            return False
+        log.warning("card %s is %s%s", uuid, "healthy again" if not was else "unhealthy",
+                    "" if not was else f": {self.tracker.cards[uuid].reason}")
+        return True
 
     def _run(self) -> None:
         cfg = self.cfg
@@ -503,8 +505,8 @@ class HealthMonitor:
             self.tracker.add(card.uuid)
             if watch is not None:
                 watch.add(card.uuid)
-            if not cfg.health_disabled and self.tracker.on_probe(card.uuid, self.nvml.probe(card.uuid), now):
-                log.warning("card %s is unhealthy: %s", card.uuid, self.tracker.cards[card.uuid].reason)
+            if not cfg.health_disabled:
+                self._probe(card.uuid, now)
         self.state.set_table(DeviceTable(self.nvml.cards(indices), cfg.memory_unit_mib), self.tracker.snapshot())
         return {c.uuid for c in added}
 
