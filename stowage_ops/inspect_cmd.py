@@ -27,8 +27,9 @@ def report(model: ClusterModel, typical: Sequence[str] = (), nodes: Sequence[str
     frag = fragmentation(model, shapes)
     with model.lock:
         a = model.a
-        typical = typical_one_gpu_host_request(model.allocations.values())
-        host_stranded = stranded_per_node(a, *typical)
+        # (not ``typical``, the fragmentation shapes above: a 1-GPU pod's host CPU and memory)
+        one_gpu = typical_one_gpu_host_request(model.allocations.values())
+        host_stranded = stranded_per_node(a, *one_gpu)
         out_nodes = []
         want = set(nodes)
         for i, name in iter_nodes(model):
@@ -67,7 +68,7 @@ def report(model: ClusterModel, typical: Sequence[str] = (), nodes: Sequence[str
                 "freeMilli": free, "strandedMilli": stranded,
                 # free whole cards no 1-GPU pod can use for lack of CPU, memory or pod slots here
                 "strandedWholeGpus": int(host_stranded[i]),
-                "strandedBecause": why_stranded(a, i, *typical) if host_stranded[i] else "",
+                "strandedBecause": why_stranded(a, i, *one_gpu) if host_stranded[i] else "",
                 "cards": cards,
             })
     gpus = sum(n["gpus"] for n in out_nodes)
