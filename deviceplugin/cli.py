@@ -30,7 +30,8 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
               help="Resources to advertise (repeat the flag; env: space separated).")
 @click.option("--ignored-xids", envvar="STOWAGE_IGNORED_XIDS", default=None,
               help="XIDs that do not mark a card unhealthy, comma separated; replaces the default "
-                   "13,31,43,45,68,109 (application faults). 'all' disables health checks.")
+                   "13,31,43,45,68,109 (application faults). 'all' disables health checks (a card in MIG "
+                   "mode is still unhealthy).")
 @click.option("--recovery-quiet-seconds", envvar="STOWAGE_RECOVERY_QUIET_SECONDS", type=click.FloatRange(min=0),
               default=120.0, help="An unhealthy card quiet this long is probed and, if fine, marked Healthy again.")
 @click.option("--probe-interval-seconds", envvar="STOWAGE_PROBE_INTERVAL_SECONDS", type=click.FloatRange(min=0.05),

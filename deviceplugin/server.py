@@ -415,8 +415,9 @@ class HealthMonitor:
         """Probe every card once, then watch in the background. The first probes run here, before
         the plugin registers with the kubelet, so a card unfit at start (in MIG mode, needing a
         reset) is Unhealthy in the first list instead of for one probe interval (10 s by default),
-        long enough for the kubelet to give it to a pod."""
-        if not self.cfg.health_disabled and self._probe_all(time.monotonic()):
+        long enough for the kubelet to give it to a pod. With health checks disabled the probes read
+        MIG mode alone (:meth:`gpunode.nvml.Nvml.probe`)."""
+        if self._probe_all(time.monotonic()):
             self.state.set_health(self.tracker.snapshot())
             self.on_change()
         self._thread.start()
@@ -428,7 +429,8 @@ class HealthMonitor:
     def _probe(self, uuid: str, now: float) -> bool:
         """Probe one card into the tracker; whether its health changed (logged when it did)."""
         was = self.tracker.cards[uuid].healthy
-        if not self.tracker.on_probe(uuid, self.nvml.probe(uuid), now):
+        problem = self.nvml.probe(uuid, health_checks=not self.cfg.health_disabled)
+        if not self.tracker.on_probe(uuid, problem, now):
             return False
         log.warning("card %s is %s%s", uuid, "healthy again" if not was else "unhealthy",
                     "" if not was else f": {self.tracker.cards[uuid].reason}")
@@ -458,7 +460,7 @@ class HealthMonitor:
                     elif ev is not None:
                         log.warning("NVML event: XID %s on %s%s", ev.xid, ev.uuid or "an unknown card",
                                     f" -> unhealthy: {', '.join(sorted(changed))}" if changed else " (ignored)")
-                if now >= next_probe and not cfg.health_disabled:
+                if now >= next_probe:
                     next_probe = now + cfg.probe_interval_s
                     changed |= self._probe_all(now)
                 if self.late is not None and self.late.wait_left() <= 0:
@@ -505,8 +507,7 @@ class HealthMonitor:
             self.tracker.add(card.uuid)
             if watch is not None:
                 watch.add(card.uuid)
-            if not cfg.health_disabled:
-                self._probe(card.uuid, now)
+            self._probe(card.uuid, now)
         self.state.set_table(DeviceTable(self.nvml.cards(indices), cfg.memory_unit_mib), self.tracker.snapshot())
         return {c.uuid for c in added}
 

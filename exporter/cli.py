@@ -37,7 +37,7 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 @click.option("--ignored-xids", envvar="STOWAGE_IGNORED_XIDS", default=None,
               help="XIDs that do not mark a card unhealthy, comma separated; replaces the default "
                    f"{','.join(map(str, sorted(DEFAULT_IGNORED_XIDS)))} (application faults). 'all' disables the "
-                   "XID and probe checks (a card NVML cannot read is still unhealthy). Env STOWAGE_IGNORED_XIDS, "
+                   "XID and probe checks (a card NVML cannot read, or one in MIG mode, is still unhealthy). Env STOWAGE_IGNORED_XIDS, "
                    "as for the device plugin: give both the same value and stowage_gpu_healthy says what the "
                    "plugin advertises.")
 @click.option("--recovery-quiet-seconds", envvar="STOWAGE_RECOVERY_QUIET_SECONDS", type=click.FloatRange(min=0),

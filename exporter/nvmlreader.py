@@ -256,7 +256,7 @@ class NvmlReader:
         power = _opt(pynvml.nvmlDeviceGetPowerUsage, h)
         temp = _opt(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
         procs, util_known, procs_known = self._processes(uuid, h)
-        problem = self.nvml.probe(uuid)
+        problem = self.nvml.probe(uuid, health_checks=not self._health.disabled)
         return CardSample(index=index, uuid=uuid, model=model, memory_total_bytes=int(mem.total),
                           memory_used_bytes=int(mem.used),
                           utilization=None if util is None else min(max(util.gpu / 100.0, 0.0), 1.0),

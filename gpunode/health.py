@@ -138,8 +138,13 @@ class HealthTracker:
 
         A failing probe marks a healthy card bad (a card that vanished). A passing probe heals an
         unhealthy card only once it has been quiet for ``quiet_s`` and its XIDs can be watched.
+
+        With health checks disabled the probes still come, reading MIG mode alone (see
+        :meth:`gpunode.nvml.Nvml.probe`): how a card is set up decides whether a container can use
+        it, whatever health checks say. No events are watched then, so there is no quiet period to
+        wait out: a passing probe heals at once.
         """
-        if self.disabled or uuid not in self.cards:
+        if uuid not in self.cards:
             return False
         c = self.cards[uuid]
         if problem is not None:
@@ -147,7 +152,7 @@ class HealthTracker:
                 return self._mark_bad(uuid, problem, now)
             c.reason = problem
             return False
-        if not c.healthy and uuid not in self.blind and now - c.since >= self.quiet_s:
+        if not c.healthy and (self.disabled or (uuid not in self.blind and now - c.since >= self.quiet_s)):
             c.healthy, c.reason = True, ""
             return True
         return False

@@ -204,7 +204,7 @@ class Nvml:
                 peers.append(key)
         return peers
 
-    def probe(self, uuid: str) -> str | None:
+    def probe(self, uuid: str, health_checks: bool = True) -> str | None:
         """Why this card is not fit for work, or None when it is.
 
         A card is healthy when NVML still finds it, its memory info reads, and it has no pending
@@ -214,12 +214,23 @@ class Nvml:
         records name it, sees no CUDA device it can use, and a share of it means nothing. The
         device plugin and the exporter both read this, so ``stowage_gpu_healthy`` keeps saying
         what the plugin advertises. Checks a card does not support are skipped.
+
+        ``health_checks=False`` (``--ignored-xids all``) skips the health checks and reads MIG mode
+        alone: that is how the card is set up, not its health, and turning health checks off must
+        not hand a card out that no container can use. A card NVML cannot reach is then not judged.
         """
         try:
             h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-            pynvml.nvmlDeviceGetMemoryInfo(h)
+            if health_checks:
+                pynvml.nvmlDeviceGetMemoryInfo(h)
         except pynvml.NVMLError as exc:
-            return f"NVML cannot reach the card: {exc}"
+            return f"NVML cannot reach the card: {exc}" if health_checks else None
+        return (self._health_problem(h) if health_checks else None) or self._mig_problem(h)
+
+    @staticmethod
+    def _health_problem(h: Any) -> str | None:
+        """What of the card's own state needs a reset: pending retired pages or row remaps, volatile
+        uncorrectable ECC errors; None when nothing does."""
         pending = _optional(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
         if pending:
             return "retired pages are pending (the card needs a reset)"
@@ -230,13 +241,18 @@ class Nvml:
                         pynvml.NVML_VOLATILE_ECC)
         if ecc:
             return f"{ecc} uncorrectable ECC errors since the driver loaded"
-        mig = _optional(pynvml.nvmlDeviceGetMigMode, h)   # [current, pending]; NOT_SUPPORTED before Ampere
-        if mig and mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE:
-            index = _optional(pynvml.nvmlDeviceGetIndex, h, default="<index>")
-            return (f"MIG mode is enabled: Stowage hands out whole cards and shares of them, not MIG instances, and "
-                    f"a container given this card could not use it; disable MIG (nvidia-smi -i {index} -mig 0, "
-                    f"then reset the card) or leave this node to a device plugin with a MIG strategy")
         return None
+
+    @staticmethod
+    def _mig_problem(h: Any) -> str | None:
+        """Why a card in MIG mode (the mode in force) cannot be handed out, and what to do; None otherwise."""
+        mig = _optional(pynvml.nvmlDeviceGetMigMode, h)   # [current, pending]; NOT_SUPPORTED before Ampere
+        if not (mig and mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE):
+            return None
+        index = _optional(pynvml.nvmlDeviceGetIndex, h, default="<index>")
+        return (f"MIG mode is enabled: Stowage hands out whole cards and shares of them, not MIG instances, and "
+                f"a container given this card could not use it; disable MIG (nvidia-smi -i {index} -mig 0, "
+                f"then reset the card) or leave this node to a device plugin with a MIG strategy")
 
 
 class LateCards:

@@ -44,8 +44,12 @@ def test_tracker_rules():
     assert t.snapshot()["c"] is True and t.on_probe("c", "gone", now=30) is True and not t.snapshot()["c"]
     t.add("c")                                                      # already tracked: keeps its state
     assert t.snapshot()["c"] is False and t.uuids == ["a", "b", "c"]
-    off = HealthTracker(["a"], disabled=True)
-    assert off.on_event(XidEvent("a", 79), 0) == set() and off.on_probe("a", "gone", 0) is False
+    off = HealthTracker(["a"], disabled=True, quiet_s=10)
+    assert off.on_event(XidEvent("a", 79), 0) == set() and off.snapshot() == {"a": True}
+    # disabled, the probes read MIG mode alone (Nvml.probe(health_checks=False)): what they find
+    # counts, and a passing probe heals at once (no events are watched, so no quiet period)
+    assert off.on_probe("a", "MIG mode is enabled", 1) is True and off.snapshot() == {"a": False}
+    assert off.on_probe("a", None, 2) is True and off.snapshot() == {"a": True}
 
 
 def test_xid_marks_card_unhealthy_in_all_resources_then_recovers(monkeypatch):

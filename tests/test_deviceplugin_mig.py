@@ -86,3 +86,54 @@ def test_the_exporter_reports_a_mig_card_unhealthy_as_the_plugin_advertises_it(m
         assert s.value("stowage_gpu_memory_total_bytes", gpu=cards[0].uuid) > 0
         node.nvml.card(cards[0].uuid).mig_mode = (OFF, OFF)
         assert node.scrape().value("stowage_gpu_healthy", gpu=cards[0].uuid) == 1
+
+
+def test_with_health_checks_disabled_a_mig_card_is_still_unhealthy_and_heals_when_turned_off(monkeypatch):
+    """``--ignored-xids all`` turns off the health checks (XID events, and the probes for unreachable
+    cards, pending retired pages / row remaps, ECC errors), as NVIDIA's plugin does with
+    ``DP_DISABLE_HEALTHCHECKS=all``. MIG mode is not one of them: it is how the card is set up, and a
+    container given a MIG card's whole UUID cannot use it whether or not health is watched. Before,
+    MIG mode was read only by the health probes, so with checks off such a card was advertised
+    Healthy. With no quiet period to wait for (no events are watched), it is fit again at the first
+    probe after MIG is turned off."""
+    cards = default_cards()
+    cards[2].mig_mode = (ON, ON)
+    with rig(monkeypatch, cards=cards, health_disabled=True, probe_interval_s=0.1, recovery_quiet_s=3600) as r:
+        assert r.registered()
+        u2 = r.uuid(2)
+        assert r.kubelet.wait_for(lambda: all(r.kubelet.devices(res) for res in GPU_RESOURCES))
+        for res in GPU_RESOURCES:
+            assert unhealthy_cards(r, res) == {u2}, res
+            assert r.kubelet.plugins[res].updates == 1, res     # the first list said so
+        assert r.kube.wait_for(lambda: inventory_health(r) == [True, True, False, True])
+        r.nvml.card(u2).mig_mode = (OFF, OFF)
+        assert r.kubelet.wait_for(lambda: all(unhealthy_cards(r, res) == set() for res in GPU_RESOURCES))
+        assert r.kube.wait_for(lambda: inventory_health(r) == [True] * 4)
+        r.nvml.card(u2).mig_mode = (ON, ON)          # on again (after a reset) while running
+        assert r.kubelet.wait_for(lambda: unhealthy_cards(r, RESOURCE_GPU) == {u2})
+
+
+def test_with_health_checks_disabled_other_probe_findings_still_do_not_count(monkeypatch):
+    """Disabled means disabled for the health checks: a card with pending retired pages stays Healthy
+    (the operator asked for that), while reading MIG mode does not turn them back on."""
+    cards = default_cards()
+    cards[0].retired_pages_pending = True
+    with rig(monkeypatch, cards=cards, health_disabled=True, probe_interval_s=0.1) as r:
+        assert r.registered()
+        assert r.kubelet.wait_for(lambda: all(r.kubelet.devices(res) for res in GPU_RESOURCES))
+        u1 = r.uuid(1)
+        r.nvml.card(u1).mig_mode = (ON, ON)          # the probes that see this one also read card 0
+        assert r.kubelet.wait_for(lambda: unhealthy_cards(r, RESOURCE_GPU) == {u1})
+        assert unhealthy_cards(r, RESOURCE_GPU) == {u1}
+
+
+def test_the_exporter_with_health_checks_disabled_reports_a_mig_card_unhealthy(monkeypatch, tmp_path):
+    cards = default_cards()
+    cards[3].mig_mode = (ON, ON)
+    for node in make_node(monkeypatch, tmp_path, cards=cards,
+                          exporter_config=dict(recovery_quiet_s=3600.0, health_disabled=True)):
+        s = node.scrape()
+        assert {x.labels["gpu"]: x.value for x in s.samples("stowage_gpu_healthy")} == {
+            c.uuid: (0 if c is cards[3] else 1) for c in cards}
+        node.nvml.card(cards[3].uuid).mig_mode = (OFF, OFF)
+        assert node.scrape().value("stowage_gpu_healthy", gpu=cards[3].uuid) == 1
