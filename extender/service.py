@@ -718,11 +718,18 @@ class ExtenderService:
                 return busy
             with self.model.lock:
                 prev = self.model.allocations.get(args.pod_uid)
-                record = self._record(prev) if prev is not None and prev.cards else None
-            if prev is not None and prev.node == node:
-                # Already holds cards on this node (a bind repeated, or rebuilt from the pod's annotation).
-                return BindWrite(self, args.pod_namespace, args.pod_name, args.pod_uid, node, record, None, "",
-                                 forget=False)
+                if prev is not None and prev.node == node:
+                    # Already holds cards on this node (a bind repeated, a reservation kept after an
+                    # unknown outcome, or rebuilt from the pod's annotation): write the Binding
+                    # again on them, but never alongside another write for the pod. If the first
+                    # failed it would release the cards while this one bound the pod on them; and
+                    # a bind to another node must not release them while this one writes.
+                    if args.pod_uid in self._inflight:
+                        return f"a bind of pod {args.key} to {node} is still in progress"
+                    self._inflight.add(args.pod_uid)
+                    record = self._record(prev) if prev.cards else None
+                    return BindWrite(self, args.pod_namespace, args.pod_name, args.pod_uid, node, record, None,
+                                     "", forget=False)
         if not may_block and self._known_pod(args) is None:
             return None
         info = self._pod_for_bind(args)
@@ -794,19 +801,17 @@ class ExtenderService:
             log.warning("bind %s -> %s: outcome unknown, reservation kept: %s", key, node, exc)
             return f"cannot bind {key} to {node}: {exc}"
         except Exception as exc:  # BindError or anything else: never keep the reservation
-            if reserved is not None:
-                with self.model.lock:
-                    self._inflight.discard(uid)
-                    if self.model.allocations.get(uid) is reserved:
-                        self.model.release(uid, departed=False)  # the pod never ran
+            with self.model.lock:
+                self._inflight.discard(uid)
+                if reserved is not None and self.model.allocations.get(uid) is reserved:
+                    self.model.release(uid, departed=False)  # the pod never ran
             # The binder's message is meant for the user (BindError); anything else is shown as is.
             msg = str(exc) or repr(exc)
             log.warning("bind %s -> %s failed%s: %s", key, node,
                         ", reservation released" if reserved is not None else "", msg)
             return f"cannot bind {key} to {node}: {msg}"
-        if reserved is not None:
-            with self.model.lock:
-                self._inflight.discard(uid)
+        with self.model.lock:
+            self._inflight.discard(uid)
         if record is None:
             log.info("bound %s -> %s (no GPU)", key, node)
         else:

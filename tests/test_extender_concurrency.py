@@ -310,3 +310,98 @@ def test_a_write_whose_outcome_is_unknown_keeps_the_reservation():
     assert svc.bind(bind_args("a", "n")) == ""                  # the retry completes
     assert binder.bound == {"a": ("n", [0])}
     check_no_overbooking(svc.model)
+
+
+# ------------------------------------------------------- the same pod bound twice at once (audit)
+# kube-scheduler binds a pod once per scheduling cycle, but a bind whose answer it gave up on
+# (httpTimeout) is retried while the first may still be writing, and anything that reaches the
+# port may send a bind again. Two writes for one pod at once must never leave the pod bound on
+# cards the model no longer holds for it.
+
+class ScriptedBinder:
+    """Each call takes the next step: "ok", "fail" (BindError), "unknown" (BindOutcomeUnknown),
+    or "gate" (block until :attr:`gate` is set, then succeed). Records what it bound."""
+
+    def __init__(self, steps: list[str]) -> None:
+        self.steps = list(steps)
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.bound: list[tuple[str, str, list[int]]] = []
+        self.lock = threading.Lock()
+
+    def bind(self, namespace, name, uid, node, record):
+        with self.lock:
+            step = self.steps.pop(0)
+        if step == "gate":
+            self.entered.set()
+            assert self.gate.wait(30), "the test never released the gate"
+        elif step == "fail":
+            self.entered.set()
+            assert self.gate.wait(30), "the test never released the gate"
+            raise BindError(f"injected API failure for {name}")
+        elif step == "unknown":
+            raise BindOutcomeUnknown(f"binding {name} to {node}: connection reset; pod could not be read back")
+        with self.lock:
+            self.bound.append((name, node, [c.index for c in record.cards] if record else []))
+
+
+def scripted_service(nodes: dict[str, int], names: list[str], steps: list[str]) -> tuple[ExtenderService,
+                                                                                        ScriptedBinder]:
+    model = model_from({"nodes": [{"name": n, "gpus": gpus("NVIDIA L4", k, "24Gi")} for n, k in nodes.items()]})
+    binder = ScriptedBinder(steps)
+    svc = ExtenderService(model, binder=binder, pod_source=PodsByName([gpu_pod(n) for n in names]),
+                          placer_factory=simple_placers)
+    return svc, binder
+
+
+def test_a_bind_repeated_while_the_first_write_is_in_flight_is_refused():
+    """A's write is in flight when a second bind of A to the same node comes: it used to write
+    the Binding again at once, on A's reservation; A's first write then failed and released the
+    card, the second one bound A on it, and the next pod got the same card (double-booked). Now
+    the second bind is refused while the first is in flight, and the card goes to one pod only."""
+    svc, binder = scripted_service({"n": 1}, ["a", "c"], ["fail", "ok"])
+    ta, ra = in_thread(svc.bind, bind_args("a", "n"))
+    assert binder.entered.wait(30)
+    again = svc.bind(bind_args("a", "n"))               # while a's first write is blocked
+    assert again == "a bind of pod default/a to n is still in progress"
+    binder.gate.set()
+    ta.join(30)
+    assert ra["result"] == "cannot bind default/a to n: injected API failure for a"
+    assert svc.model.allocations == {}                  # a's failed bind left nothing
+    assert svc.bind(bind_args("c", "n")) == ""          # the next pod takes the card
+    assert binder.bound == [("c", "n", [0])]            # and nobody else was bound on it
+    assert list(svc.model.allocations) == ["uid-c"]
+    check_no_overbooking(svc.model)
+
+
+def test_a_retry_in_flight_on_a_kept_reservation_is_not_released_under_it():
+    """A's first write ended with an unknown outcome (its card stays reserved); the retry to the
+    same node is writing when a bind of A to another node comes. That bind used to see no write
+    in flight, find A unbound and release the card under the retry's write (which then bound A
+    on a card the model had freed). Now it is refused while the retry is in flight."""
+    svc, binder = scripted_service({"n": 1, "m": 1}, ["a"], ["unknown", "gate", "ok"])
+    assert svc.bind(bind_args("a", "n")).startswith("cannot bind default/a to n: binding a to n: connection reset")
+    assert list(svc.model.allocations) == ["uid-a"]      # kept: a may be running on it
+    tr, rr = in_thread(svc.bind, bind_args("a", "n"))   # the retry, on the kept reservation
+    assert binder.entered.wait(30)
+    assert svc.bind(bind_args("a", "m")) == "a bind of pod default/a to n is still in progress"
+    binder.gate.set()
+    tr.join(30)
+    assert rr["result"] == ""
+    assert binder.bound == [("a", "n", [0])]
+    assert {u: (al.node, al.cards) for u, al in svc.model.allocations.items()} == {"uid-a": ("n", (0,))}
+    check_no_overbooking(svc.model)
+
+
+def test_binds_of_one_pod_to_two_nodes_at_once_book_one_node():
+    """A's write to n is in flight; a bind of A to m meanwhile is refused at once (no lookup, no
+    second reservation); A ends on n only."""
+    svc, binder = scripted_service({"n": 1, "m": 1}, ["a"], ["gate"])
+    ta, ra = in_thread(svc.bind, bind_args("a", "n"))
+    assert binder.entered.wait(30)
+    assert svc.bind(bind_args("a", "m")) == "a bind of pod default/a to n is still in progress"
+    binder.gate.set()
+    ta.join(30)
+    assert ra["result"] == "" and binder.bound == [("a", "n", [0])]
+    assert {u: (al.node, al.cards) for u, al in svc.model.allocations.items()} == {"uid-a": ("n", (0,))}
+    check_no_overbooking(svc.model)
