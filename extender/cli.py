@@ -118,6 +118,16 @@ def build_app(cfg: ServeConfig) -> Flask:
     return app
 
 
+def connect_feed(feeder: Any, service: ExtenderService) -> None:
+    """What the Kubernetes feed (:class:`extender.kube.KubeFeeder`) tells the service besides the
+    model they share: the pods it shows and those deleted, and every pod's priority and
+    nomination. One place, so that tests wire a feed to a service exactly as the extender does."""
+    feeder.on_pod_seen = service.learn_pod            # what the placers learn, rebuilt from the cluster
+    feeder.learning_in_bulk = service.learning_in_bulk  # a list's pods: the learned table built once
+    feeder.on_pod_deleted = service.forget_learned
+    feeder.marks = service.marks  # pod priorities and nominations: preempt, nominated pods' cards
+
+
 def _build_app(cfg: ServeConfig) -> Flask:
     """The extender app for ``cfg``, with its model fed (simulated) or being fed (kube)."""
     model = ClusterModel()
@@ -148,11 +158,8 @@ def _build_app(cfg: ServeConfig) -> Flask:
     requeuer = Requeuer(lambda ns, name, body: feeder.core.patch_namespaced_pod(
         name, ns, body, _content_type=MERGE_PATCH, _request_timeout=10), feeder.pending_uid).start()
     feeder.on_cards_freed = requeuer.cards_freed
-    feeder.on_pod_seen = service.learn_pod            # what the placers learn, rebuilt from the cluster
-    feeder.learning_in_bulk = service.learning_in_bulk  # a list's pods: the learned table built once
-    feeder.on_pod_deleted = service.forget_learned
+    connect_feed(feeder, service)
     service.on_refused = requeuer.refused
-    feeder.marks = service.marks  # pod priorities and nominations: preempt, nominated pods' cards
     keeper = None
     if cfg.learned_configmap is not None:
         # What the placers learned from pods deleted before this start (extender/learned_past.py):
