@@ -124,7 +124,7 @@ def connect_feed(feeder: Any, service: ExtenderService) -> None:
     nomination. One place, so that tests wire a feed to a service exactly as the extender does."""
     feeder.on_pod_seen = service.learn_pod            # what the placers learn, rebuilt from the cluster
     feeder.learning_in_bulk = service.learning_in_bulk  # a list's pods: the learned table built once
-    feeder.on_pod_deleted = service.forget_learned
+    feeder.on_pod_deleted = service.pod_deleted        # learned as departed; a late bind of it refused
     feeder.marks = service.marks  # pod priorities and nominations: preempt, nominated pods' cards
 
 

@@ -409,7 +409,7 @@ class KubeFeeder:
         self.marks: Any = None
         # Told of every pod of Stowage's schedulers the feed sees (pending or bound, not yet
         # deleted), and of every pod deleted: the service rebuilds what its placers learn from
-        # them (ExtenderService.learn_pod / forget_learned).
+        # them, and refuses a late bind of a deleted one (ExtenderService.learn_pod / pod_deleted).
         self.on_pod_seen: Callable[[Mapping[str, Any]], None] | None = None
         # Wraps the pods of a list shown to on_pod_seen at once (ExtenderService.learning_in_bulk:
         # the learned table is built once for them, not every 128 pods).

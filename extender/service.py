@@ -251,6 +251,9 @@ POD_CACHE_BYTES = 128 * 1024 * 1024
 # What an entry holds besides its texts: the PodInfo, its GpuRequest and PodPolicy, the LRU's node
 # and the key index's slot (tracemalloc: ~60-350 B; rounded up, so the estimate errs high).
 _ENTRY_BYTES = 400
+# Deleted pods' UIDs remembered so that a late bind of one reserves nothing (pod_deleted): a bind
+# comes within seconds of its filter, far fewer pods than this are deleted meanwhile. ~2 MB.
+DELETED_UIDS = 10_000
 
 
 def pod_info_bytes(info: "PodInfo", shared: PodPolicy | None = None) -> int:
@@ -338,6 +341,9 @@ class ExtenderService:
         # Its writer (extender/learned_store.PastKeeper) in kube mode, for /metrics; else None.
         self.past_keeper: Any = None
         self._inflight: set[str] = set()  # pod UIDs whose binder call is running (guarded by model.lock)
+        # UIDs of pods the watch saw deleted, the most recent first out last (pod_deleted): bind
+        # refuses them. Guarded by _pods_lock.
+        self._deleted: OrderedDict[str, None] = OrderedDict()
         # Told (uid, namespace, name, model generation) of each pod that fits on none of its
         # candidate nodes: kube mode requeues those when the model gains room (extender/requeue.py).
         self.on_refused: Callable[[str, str, str, int], None] | None = None
@@ -511,6 +517,26 @@ class ExtenderService:
             shape = self._learned.pop(uid)
             if shape is not None:
                 self.departed.add(*shape)
+
+    def pod_deleted(self, uid: str) -> None:
+        """The watch saw the pod deleted (``KubeFeeder.on_pod_deleted``, after the feed released
+        what it held): what was learned from it is counted as departed (:meth:`forget_learned`),
+        its parse is dropped from the pod cache, and a bind of it from now on is refused
+        (:meth:`reserve`). Why: a reservation made after the deletion would be released by no
+        later event, so a Binding whose outcome is unknown would keep the cards held until the
+        next full list (up to 10 minutes). UIDs never come back; the most recent
+        :data:`DELETED_UIDS` are remembered, enough for any bind still under way for them."""
+        self.forget_learned(uid)
+        self._forget(uid)
+        with self._pods_lock:
+            self._deleted[uid] = None
+            self._deleted.move_to_end(uid)
+            while len(self._deleted) > DELETED_UIDS:
+                self._deleted.popitem(last=False)
+
+    def _was_deleted(self, uid: str) -> bool:
+        with self._pods_lock:
+            return uid in self._deleted
 
     def departed_snapshot(self) -> DepartedPods:
         """A copy of :attr:`departed` to write (taken under the lock the feed adds under)."""
@@ -710,6 +736,8 @@ class ExtenderService:
         seen at filter, cards held on another node): the caller then runs :meth:`bind` where
         waiting is fine."""
         node = args.node
+        if args.pod_uid and self._was_deleted(args.pod_uid):
+            return f"pod {args.key} was deleted"
         if args.pod_uid:
             if not may_block and self._stale_elsewhere(args.pod_uid, node):
                 return None
@@ -739,6 +767,8 @@ class ExtenderService:
         if info.req is None:
             return info.error
         uid = args.pod_uid or info.uid
+        if self._was_deleted(uid):
+            return f"pod {info.key} was deleted"
         # Every pod reserves: a GPU pod its cards, any pod its CPU, memory and pod slot.
         req, policy = info.req, info.policy
         assert policy is not None

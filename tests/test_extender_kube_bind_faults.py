@@ -1,0 +1,192 @@
+"""Bind in Kubernetes mode when the API server refuses, the pod changed under it, or the request
+is a replay: the service, the real KubeBinder and the feed, wired as ``stowage extender`` wires
+them (``extender.cli.connect_feed``), against the fake API server.
+
+What each case must leave: the model exactly as the cluster is (no card held for a pod that does
+not hold it, none lost), and the next pod able to take the cards.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from extender_kube_helpers import FakeKube, inv_node, make_pod, new_feeder, row
+
+from extender.cli import connect_feed
+from extender.kube import KubeFeeder
+from extender.kube_binder import KubeBinder
+from extender.service import ExtenderService
+from extender.wire import BindingArgs, ExtenderArgs
+from extender_harness import simple_placers
+from stowage.allocation import ALLOCATION_ANNOTATION
+
+NODES = ["n1", "n2"]
+BINDING = "/binding$"
+_markers = itertools.count()
+
+
+@pytest.fixture
+def kube():
+    with FakeKube(bookmark_interval=3600) as k:
+        k.create_node(inv_node("n1", [80]))
+        k.create_node(inv_node("n2", [80]))
+        yield k
+
+
+@pytest.fixture
+def extender(kube):
+    """(feeder, service): one card on each of n1 and n2."""
+    f = new_feeder(kube)
+    svc = ExtenderService(f.model, binder=KubeBinder(kube.api_client(), readback_attempts=1, readback_delay_s=0),
+                          pod_source=f, placer_factory=simple_placers)
+    connect_feed(f, svc)
+    f.start()
+    try:
+        kube.wait_for(lambda: f.ready()[0])
+        yield f, svc
+    finally:
+        f.stop()
+
+
+def gpu_pod(kube: FakeKube, name: str, **kw) -> dict:
+    pod = make_pod(name, gpus=1, **kw)
+    pod["spec"]["schedulerName"] = "stowage-scheduler"
+    return kube.create_pod(pod)
+
+
+def caught_up(kube: FakeKube, f: KubeFeeder) -> None:
+    """Every change made so far has reached the feed: a pod created now has (one watch, in order)."""
+    name = f"marker-{next(_markers)}"
+    kube.create_pod(make_pod(name))
+    kube.wait_for(lambda: f.pending_uid(f"default/{name}") is not None)
+
+
+def filter_nodes(svc: ExtenderService, pod: dict) -> list[str]:
+    return svc.filter(ExtenderArgs(pod=pod, node_names=NODES, nodes=None, names=NODES)).node_names or []
+
+
+def bind(svc: ExtenderService, pod: dict, node: str) -> str:
+    m = pod["metadata"]
+    return svc.bind(BindingArgs(m["name"], m["namespace"], m["uid"], node))
+
+
+def snapshot(svc: ExtenderService) -> tuple[dict, dict]:
+    """Who holds what (GPU pods), and every node's card row."""
+    model = svc.model
+    with model.lock:
+        held = {a.name: (a.node, a.cards, a.mem_mib, a.core_milli) for a in model.allocations.values() if a.cards}
+        return held, {n: row(model, n) for n in NODES}
+
+
+def bindings(kube: FakeKube) -> int:
+    return sum(1 for method, path, _ in kube.requests if method == "POST" and path.endswith("/binding"))
+
+
+def unknown_outcome(svc: ExtenderService) -> None:
+    """Every Binding from now on loses its answer, and the pod cannot be read back."""
+    binder = svc.binder
+
+    def lost(*args, **kw):
+        raise ConnectionResetError("connection reset by peer")
+
+    def unreadable(*args, **kw):
+        raise ConnectionRefusedError("API server unreachable")
+
+    binder._binding, binder._read = lost, unreadable
+
+
+# --------------------------------------------------------------------- the API server refuses
+def refuse_500(kube, svc, pod):
+    kube.fail_next(1, status=500, path=BINDING)
+    return "injected failure (500)"
+
+
+def deleted_unseen(kube, svc, pod):
+    """Deleted after its filter, the deletion not yet seen by the feed: the Binding answers 404."""
+    kube.delete_pod("default", pod["metadata"]["name"], emit=False)
+    return "not found"
+
+
+def recreated_unseen(kube, svc, pod):
+    """Deleted and created again under the same name, the feed not told yet: 409 on the UID."""
+    kube.delete_pod("default", pod["metadata"]["name"], emit=False)
+    kube.create_pod(make_pod(pod["metadata"]["name"], gpus=1), emit=False)
+    return "is not the pod with uid"
+
+
+def bound_elsewhere_unseen(kube, svc, pod):
+    """Bound by someone else meanwhile (another scheduler, by hand): 409, bound without our record."""
+    kube.update("pods", "default", pod["metadata"]["name"], lambda o: o["spec"].update(nodeName="n2"), emit=False)
+    return "already assigned"
+
+
+@pytest.mark.parametrize("refusal", [refuse_500, deleted_unseen, recreated_unseen, bound_elsewhere_unseen])
+def test_a_refused_binding_rolls_the_model_back_exactly(kube, extender, refusal):
+    f, svc = extender
+    pod = gpu_pod(kube, "p")
+    caught_up(kube, f)
+    assert filter_nodes(svc, pod) == NODES
+    before = snapshot(svc)
+    why = refusal(kube, svc, pod)
+    err = bind(svc, pod, "n1")
+    assert err.startswith("cannot bind default/p to n1: ") and why in err
+    assert snapshot(svc) == before
+    assert ALLOCATION_ANNOTATION not in (kube.get_pod("default", "p") or {"metadata": {}})["metadata"].get(
+        "annotations", {})
+    nxt = gpu_pod(kube, "next")
+    caught_up(kube, f)
+    assert bind(svc, nxt, "n1") == ""                   # the card is free for the next pod
+    assert snapshot(svc)[0] == {"default/next": ("n1", (0,), (80 * 1024,), (1000,))}
+
+
+# ------------------------------------------------------------------------------------ replays
+def test_a_replayed_filter_and_bind_of_a_bound_pod_change_nothing(kube, extender):
+    """kube-scheduler (or anything at the port) sends a bound pod again: filter counts its own
+    cards as taken, a bind to its node succeeds without a new booking (the API server's 409 and
+    the read-back find our record), a bind to another node is refused."""
+    f, svc = extender
+    pod = gpu_pod(kube, "p")
+    caught_up(kube, f)
+    assert bind(svc, pod, "n1") == ""
+    caught_up(kube, f)
+    before, sent = snapshot(svc), bindings(kube)
+    assert filter_nodes(svc, pod) == ["n2"]
+    assert bind(svc, pod, "n1") == ""
+    assert bind(svc, pod, "n2") == "pod default/p already holds cards [0] on node n1; it is bound to n1"
+    caught_up(kube, f)
+    assert snapshot(svc) == before
+    assert bindings(kube) == sent + 1                    # the repeat's Binding, answered 409
+    assert kube.get_pod("default", "p")["spec"]["nodeName"] == "n1"
+
+
+def test_a_bind_naming_another_pods_uid_is_refused(kube, extender):
+    f, svc = extender
+    a, b = gpu_pod(kube, "a"), gpu_pod(kube, "b")
+    caught_up(kube, f)
+    assert filter_nodes(svc, a) == NODES and filter_nodes(svc, b) == NODES
+    before, sent = snapshot(svc), bindings(kube)
+    err = svc.bind(BindingArgs("b", "default", a["metadata"]["uid"], "n1"))
+    assert err == f"pod default/b has uid {b['metadata']['uid']}, bind asked for uid {a['metadata']['uid']} " \
+                  "(pod was re-created)"
+    assert snapshot(svc) == before and bindings(kube) == sent
+
+
+# --------------------------------------------------------------------- a pod already deleted
+def test_a_bind_of_a_pod_the_watch_saw_deleted_reserves_nothing(kube, extender):
+    """The pod was deleted after its filter and the feed saw it go; then its bind comes (kube-
+    scheduler's cycle was under way, or a replay), and the Binding's outcome is unknown (answer
+    lost, pod unreadable). The reservation used to be kept "until the pod is deleted": that had
+    happened already, so the card stayed held until the next full list (up to 10 minutes). Now
+    such a bind is refused before anything is reserved or sent, even after a replayed filter."""
+    f, svc = extender
+    pod = gpu_pod(kube, "p")
+    caught_up(kube, f)
+    assert filter_nodes(svc, pod) == NODES
+    kube.delete_pod("default", "p")
+    caught_up(kube, f)
+    before, sent = snapshot(svc), bindings(kube)
+    unknown_outcome(svc)
+    assert bind(svc, pod, "n1") == "pod default/p was deleted"
+    assert filter_nodes(svc, pod) == NODES                # a replayed filter parses it again
+    assert bind(svc, pod, "n1") == "pod default/p was deleted"
+    assert snapshot(svc) == before and bindings(kube) == sent
