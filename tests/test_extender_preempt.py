@@ -258,3 +258,90 @@ def test_a_huge_preempt_request_is_bounded_by_the_trial_budget():
     assert 0 < len(got) < 60  # the budget ran out part way: the rest were not examined, so dropped
     for node, (uids, _) in got.items():
         assert set(uids) <= set(victims[node]) and len(uids) == 12  # two whole cards of 6 pods each
+
+
+def test_a_preempt_request_is_bounded_in_victims_as_well_as_fits(monkeypatch):
+    """The trial budget counted fits, not the victims a node was proposed with: each one is read
+    under the model's lock, so one node proposed with 1,000,000 made-up victims (a 17 MiB body)
+    held the lock ~4 s (filter and bind waited; kube-scheduler's httpTimeout is 5 s), and the
+    256 MiB a body may be ~60 s. Now a request examines at most ``preempt_victims`` proposed
+    victims in all; a node whose victims pass what is left is dropped unexamined (no eviction)."""
+    import extender.service as service_module
+
+    svc = ExtenderService(cluster())
+    svc.preempt_victims = 1000
+    examined: list[tuple[str, int]] = []
+    judge = service_module.judge_node
+
+    def counted(model, node, req, policy, victims, *args, **kw):
+        examined.append((node, len(victims)))
+        return judge(model, node, req, policy, victims, *args, **kw)
+
+    monkeypatch.setattr(service_module, "judge_node", counted)
+    flood = ["b1", "b3"] + [f"made-up-{j}" for j in range(5000)]
+    body = meta_body(preemptor(), {"right": ["a1", "a2"], "wrong": flood, "h100": ["h1"]})
+    got = svc.preempt(parse_preemption_args(body))
+    assert [node for node, _ in examined] == ["right", "h100"]
+    assert sum(n for _, n in examined) <= svc.preempt_victims
+    assert got["right"] == (["a1", "a2"], 0) and "wrong" not in got
+
+
+# ------------------------------------------------------------------- bodies that lie (audit)
+def test_victims_that_hold_no_cards_on_the_node_free_none_there(server):
+    """Victims the model places on another node, unknown ones and the preemptor itself hold no
+    cards on the node named: they never make it fit (``wrong`` is full of b-pods), and are kept
+    only beside victims that do free cards there. The verb books nothing either way."""
+    before = server.get("/state").json()
+    body = meta_body(preemptor(), {"wrong": ["a1", "a2", "uid-hi", "ghost"],
+                                   "right": ["b1", "uid-hi", "a1", "a2", "a1"]})
+    assert answer(server.post("/preempt", body)) == {"right": (["b1", "uid-hi", "a1", "a2"], 0)}
+    after = server.get("/state").json()
+    assert {k: after[k] for k in ("nodes", "allocations")} == {k: before[k] for k in ("nodes", "allocations")}
+
+
+def test_a_second_nomination_moves_the_hold_and_no_hold_outlives_it():
+    """Preempting twice for one pod holds nothing of the first answer: the hold follows the
+    pod's nominatedNodeName, to the new node, and ends when the pod finishes."""
+    m = cluster()
+    m.release("a1")
+    m.release("a2")
+    svc = ExtenderService(m)
+    nom = nominate(svc, "hi", "right", 20, 1000)
+    low = preemptor("low", gib=8, priority=10)
+    assert filter_names(svc, low, ["right"]).node_names == []
+    nominate(svc, "hi", "h100", 20, 1000)             # kube-scheduler nominated it elsewhere
+    assert filter_names(svc, low, ["right"]).node_names == ["right"]
+    assert "cards held for default/hi" in filter_names(svc, preemptor("low2", gib=8, priority=10),
+                                                       ["h100"]).failed["h100"]
+    svc.marks.note(dict(nom, status={"phase": "Succeeded", "nominatedNodeName": "h100"}), gone=True)
+    assert not svc.marks.any_nominated()
+    assert filter_names(svc, preemptor("low3", gib=8, priority=10), ["h100"]).node_names == ["h100"]
+
+
+def test_the_watch_moves_and_ends_a_nomination_in_kube_mode():
+    """The same through the Kubernetes feed as ``stowage extender`` wires it: the hold starts when
+    the pod's nominatedNodeName arrives, and ends when the pod is deleted."""
+    from extender.cli import connect_feed
+    from extender_kube_helpers import inv_node, new_feeder
+    from fakekube import FakeKube
+
+    with FakeKube(bookmark_interval=3600) as kube:
+        kube.create_node(inv_node("n", [24]))
+        f = new_feeder(kube)
+        svc = ExtenderService(f.model)
+        connect_feed(f, svc)
+        f.start()
+        try:
+            kube.wait_for(lambda: f.ready()[0])
+            hi = make_pod("hi", gpu_memory=20)
+            hi["spec"]["priority"] = 1000
+            kube.create_pod(hi)
+            kube.update("pods", "default", "hi", lambda o: o["status"].update(nominatedNodeName="n"))
+            kube.wait_for(svc.marks.any_nominated)
+            low = preemptor("low", gib=8, priority=10)
+            assert "cards held for default/hi" in filter_names(svc, low, ["n"]).failed["n"]
+            kube.delete_pod("default", "hi")
+            kube.wait_for(lambda: not svc.marks.any_nominated())
+            assert filter_names(svc, low, ["n"]).node_names == ["n"]
+        finally:
+            f.stop()
