@@ -120,7 +120,17 @@ def bound_elsewhere_unseen(kube, svc, pod):
     return "already assigned"
 
 
-@pytest.mark.parametrize("refusal", [refuse_500, deleted_unseen, recreated_unseen, bound_elsewhere_unseen])
+def timed_out_unapplied(kube, svc, pod):
+    """The Binding times out without being applied; the read-back finds the pod unbound."""
+    def timed_out(*args, **kw):
+        raise TimeoutError("read timed out")
+
+    svc.binder._binding = timed_out
+    return "read timed out"
+
+
+@pytest.mark.parametrize("refusal", [refuse_500, deleted_unseen, recreated_unseen, bound_elsewhere_unseen,
+                                     timed_out_unapplied])
 def test_a_refused_binding_rolls_the_model_back_exactly(kube, extender, refusal):
     f, svc = extender
     pod = gpu_pod(kube, "p")
@@ -135,6 +145,7 @@ def test_a_refused_binding_rolls_the_model_back_exactly(kube, extender, refusal)
         "annotations", {})
     nxt = gpu_pod(kube, "next")
     caught_up(kube, f)
+    vars(svc.binder).pop("_binding", None)              # Bindings reach the API server again
     assert bind(svc, nxt, "n1") == ""                   # the card is free for the next pod
     assert snapshot(svc)[0] == {"default/next": ("n1", (0,), (80 * 1024,), (1000,))}
 
