@@ -529,14 +529,21 @@ class KubeFeeder:
                                            early_batches=self.list_learn_early_batches)}
 
     # ------------------------------------------------------------------ pods for bind
-    def get_pod(self, namespace: str, name: str) -> dict | None:
-        """A pod as camelCase JSON, None when it does not exist: a pending pod of Stowage's
-        schedulers from the watch's cache, holding only what bind reads (:func:`pod_for_bind`),
-        else (another pod, or one whose copy went past the cache's bounds) the whole pod by a GET."""
+    def pending_pod(self, namespace: str, name: str) -> dict | None:
+        """The watch's copy of the pending pod ``namespace/name`` of Stowage's schedulers, holding
+        only what bind reads (:func:`pod_for_bind`), or None (no such pending pod, another
+        scheduler's, or its copy went past the cache's bounds). No API call."""
         with self._lock:
             packed = self._pending.packed(f"{namespace}/{name}")
-        if packed is not None:
-            return unpack(packed)
+        return unpack(packed) if packed is not None else None
+
+    def get_pod(self, namespace: str, name: str) -> dict | None:
+        """A pod as camelCase JSON, None when it does not exist: a pending pod of Stowage's
+        schedulers from the watch's cache (:meth:`pending_pod`), else (another pod, or one whose
+        copy went past the cache's bounds) the whole pod by a GET."""
+        pod = self.pending_pod(namespace, name)
+        if pod is not None:
+            return pod
         try:
             return read_or_none(self.core.read_namespaced_pod, name, namespace,
                                 _request_timeout=self.request_timeout_s)

@@ -92,7 +92,12 @@ class Binder(Protocol):
 
 
 class PodSource(Protocol):
-    """Where bind finds a pod it did not see at filter (e.g. after an extender restart)."""
+    """Where bind finds a pod it did not see at filter (e.g. after an extender restart).
+
+    A source may also have ``pending_pod(namespace, name) -> dict | None``, the copy of a
+    pending pod it already holds, without an API call (:meth:`extender.kube.KubeFeeder.pending_pod`):
+    bind then books what that copy asks for, not what a request body said (see
+    :meth:`ExtenderService._pod_for_bind`)."""
 
     def get_pod(self, namespace: str, name: str) -> dict | None: ...
 
@@ -275,6 +280,16 @@ def pod_info_bytes(info: "PodInfo", shared: PodPolicy | None = None) -> int:
     return n
 
 
+def _identity(meta: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    """A pod's (name, namespace, uid, resourceVersion) as the pod cache keys it: the uid, else
+    ``namespace/name``; the resourceVersion only with a uid, else ''."""
+    name = _meta_text(meta, "name", "")
+    namespace = _meta_text(meta, "namespace", "default")
+    uid = _meta_text(meta, "uid", "") or f"{namespace}/{name}"
+    rv = meta.get("resourceVersion")
+    return name, namespace, uid, (rv if isinstance(rv, str) and meta.get("uid") else "")
+
+
 def _meta_text(meta: Mapping[str, Any], field_name: str, default: str) -> str:
     """A pod's name, namespace or uid as text: a value that is not text or longer than any
     Kubernetes name (only the port can send one) is replaced by a bounded stand-in, so no
@@ -366,11 +381,7 @@ class ExtenderService:
     def pod_info(self, pod: Mapping[str, Any]) -> PodInfo:
         """Parse a pod's GPU request and policy; remember it for bind; observe new pods."""
         meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
-        name = _meta_text(meta, "name", "")
-        namespace = _meta_text(meta, "namespace", "default")
-        uid = _meta_text(meta, "uid", "") or f"{namespace}/{name}"
-        rv = meta.get("resourceVersion")
-        rv = rv if isinstance(rv, str) and meta.get("uid") else ""
+        name, namespace, uid, rv = _identity(meta)
         if rv:
             # The API server gives every change of an object a new resourceVersion, so the same
             # uid at the same version is the object parsed before (prioritize sends the pod that
@@ -382,25 +393,7 @@ class ExtenderService:
                     self._pods.move_to_end(uid)
                     self._uid_by_key[known.key] = uid
                     return known
-        try:
-            bad = [f for f in ("name", "namespace", "uid") if _meta_text(meta, f, "").startswith("<malformed")]
-            if bad:
-                raise PolicyError(f"malformed pod object (metadata.{bad[0]} is not a Kubernetes name)")
-            req = pod_request(pod, self.memory_unit_mib)
-            ann = meta.get("annotations")
-            if ann is not None and not isinstance(ann, Mapping):
-                raise PolicyError("metadata.annotations must be an object")
-            policy = parse_policy(ann, self.default_policy)
-            info = PodInfo(uid=uid, namespace=namespace, name=name, req=req, policy=policy, resource_version=rv)
-        except (RequestError, PolicyError) as exc:
-            info = PodInfo(uid=uid, namespace=namespace, name=name, req=None, policy=None,
-                           error=f"Stowage cannot schedule this pod: {exc}", resource_version=rv)
-        except (TypeError, AttributeError, ValueError, OverflowError, RecursionError) as exc:
-            # A Pod object of the wrong shape (only the port can send one; a value nested ~1,000
-            # deep passes the JSON decoder and fails when made text).
-            info = PodInfo(uid=uid, namespace=namespace, name=name, req=None, policy=None,
-                           error=f"Stowage cannot schedule this pod: malformed pod object ({str(exc)[:160]})",
-                           resource_version=rv)
+        info = self._parse_pod(pod)
         size = pod_info_bytes(info, self.default_policy)
         with self._pods_lock:
             replaced = self._pods.get(uid)
@@ -421,6 +414,30 @@ class ExtenderService:
         if info.req is not None:
             self._learn(uid, info.req, info.policy.models_include if info.policy is not None else ())
         return info
+
+    def _parse_pod(self, pod: Mapping[str, Any]) -> PodInfo:
+        """A pod's identity, GPU request and policy, or the pod's error; nothing kept or learned."""
+        meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+        name, namespace, uid, rv = _identity(meta)
+        try:
+            bad = [f for f in ("name", "namespace", "uid") if _meta_text(meta, f, "").startswith("<malformed")]
+            if bad:
+                raise PolicyError(f"malformed pod object (metadata.{bad[0]} is not a Kubernetes name)")
+            req = pod_request(pod, self.memory_unit_mib)
+            ann = meta.get("annotations")
+            if ann is not None and not isinstance(ann, Mapping):
+                raise PolicyError("metadata.annotations must be an object")
+            policy = parse_policy(ann, self.default_policy)
+            return PodInfo(uid=uid, namespace=namespace, name=name, req=req, policy=policy, resource_version=rv)
+        except (RequestError, PolicyError) as exc:
+            return PodInfo(uid=uid, namespace=namespace, name=name, req=None, policy=None,
+                           error=f"Stowage cannot schedule this pod: {exc}", resource_version=rv)
+        except (TypeError, AttributeError, ValueError, OverflowError, RecursionError) as exc:
+            # A Pod object of the wrong shape (only the port can send one; a value nested ~1,000
+            # deep passes the JSON decoder and fails when made text).
+            return PodInfo(uid=uid, namespace=namespace, name=name, req=None, policy=None,
+                           error=f"Stowage cannot schedule this pod: malformed pod object ({str(exc)[:160]})",
+                           resource_version=rv)
 
     def _learn(self, uid: str, req: GpuRequest, models: tuple[str, ...] = ()) -> None:
         """Show the placers a pod, once per uid however often it is seen (filter, prioritize, a
@@ -697,10 +714,27 @@ class ExtenderService:
         return names, scores, entry
 
     # ------------------------------------------------------------------------------- bind
-    def _pod_for_bind(self, args: BindingArgs) -> PodInfo | str:
+    def _pod_for_bind(self, args: BindingArgs, may_block: bool = True) -> PodInfo | str | None:
+        """The pod to bind, or the refusal message; None (only with ``may_block`` False) when only
+        an API call could tell.
+
+        The pod source's own copy of the pending pod comes first (Kubernetes mode: the watch's,
+        that is the API server's), then what filter parsed. Why: the parse kept at filter is of
+        a request body, and anything that reaches the port may send one naming a real pending pod
+        with other requests (the parse is kept by uid, and per resourceVersion the first body
+        wins). Bound on that, the pod got a record that does not match it: not honoured by the
+        feed or the device plugin, the model holding cards the cluster does not count. The body
+        is still what decides where no copy is held (simulated mode, a copy past its bounds, a
+        pod the watch has not delivered yet or holds another of that name: the Binding's uid
+        precondition guards that one)."""
+        watched = self._watched_pod(args)
+        if watched is not None:
+            return watched
         info = self._known_pod(args)
         if info is not None:
             return info
+        if not may_block:
+            return None
         if self.pod_source is None:
             return (f"pod {args.key} (uid {args.pod_uid or '?'}) was not seen at filter and no pod source is "
                     "configured: it cannot be bound by this extender")
@@ -714,6 +748,20 @@ class ExtenderService:
         if args.pod_uid and uid and uid != args.pod_uid:
             return f"pod {args.key} has uid {uid}, bind asked for uid {args.pod_uid} (pod was re-created)"
         return self.pod_info(pod)
+
+    def _watched_pod(self, args: BindingArgs) -> PodInfo | None:
+        """The pod source's copy of the pending pod (``pending_pod``), parsed afresh, when it is the
+        pod of the bind's uid; else None."""
+        pending = getattr(self.pod_source, "pending_pod", None)
+        if pending is None:
+            return None
+        pod = pending(args.pod_namespace, args.pod_name)
+        if pod is None:
+            return None
+        uid = (pod.get("metadata") or {}).get("uid")
+        if args.pod_uid and uid != args.pod_uid:
+            return None
+        return self._parse_pod(pod)   # for this bind only: the pod cache keeps what filter parsed
 
     def _record(self, alloc: PodAllocation) -> AllocationRecord:
         return AllocationRecord(
@@ -765,9 +813,9 @@ class ExtenderService:
                     record = self._record(prev) if prev.cards else None
                     return BindWrite(self, args.pod_namespace, args.pod_name, args.pod_uid, node, record, None,
                                      "", forget=False)
-        if not may_block and self._known_pod(args) is None:
+        info = self._pod_for_bind(args, may_block)
+        if info is None:
             return None
-        info = self._pod_for_bind(args)
         if isinstance(info, str):
             log.warning("bind %s -> %s refused: %s", args.key, node, info)
             return info

@@ -201,3 +201,37 @@ def test_a_bind_of_a_pod_the_watch_saw_deleted_reserves_nothing(kube, extender):
     assert filter_nodes(svc, pod) == NODES                # a replayed filter parses it again
     assert bind(svc, pod, "n1") == "pod default/p was deleted"
     assert snapshot(svc) == before and bindings(kube) == sent
+
+
+# ------------------------------------------------------------- a filter body that lies about a pod
+def lying_copy(pod: dict, rv: str) -> dict:
+    """``pod`` as a body may claim it: the same uid and name, asking a 1 GiB share of a card."""
+    forged = {"metadata": dict(pod["metadata"], resourceVersion=rv), "spec": dict(pod["spec"])}
+    share = {"nvidia.com/gpu-memory": "1"}
+    forged["spec"]["containers"] = [dict(pod["spec"]["containers"][0], resources={"limits": share,
+                                                                                  "requests": share})]
+    return forged
+
+
+@pytest.mark.parametrize("when", ["after the real filter, another version", "before the real filter, same version"])
+def test_a_filter_body_that_lies_about_a_pending_pod_does_not_decide_what_bind_books(kube, extender, when):
+    """Bind booked what the last filter body said of the pod (the parse kept by uid, and by
+    resourceVersion: the first body of a version was kept for it). A body naming a real pending
+    pod of 1 whole GPU as a 1 GiB share made kube-scheduler's bind book a share of card 0 and
+    record it: the feed then refused the record (it does not match the pod), the device plugin
+    would too, and the model kept a 1 GiB share for a pod the cluster counts as holding nothing.
+    Now in Kubernetes mode bind reads the pod from the watch's copy of it (the API server's)."""
+    f, svc = extender
+    pod = gpu_pod(kube, "p")
+    caught_up(kube, f)
+    rv = pod["metadata"]["resourceVersion"]
+    if when.startswith("after"):
+        assert filter_nodes(svc, pod) == NODES
+        filter_nodes(svc, lying_copy(pod, str(int(rv) + 1000)))
+    else:
+        filter_nodes(svc, lying_copy(pod, rv))
+        filter_nodes(svc, pod)
+    assert bind(svc, pod, "n1") == ""
+    caught_up(kube, f)
+    assert snapshot(svc)[0] == {"default/p": ("n1", (0,), (80 * 1024,), (1000,))}   # the whole card
+    assert f.health()["pod_errors"] == 0                  # the record on the pod is honoured
