@@ -361,8 +361,8 @@ class ExtenderService:
         # Its writer (extender/learned_store.PastKeeper) in kube mode, for /metrics; else None.
         self.past_keeper: Any = None
         self._inflight: set[str] = set()  # pod UIDs whose binder call is running (guarded by model.lock)
-        # UIDs of pods the watch saw deleted, the most recent first out last (pod_deleted): bind
-        # refuses them. Guarded by _pods_lock.
+        # UIDs of pods the watch saw deleted, the oldest forgotten first past DELETED_UIDS
+        # (pod_deleted): bind refuses them. Guarded by _pods_lock.
         self._deleted: OrderedDict[str, None] = OrderedDict()
         # Told (uid, namespace, name, model generation) of each pod that fits on none of its
         # candidate nodes: kube mode requeues those when the model gains room (extender/requeue.py).
@@ -559,6 +559,7 @@ class ExtenderService:
                 self._deleted.popitem(last=False)
 
     def _was_deleted(self, uid: str) -> bool:
+        """Whether the watch saw pod ``uid`` deleted (among the last :data:`DELETED_UIDS`)."""
         with self._pods_lock:
             return uid in self._deleted
 
