@@ -81,8 +81,9 @@ def make_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, cards: list | None
               driver_loaded: bool = True, kubelet: bool = True, cache_s: float = 0.0,
               exporter_config: dict[str, Any] | None = None, **reader: Any) -> Iterator[GpuNode]:
     """A node with the real exporter serving on a free port. ``exporter_config``: more ExporterConfig
-    fields (what the CLI sets); ``reader``: NvmlReader arguments no flag sets (e.g. a shorter XID
-    backoff) on top of those the config gives it."""
+    fields (what the CLI sets), also replacing the harness' own (e.g. ``kubelet_timeout_s``);
+    ``reader``: NvmlReader arguments no flag sets (e.g. a shorter XID backoff) on top of those the
+    config gives it."""
     fake = FakeNvml(cards if cards is not None else default_cards(), driver_loaded=driver_loaded)
     fake.install(monkeypatch)
     pr = FakePodResources()
@@ -91,9 +92,9 @@ def make_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, cards: list | None
     proc = str(tmp_path / "proc")
     os.makedirs(proc)
     pod_logs = str(tmp_path / "log-pods")   # absent until a test writes it
-    cfg = ExporterConfig(node=NODE, pod_resources_socket=pr.sock, checkpoint_path=pr.checkpoint,
-                         pod_logs_dir=pod_logs,
-                         proc_root=proc, cache_s=cache_s, kubelet_timeout_s=10.0, **(exporter_config or {}))
+    fields: dict[str, Any] = dict(node=NODE, pod_resources_socket=pr.sock, checkpoint_path=pr.checkpoint,
+                                  pod_logs_dir=pod_logs, proc_root=proc, cache_s=cache_s, kubelet_timeout_s=10.0)
+    cfg = ExporterConfig(**{**fields, **(exporter_config or {})})
     exp = Exporter(cfg, Snapshotter(cfg, reader_for(cfg, retry_s=0.0, **reader)))
     exp.start(0, "127.0.0.1")
     try:

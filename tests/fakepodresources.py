@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -46,6 +47,10 @@ class FakePodResources(pb_grpc.PodResourcesListerServicer):
         self.server: Any = None
         # when set, List answers with the pods this returns (e.g. a fake kubelet's live allocations)
         self.source: Callable[[], list[FakePod]] | None = None
+        # when set, List waits for this event before answering: a kubelet that hangs (the test sets
+        # it before stopping, so no handler thread is left blocked)
+        self.hold: threading.Event | None = None
+        self.held = threading.Event()      # a List call is waiting on ``hold``
 
     def add(self, namespace: str, name: str, uid: str, containers: dict[str, dict[str, list[str]]]) -> FakePod:
         pod = FakePod(namespace, name, uid, containers)
@@ -64,6 +69,9 @@ class FakePodResources(pb_grpc.PodResourcesListerServicer):
 
     def List(self, request: Any, context: Any) -> Any:
         self.list_calls += 1
+        if self.hold is not None:
+            self.held.set()
+            self.hold.wait()
         if self.fail is not None:
             context.abort(self.fail, "injected failure")
         pods = self.source() if self.source is not None else self.pods
@@ -87,6 +95,8 @@ class FakePodResources(pb_grpc.PodResourcesListerServicer):
         return self
 
     def stop(self) -> None:
+        if self.hold is not None:
+            self.hold.set()
         if self.server is not None:
             self.server.stop(grace=None).wait(5)
             self.server = None
