@@ -49,6 +49,19 @@ class Holding:
     other: int = 0
 
 
+# The longest name a Kubernetes object can have (a DNS subdomain: pod names; namespaces and
+# container names are DNS labels, 63). The kubelet's names become label values as they are.
+MAX_NAME = 253
+
+
+def nameable(a: ContainerDevices) -> bool:
+    """Whether a row's namespace, pod and container could name a Kubernetes object: none empty, none
+    longer than :data:`MAX_NAME`. Other rows cannot be a real pod's (the API server refuses such
+    names) and would make unbounded label values: a megabyte pod name in every scrape, or a scrape
+    Prometheus fails whole for one over its label length limit."""
+    return all(0 < len(n) <= MAX_NAME for n in (a.namespace, a.pod, a.container))
+
+
 def key_index(uuids: Iterable[str]) -> dict[str, str]:
     """Every key a device ID may carry for a card -> its UUID (our card key and the plain UUID)."""
     out: dict[str, str] = {}

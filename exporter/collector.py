@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 
 from . import checkpoint as ckpt
 from . import podlogs
-from .attribution import CardSplit, ContainerRef, Owner, holders_by_card, split_card
+from .attribution import MAX_NAME, CardSplit, ContainerRef, Owner, holders_by_card, nameable, split_card
 from .cgroups import ProcessGone, pod_of_pid
 from .checkpoint import PodKey, UidMap
 from .nvmlreader import CardSample, NvmlReader
@@ -80,6 +80,11 @@ class _Status:
         return ok
 
 
+def _short(name: str, keep: int = 40) -> str:
+    """A name for a log line: quoted, cut to ``keep`` characters with its length said."""
+    return repr(name) if len(name) <= keep else f"{name[:keep]!r}...({len(name)} characters)"
+
+
 class Snapshotter:
     """Takes snapshots; each source is read at most once per snapshot."""
 
@@ -89,6 +94,7 @@ class Snapshotter:
         self.nvml = nvml or reader_for(cfg)
         self._list = list_fn
         self.status = _Status()
+        self._unnamed = 0        # containers left out for their names on the last listing (logged on change)
 
     def take(self) -> Snapshot:
         snap = Snapshot(taken_at=time.monotonic())
@@ -104,6 +110,7 @@ class Snapshotter:
                 "podresources", False, f"{exc}; serving per-card metrics without pod attribution")
         if assignments is None:
             return snap
+        assignments = self._nameable(assignments)
         # An unreachable card has nothing measured to split: its holders get no series for it.
         live = [c for c in snap.cards if c.reachable]
         holders = holders_by_card(assignments, [c.uuid for c in live])
@@ -115,6 +122,22 @@ class Snapshotter:
             if holders.get(c.uuid):
                 snap.splits[c.uuid] = split_card(c, holders[c.uuid], owners)
         return snap
+
+    def _nameable(self, assignments: list[ContainerDevices]) -> list[ContainerDevices]:
+        """The rows whose names can be served as label values (:func:`attribution.nameable`); the
+        others are left out, logged when their number changes, not on every scrape."""
+        bad = [a for a in assignments if not nameable(a)]
+        count = len({(a.namespace, a.pod, a.container) for a in bad})
+        if count != self._unnamed:
+            if count:
+                a = bad[0]
+                log.warning("PodResources lists %d container(s) whose namespace, pod or container name no Kubernetes "
+                            "object can have (empty, or over %d characters), e.g. %s/%s/%s; their series are left out",
+                            count, MAX_NAME, _short(a.namespace), _short(a.pod), _short(a.container))
+            else:
+                log.info("PodResources lists no container with an impossible name any more")
+            self._unnamed = count
+        return [a for a in assignments if nameable(a)] if bad else assignments
 
     def _owners(self, shared: list[CardSample], assignments: list[ContainerDevices],
                 snap: Snapshot) -> dict[int, PodKey | Owner]:

@@ -56,6 +56,28 @@ def test_odd_characters_in_names_are_escaped_and_read_back_exactly(node: GpuNode
     assert s.value("stowage_gpu_attribution_estimated", gpu=U0) == 0   # no process on the card: all idle
 
 
+def test_names_no_kubernetes_object_can_have_are_left_out_alone(node: GpuNode, caplog):
+    """A name longer than any Kubernetes name (253) or empty would be served as a label value as it
+    is: a megabyte-long pod name made every scrape megabytes long (and Prometheus' label length
+    limit, if set, fails the whole scrape). Such rows are skipped and logged; the others are served."""
+    huge = "p" * 200_000
+    node.kubelet.add("ml", huge, uid(1), {"c": {MEM: units(U0, 0, 10)}})
+    node.kubelet.add("n" * 300, "p", uid(2), {"c": {MEM: units(U0, 10, 20)}})
+    node.kubelet.add("ml", "q", uid(3), {"c" * 300: {MEM: units(U0, 20, 30)}})
+    node.kubelet.add("", "p", uid(4), {"c": {MEM: units(U0, 30, 40)}})
+    node.kubelet.add("ml", "", uid(5), {"c": {MEM: units(U0, 40, 50)}})
+    longest = "l" * 253                      # the longest pod name Kubernetes allows is served
+    node.kubelet.add("ml", longest, uid(6), {"c": {MEM: units(U0, 50, 60)}})
+    node.kubelet.add("ml", "fine", uid(7), {"c": {GPU: [U1]}})
+    with caplog.at_level(logging.WARNING, logger="stowage.exporter"):
+        s = node.scrape()
+        again = node.scrape()
+    assert _pods(s) == _pods(again) == {("ml", longest, "c", U0), ("ml", "fine", "c", U1)}
+    assert len(s.text) < 20_000
+    said = [r.getMessage() for r in caplog.records if "no Kubernetes object" in r.getMessage()]
+    assert len(said) == 1 and len(said[0]) < 2000, said     # once, and short
+
+
 # ------------------------------------------------------------------- what PodResources lists
 
 
