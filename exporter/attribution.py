@@ -82,14 +82,21 @@ def card_of_device(device_id: str, keys: Mapping[str, str]) -> str | None:
 
 
 def holders_by_card(assignments: Iterable[ContainerDevices], uuids: Iterable[str]) -> dict[str, dict[ContainerRef, Holding]]:
+    """Card UUID -> the containers holding any of its devices, with what each holds.
+
+    A device ID counts once per container and resource however often it is listed: the kubelet
+    lists a device once per NUMA node it reports, and a device on two nodes is not two units.
+    """
     keys = key_index(uuids)
     out: dict[str, dict[ContainerRef, Holding]] = {}
+    seen: set[tuple[ContainerRef, str, str]] = set()
     for a in assignments:
         ref = ContainerRef(a.namespace, a.pod, a.container)
         for d in a.device_ids:
             uuid = card_of_device(d, keys)
-            if uuid is None:
+            if uuid is None or (ref, a.resource, d) in seen:
                 continue
+            seen.add((ref, a.resource, d))
             h = out.setdefault(uuid, {}).setdefault(ref, Holding())
             if a.resource == RESOURCE_GPU_MEMORY:
                 h.memory_units += 1

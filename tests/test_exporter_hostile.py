@@ -81,6 +81,18 @@ def test_names_no_kubernetes_object_can_have_are_left_out_alone(node: GpuNode, c
 # ------------------------------------------------------------------- what PodResources lists
 
 
+def test_device_ids_listed_twice_count_once(node: GpuNode):
+    """The kubelet lists a device once per NUMA node it reports: a container holding one unit on a
+    card spanning two nodes is listed twice for it. It still holds one unit."""
+    node.kubelet.add("ns", "a", uid(1), {"c": {MEM: units(U2, 0, 4) + units(U2, 0, 4)}})
+    node.kubelet.add("ns", "b", uid(2), {"c": {MEM: units(U2, 4, 16)}})
+    node.process(U2, 101, 8000, None)        # no /proc entry: its pod cannot be told, split by units
+    s = node.scrape()
+    assert s.value("stowage_gpu_attribution_estimated", gpu=U2) == 1
+    assert s.value("stowage_pod_gpu_memory_used_bytes", pod="a") == pytest.approx(8000 * MiB * 4 / 16, abs=1)
+    assert s.value("stowage_pod_gpu_memory_used_bytes", pod="b") == pytest.approx(8000 * MiB * 12 / 16, abs=1)
+
+
 def test_a_device_two_pods_claim_and_devices_of_no_card_here_spoil_nothing(node: GpuNode):
     node.kubelet.add("ns", "a", uid(1), {"c": {GPU: [U0], "example.com/nic": ["eth7", U0 + "::x"]}})
     node.kubelet.add("ns", "b", uid(2), {"c": {GPU: [U0]}})          # the same card, listed for two pods
