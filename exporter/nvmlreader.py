@@ -204,11 +204,18 @@ class NvmlReader:
                 uuid = _text(pynvml.nvmlDeviceGetUUID(h))
                 cards.append(self._read_card(i, uuid, h))
                 present.add(uuid)
+                continue
             except (pynvml.NVMLError, CardGone) as exc:
-                if uuid is None:
-                    failed_at[i] = str(exc)
-                else:
-                    why[uuid] = str(exc)
+                reason = str(exc)
+            except Exception as exc:
+                # An answer pynvml cannot even decode (a name or UUID that is not UTF-8 raises
+                # UnicodeDecodeError) or a value of the wrong kind: this card cannot be read, but
+                # it must not cost the others their series (raising here lost the whole snapshot).
+                reason = f"unreadable answer: {type(exc).__name__}: {exc}"
+            if uuid is None:
+                failed_at[i] = reason
+            else:
+                why[uuid] = reason
         for c in cards:
             self._known[c.uuid] = c
         labels_now: set[str] = set()

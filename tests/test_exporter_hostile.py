@@ -204,6 +204,38 @@ def test_a_kubelet_restart_drops_pod_series_while_down_and_they_come_back(node: 
 # ---------------------------------------------------------------------------------- NVML answers
 
 
+def test_a_card_whose_name_is_not_utf8_spoils_no_other_card(monkeypatch, tmp_path, caplog):
+    """pynvml decodes NVML's strings strictly; a card answering bytes that are not UTF-8 makes that
+    read fail with UnicodeDecodeError. That card cannot be read; the others are served."""
+    cards = default_cards()
+    for node in make_node(monkeypatch, tmp_path, cards=cards):
+        node.kubelet.add("ns", "p", uid(1), {"c": {GPU: [U0]}})
+        assert len(node.scrape().samples("stowage_gpu_healthy")) == 4
+        cards[1].name = b"NVIDIA \xff\xfe broken"
+        with caplog.at_level(logging.WARNING, logger="stowage.exporter.nvml"):
+            s = node.scrape()
+            node.scrape()
+        assert s.up("nvml") == 1
+        assert {x.labels["gpu"] for x in s.samples("stowage_gpu_memory_total_bytes")} == {U0, U2, U3}
+        assert s.value("stowage_gpu_healthy", gpu=U1) == 0          # read before: unreachable now
+        assert _pods(s) == {("ns", "p", "c", U0)}
+        assert len([r for r in caplog.records if U1 in r.getMessage() and "cannot be read" in r.getMessage()]) == 1
+
+
+def test_a_card_unreadable_from_the_start_for_its_odd_answers_has_no_series_and_spoils_none(monkeypatch, tmp_path):
+    cards = default_cards()
+    cards[2].name = b"\xc3\x28"
+    cards[3].uuid = "GPU-not-utf8"
+    for node in make_node(monkeypatch, tmp_path, cards=cards):
+        real = node.nvml.nvmlDeviceGetUUID
+        monkeypatch.setattr("pynvml.nvmlDeviceGetUUID",
+                            lambda h: b"GPU-\xff" if real(h) == "GPU-not-utf8" else real(h))
+        node.kubelet.add("ns", "p", uid(1), {"c": {GPU: [U0]}})
+        s = node.scrape()
+        assert s.up("nvml") == 1 and _pods(s) == {("ns", "p", "c", U0)}
+        assert {x.labels["gpu"] for x in s.samples("stowage_gpu_healthy")} == {U0, U1}
+
+
 def test_absurd_nvml_numbers_stay_in_range_and_alone(node: GpuNode):
     """Utilisation NVML reports beyond 0..100 % is clamped; memory used above the total is served as
     NVML says it (it is NVML's reading, not ours to correct); nothing else is touched."""
