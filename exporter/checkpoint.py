@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -23,7 +25,11 @@ from gpunode.podresources.client import ContainerDevices
 log = logging.getLogger("stowage.exporter.checkpoint")
 
 DEFAULT_CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
-MAX_BYTES = 64 * 1024 * 1024
+# Parsing costs several times the file's size (tests/test_exporter_hostile.py measures it against
+# the DaemonSet's 256 MiB limit; 64 MiB took the exporter past it). The kubelet's checkpoint lists
+# every registered and every allocated device ID: with our device lists at the kubelet's 4 MiB
+# ListAndWatch limit (docs/deviceplugin.md) that is a few MiB, so a larger file is refused.
+MAX_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -71,9 +77,16 @@ def parse(text: str | bytes) -> list[CheckpointEntry]:
 
 
 def read(path: str) -> list[CheckpointEntry]:
+    """The checkpoint's entries; only a regular file of at most :data:`MAX_BYTES` is read: opening a
+    FIFO waits for a writer for ever (the scrape, and every one queued behind it, would hang)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)   # no effect on a regular file's reads
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointError(f"{path} is not a regular file")
+            # read(n) allocates n bytes up front: ask for what the file holds, not the bound
+            raw = f.read(min(st.st_size, MAX_BYTES) + 1)
     except OSError as exc:
         raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from exc
     if len(raw) > MAX_BYTES:

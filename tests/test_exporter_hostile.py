@@ -5,6 +5,7 @@ crash a scrape, hang it, grow without bound, or spoil the series of the other po
 Fake NVML (pynvml functions) and a fake kubelet over real gRPC; scrapes parsed as Prometheus text."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -304,6 +305,39 @@ def test_a_checkpoint_larger_than_the_exporter_can_parse_is_refused(node: GpuNod
     assert len(s.samples("stowage_pod_gpu_memory_used_bytes")) == 2
 
 
+def test_the_checkpoint_bound_fits_the_exporters_memory_limit(tmp_path):
+    """What reading and joining a checkpoint costs per byte of it, measured on the largest kind the
+    kubelet writes (every device registered and allocated, PodResources listing the same), must fit
+    the DaemonSet's memory limit at the bound, with room for the rest of the exporter (~60 MiB)."""
+    import tracemalloc
+
+    import yaml
+
+    from exporter import checkpoint as ckpt
+    from gpunode.podresources.client import ContainerDevices
+    from shared_paths import ROOT
+    ids = units(U0, 0, 20_000)
+    per_pod = {uid(k): ids[k::200] for k in range(200)}
+    entries = [{"PodUID": u, "ContainerName": "c", "ResourceName": MEM, "DeviceIDs": {"0": held},
+                "AllocResp": "Cg4KBEZPTxIGYmFy" * 8} for u, held in per_pod.items()]
+    path = tmp_path / "checkpoint"
+    path.write_text(json.dumps({"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {MEM: ids}},
+                                "Checksum": 1}))
+    live = [ContainerDevices("ns", u, "c", MEM, tuple(held)) for u, held in per_pod.items()]
+    tracemalloc.start()
+    try:
+        assert len(ckpt.join(live, ckpt.read(str(path))).pods) == 200
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    per_byte = peak / path.stat().st_size
+    manifest = (ROOT / "scheduler-config" / "exporter.yaml").read_text()
+    ds = next(d for d in yaml.safe_load_all(manifest) if d and d.get("kind") == "DaemonSet")
+    limit = ds["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi")
+    assert per_byte * ckpt.MAX_BYTES + 60 * MiB < int(limit[:-2]) * MiB, (per_byte, ckpt.MAX_BYTES, limit)
+
+
 @pytest.mark.parametrize("content", [
     '{"Data": {"PodDeviceEntries": [{"PodUID": 7}, {"PodUID": "u", "DeviceIDs": {"0": "notalist", "1": [{"x": 1}]}},'
     ' {"PodUID": "v", "ContainerName": ["c"], "ResourceName": null, "DeviceIDs": 5}, "junk", null]}}',
@@ -325,3 +359,19 @@ def test_hostile_checkpoint_content_is_an_error_or_ignored_never_a_crash(node: G
     node.pod_process(U0, 11, 1000, uid(1))
     s = node.scrape()
     assert s.up("nvml") == 1 and len(s.samples("stowage_pod_gpu_memory_used_bytes")) == 2
+
+
+def test_a_checkpoint_path_that_is_a_fifo_does_not_hang_the_scrape(node: GpuNode):
+    """Opening a FIFO for reading waits for a writer, for ever: the scrape (and, behind the snapshot
+    lock, every later one) would hang. Only regular files are read."""
+    os.mkfifo(node.kubelet.checkpoint)
+    node.kubelet.add("ns", "a", uid(1), {"c": {MEM: units(U0, 0, 10)}})
+    node.kubelet.add("ns", "b", uid(2), {"c": {MEM: units(U0, 10, 30)}})
+    node.pod_process(U0, 11, 1000, uid(1))
+    try:
+        s = node.scrape()
+        assert s.up("checkpoint") == 0 and len(s.samples("stowage_pod_gpu_memory_used_bytes")) == 2
+    finally:
+        # a hung reader (the bug) is released so the test process can end
+        fd = os.open(node.kubelet.checkpoint, os.O_RDWR | os.O_NONBLOCK)
+        os.close(fd)
