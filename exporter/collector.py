@@ -68,14 +68,16 @@ class _Status:
     def __init__(self) -> None:
         self.state: dict[str, tuple[bool, str]] = {}
 
-    def set(self, source: str, ok: bool, why: str = "", level: int = logging.WARNING) -> bool:
+    def set(self, source: str, ok: bool, why: str = "", level: int = logging.WARNING, detail: str = "") -> bool:
+        """Record one reading of ``source``; a new ``why`` is logged, a new ``detail`` alone is not
+        (e.g. which PIDs: they change with every short-lived process, the cause does not)."""
         prev = self.state.get(source)
         if prev is None or prev[0] != ok or (not ok and prev[1] != why):
             if ok:
                 if prev is not None:
                     log.info("%s: available again", source)
             else:
-                log.log(level, "%s: %s", source, why)
+                log.log(level, "%s: %s%s", source, why, detail)
         self.state[source] = (ok, why)
         return ok
 
@@ -187,8 +189,9 @@ class Snapshotter:
                     owners[p.pid] = Owner.UNKNOWN
         snap.up["proc"] = self.status.set(
             "proc", not unreadable,
-            f"cannot read the cgroup of GPU processes {sorted(unreadable)[:5]} under {self.cfg.proc_root} "
-            "(does the exporter run with hostPID?); their shares are estimated")
+            f"cannot read the cgroup of GPU processes under {self.cfg.proc_root} "
+            "(does the exporter run with hostPID?); their shares are estimated",
+            detail=f" (PIDs {sorted(unreadable)[:5]})")
         return owners
 
     def close(self) -> None:

@@ -375,3 +375,19 @@ def test_a_checkpoint_path_that_is_a_fifo_does_not_hang_the_scrape(node: GpuNode
         # a hung reader (the bug) is released so the test process can end
         fd = os.open(node.kubelet.checkpoint, os.O_RDWR | os.O_NONBLOCK)
         os.close(fd)
+
+
+def test_unreadable_processes_are_logged_once_while_their_pids_change(node: GpuNode, caplog):
+    """Without hostPID no GPU process' cgroup can be read; processes come and go, but the cause is
+    one: it is logged when it starts and when it ends, not on every scrape whose PIDs differ."""
+    node.kubelet.add("ns", "a", uid(1), {"c": {MEM: units(U0, 0, 10)}})
+    node.kubelet.add("ns", "b", uid(2), {"c": {MEM: units(U0, 10, 30)}})
+    node.kubelet.write_checkpoint()
+    with caplog.at_level(logging.INFO, logger="stowage.exporter"):
+        for pid in range(100, 110):
+            node.nvml.card(U0).processes[:] = [(pid, 1000)]       # a new short-lived process each time
+            assert node.scrape().up("proc") == 0
+        node.nvml.card(U0).processes.clear()
+        assert node.scrape().up("proc") == 1
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("proc:")]
+    assert len(said) == 2 and "hostPID" in said[0] and "100" in said[0] and "available again" in said[1], said
