@@ -2,7 +2,8 @@
 
 A Prometheus scrape calls :meth:`GpuCollector.collect`; it reuses a snapshot younger than
 ``cache_s`` (several Prometheus replicas, or a scrape plus a liveness probe, cost one NVML pass),
-otherwise takes a new one under a lock (concurrent scrapes never read NVML twice at once). Every
+otherwise takes a new one under a lock (concurrent scrapes never read NVML twice at once, and those
+that waited for a reading share it). Every
 source may be missing: the snapshot records which ones answered and the series say so
 (``stowage_exporter_up{source=...}``); nothing here raises into the HTTP handler.
 """
@@ -59,7 +60,8 @@ class Snapshot:
     cards: list[CardSample] = field(default_factory=list)
     splits: dict[str, CardSplit] = field(default_factory=dict)     # uuid -> per-container shares
     up: dict[str, bool] = field(default_factory=dict)
-    taken_at: float = 0.0
+    taken_at: float = 0.0       # monotonic time the reading started
+    finished_at: float = 0.0    # ... and ended
 
 
 class _Status:
@@ -209,14 +211,19 @@ class GpuCollector(Collector):
         self._snap: Snapshot | None = None
 
     def snapshot(self) -> Snapshot:
+        """A snapshot younger than ``cache_s``, or one finished while this call waited for the lock
+        (a reading slower than the cache window is shared by the scrapes queued behind it, not
+        taken again by each in turn: they would wait one slow reading per scrape ahead of them)."""
+        arrived = time.monotonic()
         with self._lock:
             s = self._snap
-            if s is None or time.monotonic() - s.taken_at >= self.cache_s:
+            if s is None or (s.finished_at < arrived and time.monotonic() - s.taken_at >= self.cache_s):
                 try:
                     s = self.snapshotter.take()
                 except Exception:  # a bug must cost one scrape, not the process
                     log.exception("taking a snapshot failed")
                     s = Snapshot(up={k: False for k in SOURCES}, taken_at=time.monotonic())
+                s.finished_at = time.monotonic()
                 self._snap = s
             return s
 

@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import threading
+import time
 
 import pytest
 
@@ -391,3 +392,46 @@ def test_unreadable_processes_are_logged_once_while_their_pids_change(node: GpuN
         assert node.scrape().up("proc") == 1
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("proc:")]
     assert len(said) == 2 and "hostPID" in said[0] and "100" in said[0] and "available again" in said[1], said
+
+
+class _CountingLock:
+    """The collector's snapshot lock, counting the scrapes that reached it (holding or waiting)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reached = 0
+
+    def __enter__(self) -> None:
+        self.reached += 1
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+def test_scrapes_waiting_on_a_slow_reading_share_it_instead_of_each_taking_another(monkeypatch, tmp_path):
+    """A reading that takes longer than the cache window (a kubelet slow to answer List) must not be
+    taken once more by every scrape queued behind it: two Prometheus replicas and the liveness probe
+    would wait one full reading each in turn (past their timeouts), asking the slow kubelet again."""
+    for node in make_node(monkeypatch, tmp_path, exporter_config=dict(cache_s=0.0)):
+        node.kubelet.add("ns", "p", uid(1), {"c": {GPU: [U0]}})
+        node.scrape()
+        lock = _CountingLock()
+        node.exporter.collector._lock = lock
+        node.kubelet.hold = threading.Event()
+        calls_before = node.kubelet.list_calls
+        results: list[Scrape] = []
+        threads = [threading.Thread(target=lambda: results.append(node.scrape())) for _ in range(3)]
+        threads[0].start()
+        assert node.kubelet.held.wait(30)           # the first reading is waiting on the kubelet
+        for t in threads[1:]:
+            t.start()
+        deadline = time.monotonic() + 30
+        while lock.reached < 3:                      # the other two are queued behind it
+            assert time.monotonic() < deadline, lock.reached
+            time.sleep(0.01)
+        node.kubelet.hold.set()                      # the kubelet answers at last
+        for t in threads:
+            t.join(60)
+        assert len(results) == 3 and all(_pods(s) == {("ns", "p", "c", U0)} for s in results)
+        assert node.kubelet.list_calls - calls_before == 1
