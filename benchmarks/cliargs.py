@@ -1,11 +1,16 @@
 """Argparse types the benchmark commands share: a value that cannot make a run is refused by
 name while the command line is read, before any cluster, process or replay starts (a ``--jobs 0``
-or ``--node-stride 0`` used to start one that could not work)."""
+or ``--node-stride 0`` used to start one that could not work).
+
+Every check of the command line alone is made by the parser (a type, or :class:`CheckedParser`
+for a check of several options together), none after it: tests/test_doc_commands.py checks each
+command line the docs quote with the parser alone, so a check made later in ``main`` would let a
+documented line that the command refuses pass."""
 from __future__ import annotations
 
 import argparse
 import math
-from typing import Callable
+from typing import Callable, Iterable, Sequence
 
 
 def whole_number(minimum: int) -> Callable[[str], int]:
@@ -33,7 +38,7 @@ def positive_number(text: str) -> float:
     return value
 
 
-def number_list(minimum: int) -> Callable[[str], list[int]]:
+def number_list(minimum: int, example: str = "1000,5000") -> Callable[[str], list[int]]:
     """Comma-separated whole numbers, each at least ``minimum`` ("1000,5000")."""
     def parse(text: str) -> list[int]:
         try:
@@ -42,10 +47,61 @@ def number_list(minimum: int) -> Callable[[str], list[int]]:
             values = []
         if not values or min(values) < minimum:
             raise argparse.ArgumentTypeError(
-                f"must be comma-separated whole numbers of at least {minimum} (e.g. 1000,5000), not {text!r}")
+                f"must be comma-separated whole numbers of at least {minimum} (e.g. {example}), not {text!r}")
         return values
     parse.__name__ = "number list"
     return parse
+
+
+def name_list(known: Iterable[str], what: str) -> Callable[[str], list[str]]:
+    """Comma-separated names, each one of ``known`` ("stowage,fgd"): a misspelt one is refused by
+    name while parsing, not after the traces are loaded or a control plane started."""
+    names = tuple(known)
+
+    def parse(text: str) -> list[str]:
+        given = [s.strip() for s in text.split(",") if s.strip()]
+        unknown = [g for g in given if g not in names]
+        if unknown or not given:
+            said = ", ".join(map(repr, unknown or [text]))
+            raise argparse.ArgumentTypeError(f"unknown {what} {said} (known: {', '.join(sorted(names))})")
+        return given
+    parse.__name__ = f"{what} list"
+    return parse
+
+
+def one_name(known: Iterable[str], what: str) -> Callable[[str], str]:
+    """One of ``known``; refused by name as :func:`name_list` refuses one of a list."""
+    names = name_list(known, what)
+
+    def parse(text: str) -> str:
+        if "," in text:
+            raise argparse.ArgumentTypeError(f"one {what}, not a list: {text!r}")
+        return names(text)[0]
+    parse.__name__ = what
+    return parse
+
+
+Check = Callable[[argparse.Namespace], "str | None"]
+
+
+class CheckedParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that also makes the checks no single option's type can make (one
+    option needs another: ``--no-replay`` needs a burst), while parsing: each of ``checks`` takes
+    the parsed arguments and returns why they cannot make a run, or None. A refusal is argparse's
+    own (usage, the message, exit 2), as for a bad value."""
+
+    def __init__(self, *args: object, checks: Sequence[Check] = (), **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)   # type: ignore[arg-type]
+        self.checks = tuple(checks)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, rest = super().parse_known_args(args, namespace)
+        for check in self.checks:
+            why = check(parsed)
+            if why:
+                self.error(why)
+        return parsed, rest
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -296,9 +296,10 @@ def run(per_verb: int, workers: int = 1, seed: int = 1, log_dir: str = "/tmp", p
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python tests/fuzzing.py``, apart from ``main`` so that
     tests/test_doc_commands.py can check the documented command lines against it without running them."""
+    from benchmarks.cliargs import whole_number   # a run of 0 requests or 0 workers would pass testing nothing
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--per-verb", type=int, default=10_000, help="requests per verb (filter, prioritize, bind, preempt)")
-    ap.add_argument("--workers", type=int, default=1, help="1: one process; 2+: the split layout")
+    ap.add_argument("--per-verb", type=whole_number(1), default=10_000, help="requests per verb (filter, prioritize, bind, preempt)")
+    ap.add_argument("--workers", type=whole_number(1), default=1, help="1: one process; 2+: the split layout")
     ap.add_argument("--seed", type=int, default=1)
     return ap
 

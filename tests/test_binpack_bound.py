@@ -88,5 +88,8 @@ def test_lp_report_on_a_hand_made_cluster():
 
 
 def test_lp_cli_names_an_unknown_policy(capsys):
-    assert main(["--lp", "--policy", "no-such-policy", "--trace", "default", "--seeds", "1", "--no-progress"]) == 2
-    assert "unknown placement policy 'no-such-policy'" in capsys.readouterr().err
+    """While parsing, before any trace is loaded (exit 2)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--lp", "--policy", "no-such-policy", "--trace", "default", "--seeds", "1", "--no-progress"])
+    assert exc.value.code == 2
+    assert "argument --policy: unknown placement policy 'no-such-policy'" in capsys.readouterr().err

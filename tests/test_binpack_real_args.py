@@ -40,8 +40,24 @@ def test_without_quick_the_defaults_are_the_full_protocol():
     assert (args.seeds, args.node_stride, args.limit, args.burst, args.until) == ((42, 43, 44), 1, None, 0, None)
 
 
-def test_no_replay_without_a_burst_is_refused_before_any_peer_starts(capsys):
+@pytest.mark.parametrize("argv", [["--no-replay"], ["--quick", "--no-replay", "--burst", "0"]])
+def test_no_replay_without_a_burst_is_refused_before_any_peer_starts(argv, capsys):
+    """Refused by the parser itself (so the docs' check refuses such a line too), exit 2."""
     from benchmarks.binpack.real import main
-    assert main(["--no-replay"]) == 2
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
     assert "--no-replay leaves only the burst" in capsys.readouterr().err
-    assert main(["--quick", "--no-replay", "--burst", "0"]) == 2
+
+
+def test_no_replay_with_quicks_burst_is_taken():
+    args = build_parser().parse_args(["--quick", "--no-replay"])
+    assert settle_quick(args).burst == 100
+
+
+def test_an_unknown_mode_is_refused_by_name(capsys):
+    assert_refused_by_name(build_parser(), "--modes", "fast", capsys)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--modes", "stowage,fast"])
+    assert "argument --modes: unknown mode 'fast' (known: plain, stowage)" in capsys.readouterr().err
+    assert build_parser().parse_args(["--modes", " plain , stowage"]).modes == ["plain", "stowage"]

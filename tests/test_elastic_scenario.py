@@ -133,9 +133,11 @@ def test_quick_smoke_run_writes_table_csv_json_png(tmp_path, capsys):
 def test_missing_trace_and_bad_arguments_are_clear(tmp_path, capsys):
     assert main(["--quick", "--data-dir", str(tmp_path), "--policies", "most-allocated"]) == 1
     assert "trace file not found" in capsys.readouterr().err
-    assert main(["--quick", "--policies", "nope"]) == 2
-    assert "unknown policy nope" in capsys.readouterr().err
-    assert main(["--quick", "--days", "0"]) == 2
+    for argv, said in ((["--quick", "--policies", "nope"], "argument --policies: unknown policy 'nope'"),
+                       (["--quick", "--days", "0"], "argument --days: must be a number above 0")):
+        with pytest.raises(SystemExit) as exc:   # refused while parsing
+            main(argv)
+        assert exc.value.code == 2 and said in capsys.readouterr().err
 
 
 def test_jobs_wait_in_the_queue_and_leave_at_their_deletion_time():
@@ -328,5 +330,8 @@ def test_a_restart_with_the_kept_past_learns_what_the_running_extender_had(tmp_p
     assert figures["--restart-at 0.5"] == figures[""]      # every figure: the restart is invisible
     assert lost["pods"] < plain["pods"] and lost["workload"] != plain["workload"]
     assert "restarts at day 0.5 with the departed pods' past" in capsys.readouterr().out
-    assert main(["--quick", "--restart-lose-past"]) == 2
-    assert main(["--quick", "--restart-at", "5"]) == 2             # past the quick run's 1-day window
+    for argv, said in ((["--quick", "--restart-lose-past"], "--restart-lose-past needs --restart-at"),
+                       (["--quick", "--restart-at", "5"], "--restart-at must lie inside the window (0 to 1 days)")):
+        with pytest.raises(SystemExit) as exc:   # refused while parsing; 5 is past the quick run's 1-day window
+            main(argv)
+        assert exc.value.code == 2 and said in capsys.readouterr().err

@@ -32,7 +32,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cliargs import HelpFormatter
+from packing.registry import PLACERS
+
+from ..cliargs import HelpFormatter, one_name, whole_number
 from .replay import SEEDS, arrival_order
 from .trace import DEFAULT_TRACE, Nodes, Pods, TraceError, available_traces, data_dir, load_nodes
 from .variants import load_trace
@@ -160,20 +162,17 @@ def build_parser() -> argparse.ArgumentParser:
                "  python -m benchmarks.binpack.bound --lp --trace default multigpu40   # the LP bound of Stowage's slices, 10 seeds")
     p.add_argument("--trace", nargs="+", default=None, help="trace names, generated variants (spec25, multigpu40, ...) "
                    "or CSV paths (default: every openb trace file)")
-    p.add_argument("--seeds", type=int, default=len(SEEDS), help="number of seeds from 42")
+    p.add_argument("--seeds", type=whole_number(1), default=len(SEEDS), help="number of seeds from 42")
     p.add_argument("--data-dir", default=None, help="folder with the openb CSVs")
     p.add_argument("--lp", action="store_true", help="replay --policy to 100 %% arrived per seed and bound the "
                    "idle GPU of the slices it placed with the configuration LP (needs scipy; ~25 s a seed on a 2-core VM)")
-    p.add_argument("--policy", default="stowage", help="the policy whose slices --lp bounds (default: stowage)")
+    p.add_argument("--policy", type=one_name(PLACERS, "placement policy"), default="stowage", help="the policy whose slices --lp bounds (default: stowage)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
-    if args.seeds < 1:
-        p.error("--seeds must be at least 1")
+    args = build_parser().parse_args(argv)
     if args.lp:
         try:
             import scipy.optimize  # noqa: F401
@@ -194,9 +193,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"mean {np.mean(w):.2f} %, seeds {min(w):.2f}..{max(w):.2f} %")
     except TraceError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyError as exc:   # an unknown --policy
-        print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
     return 0
 

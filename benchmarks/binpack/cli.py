@@ -10,7 +10,9 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from ..cliargs import HelpFormatter, whole_number
+from packing.registry import PLACERS
+
+from ..cliargs import HelpFormatter, name_list, whole_number
 from ..progress import progress_bar
 
 from .replay import SEEDS, binned, replay
@@ -82,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "limited to GPU models; multigpuX: multi-GPU pods X %% of the GPU request; see "
                         "benchmarks/binpack/variants.py) or CSV paths; default: every trace in the data dir, "
                         f"then {', '.join(DEFAULT_VARIANTS)}")
-    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated placer names (default: %(default)s)")
+    p.add_argument("--policies", type=name_list(PLACERS, "placement policy"), default=",".join(DEFAULT_POLICIES), help="comma-separated placer names (default: %(default)s)")
     p.add_argument("--seeds", type=parse_seeds, default=None, help="10 (= 42..51), 42 (that seed), 42,43 or 42-51 (default: 10, or 42 with --quick)")
     p.add_argument("--out", default="results/binpack", help="output directory (CSV, JSON, PNG; default: %(default)s)")
     p.add_argument("--data-dir", default=None, help="folder with the openb CSVs (default ../shared/openb, or $STOWAGE_OPENB)")
@@ -103,17 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         traces = args.trace or default_traces(available_traces(directory), directory) or [DEFAULT_TRACE]
         stride = QUICK_NODE_STRIDE if args.quick else 1
         seeds = args.seeds if args.seeds is not None else QUICK_SEEDS if args.quick else SEEDS
-        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-        from packing.registry import get_placer
-        for pol in policies:
-            get_placer(pol)
+        policies = args.policies
         for t in traces:
             load_replay(str(directory), t, stride)  # fail fast, with a clear message, on a missing file
     except TraceError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyError as exc:
-        print(f"error: {exc.args[0]}", file=sys.stderr)
         return 2
     tasks = [(str(directory), t, pol, s, stride) for t in traces for pol in policies for s in seeds]
     got: dict[tuple[str, str], list] = {}

@@ -68,7 +68,7 @@ from extender.split import DECIDER_NAME, HTTP_WORKER_NAME
 from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
 from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
 
-from ..cliargs import HelpFormatter, positive_number, whole_number
+from ..cliargs import CheckedParser, HelpFormatter, name_list, positive_number, whole_number
 from ..progress import progress_bar
 from .cli import load_replay, parse_seeds
 from .runstore import code_version
@@ -931,10 +931,18 @@ def run_tasks(nodes: Nodes, pods: Pods, tasks: list[tuple[str, int]], opts: RunO
 
 # --- the command -------------------------------------------------------------------------------------
 
+def _burst_to_time(args: argparse.Namespace) -> str | None:
+    """``--no-replay`` leaves only the burst: refused while parsing when there is none (after
+    ``--quick`` filled in what the user did not say), rather than once the run is set up."""
+    if args.no_replay and not settle_quick(argparse.Namespace(**vars(args))).burst:
+        return "--no-replay leaves only the burst, and there is none: give --burst N (e.g. --burst 300)"
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CheckedParser(
         prog="python -m benchmarks.binpack.real",
-        formatter_class=HelpFormatter,
+        formatter_class=HelpFormatter, checks=[_burst_to_time],
         description="Replay an openb trace through a real kube-apiserver + kube-scheduler v1.28.7 "
                     "(../shared/k8s), with the extender as deployed and with plain kube-scheduler, "
                     "beside the simulated replay of the same seeds; optionally time a burst of GPU pods.",
@@ -948,7 +956,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  python -m benchmarks.binpack.real --seeds 42 --limit 2000 --modes stowage")
     p.add_argument("--trace", default=DEFAULT_TRACE, help="trace name (default, gpushare40, ...) or CSV path")
     p.add_argument("--seeds", type=parse_seeds, default=None, help="42,43,44 (default), 42-44, 42 (that seed) or a count (3 = 42..44)")
-    p.add_argument("--modes", default=",".join(MODES),
+    p.add_argument("--modes", type=name_list(MODES, "mode"), default=",".join(MODES),
                    help="comma list of stowage (kube-scheduler + extender) and plain (kube-scheduler alone)")
     p.add_argument("--limit", type=whole_number(1), default=None, help="only the first N arriving pods of each seed (smoke runs)")
     p.add_argument("--until", type=positive_number, default=None, metavar="PCT",
@@ -1053,15 +1061,7 @@ def main(argv: list[str] | None = None) -> int:
     # one line per bind would bury this tool's own progress (the real extender runs at warning too).
     logging.getLogger("stowage.extender").setLevel(logging.WARNING)
     settle_quick(args)
-    if args.no_replay and not args.burst:
-        print("error: --no-replay leaves only the burst, and there is none: give --burst N (e.g. --burst 300)",
-              file=sys.stderr)
-        return 2
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad:
-        print(f"error: unknown mode(s) {bad}; choose from {', '.join(MODES)}", file=sys.stderr)
-        return 2
+    modes = args.modes
     try:                                  # a wrong trace name is said before any peer is needed
         nodes, pods = load_inputs(args)
     except TraceError as exc:

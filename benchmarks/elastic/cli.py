@@ -18,7 +18,7 @@ from pathlib import Path
 from benchmarks.binpack.cli import subset
 from benchmarks.binpack.trace import DEFAULT_TRACE, REPO_ROOT, TraceError, data_dir, load_nodes, trace_name
 from benchmarks.binpack.variants import load_trace
-from benchmarks.cliargs import HelpFormatter
+from benchmarks.cliargs import CheckedParser, HelpFormatter, name_list, number_list, positive_number, whole_number
 from benchmarks.progress import progress_bar
 from packing.registry import PLACERS, POLICY_PLACER
 
@@ -40,21 +40,41 @@ def _shape(req) -> str:
     return req.describe() if req.is_whole else f"{req.core_milli / 10:g}% of one GPU"
 
 
+def settle_quick(args: argparse.Namespace) -> argparse.Namespace:
+    """``--quick``: at most a day's window on at most every 20th node (what the user gave stands
+    when it is smaller)."""
+    if args.quick:
+        args.days, args.node_stride = min(args.days, QUICK["days"]), max(args.node_stride, QUICK["node_stride"])
+    return args
+
+
+def _restart(args: argparse.Namespace) -> str | None:
+    """``--restart-at`` inside the window that will run (``--quick`` shortens it), and
+    ``--restart-lose-past`` only with it: refused while parsing, before the scenario is built."""
+    if args.restart_at is not None:
+        days = settle_quick(argparse.Namespace(**vars(args))).days
+        if not 0 < args.restart_at < days:
+            return f"--restart-at must lie inside the window (0 to {days:g} days)"
+    elif args.restart_lose_past:
+        return "--restart-lose-past needs --restart-at"
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.elastic", description=__doc__,
-                                formatter_class=HelpFormatter)
+    p = CheckedParser(prog="python -m benchmarks.elastic", description=__doc__,
+                      formatter_class=HelpFormatter, checks=[_restart])
     p.add_argument("--trace", default=DEFAULT_TRACE,
                    help="trace name (default, gpushare40, gpuspec10, cpu100), a generated variant (spec33, "
                         "multigpu40: the default pods' times, benchmarks/binpack/variants.py) or CSV path")
     p.add_argument("--data-dir", default=None, help="folder with the openb CSVs (default ../shared/openb, or $STOWAGE_OPENB)")
-    p.add_argument("--policies", default=None, help="comma-separated placer names (default: all registered)")
-    p.add_argument("--seeds", default="42", help="comma-separated seeds (tie-break order, fractional copies)")
-    p.add_argument("--days", type=float, default=14.0, help="length of the window, ending at the trace's end")
-    p.add_argument("--step", type=int, default=60, help="seconds between HPA syncs / scheduling rounds")
-    p.add_argument("--deployments", type=int, default=8, help="single-GPU shapes turned into HPA deployments")
-    p.add_argument("--peak", type=float, default=1.0, help="peak GPU demand as a fraction of the cluster's GPUs")
-    p.add_argument("--node-stride", type=int, default=10, help="use every N-th trace node (the trace ran at ~1%% load)")
-    p.add_argument("--target", type=float, default=60.0, help="HPA target: average GPU utilisation per replica, %%")
+    p.add_argument("--policies", type=name_list(PLACERS, "policy"), default=None, help="comma-separated placer names (default: all registered)")
+    p.add_argument("--seeds", type=number_list(0, example="42,43"), default="42", help="comma-separated seeds (tie-break order, fractional copies)")
+    p.add_argument("--days", type=positive_number, default=14.0, help="length of the window, ending at the trace's end")
+    p.add_argument("--step", type=whole_number(1), default=60, help="seconds between HPA syncs / scheduling rounds")
+    p.add_argument("--deployments", type=whole_number(1), default=8, help="single-GPU shapes turned into HPA deployments")
+    p.add_argument("--peak", type=positive_number, default=1.0, help="peak GPU demand as a fraction of the cluster's GPUs")
+    p.add_argument("--node-stride", type=whole_number(1), default=10, help="use every N-th trace node (the trace ran at ~1%% load)")
+    p.add_argument("--target", type=positive_number, default=60.0, help="HPA target: average GPU utilisation per replica, %%")
     p.add_argument("--tolerance", type=float, default=0.1, help="HPA tolerance")
     p.add_argument("--window", type=float, default=300.0, help="HPA scale-down stabilisation window, s")
     p.add_argument("--learn-before", action="store_true",
@@ -70,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(--learned-configmap off)")
     p.add_argument("--unneeded", type=float, default=600.0, help="how long a node must stand empty before it counts as releasable, s")
     p.add_argument("--out", default="results/elastic", help="output folder (CSV, JSON, PNG)")
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    p.add_argument("--jobs", type=whole_number(1), default=min(2, os.cpu_count() or 1), help="worker processes")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 day on a 1/20 node subset")
     return p
 
@@ -97,24 +117,9 @@ def _task(args: tuple):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.quick:
-        args.days, args.node_stride = min(args.days, QUICK["days"]), max(args.node_stride, QUICK["node_stride"])
-    for name in ("days", "step", "deployments", "peak", "node_stride", "target", "jobs"):
-        if getattr(args, name) <= 0:
-            print(f"error: --{name.replace('_', '-')} must be positive", file=sys.stderr)
-            return 2
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        print(f"error: bad --seeds {args.seeds!r} (e.g. 42 or 42,43)", file=sys.stderr)
-        return 2
-    known = default_policies()
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else known
-    unknown = [p for p in policies if p not in PLACERS]
-    if unknown:
-        print(f"error: unknown policy {', '.join(unknown)} (known: {', '.join(sorted(PLACERS))})", file=sys.stderr)
-        return 2
+    args = settle_quick(build_parser().parse_args(argv))
+    seeds = args.seeds
+    policies = args.policies or default_policies()
     directory = str(data_dir(args.data_dir))
     hpa = HpaSettings(target=args.target, tolerance=args.tolerance, scale_down_window_s=args.window)
     try:
@@ -133,15 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.learn_before:
         print(f"  the extender learned {len(sc.history)} pods that came and went before the window (--learn-before)")
     if args.restart_at is not None:
-        if not 0 < args.restart_at < args.days:
-            print(f"error: --restart-at must lie inside the window (0 to {args.days:g} days)", file=sys.stderr)
-            return 2
         print(f"  the extender restarts at day {args.restart_at:g} "
               + ("learning only the pods that exist (--restart-lose-past)" if args.restart_lose_past
                  else "with the departed pods' past it kept"))
-    elif args.restart_lose_past:
-        print("error: --restart-lose-past needs --restart-at", file=sys.stderr)
-        return 2
     tasks = [(directory, args.trace, args.node_stride, args.days, args.step, args.deployments, args.peak, seed,
               policy, hpa, args.unneeded, args.learn_before, args.restart_at, not args.restart_lose_past)
              for seed in seeds for policy in policies]

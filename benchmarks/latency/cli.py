@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pods", type=whole_number(1), default=None, help="pods scheduled per size and variant (default 600)")
     p.add_argument("--clients", type=whole_number(1), default=None, help="concurrent client processes (one keep-alive connection each; default 4)")
     p.add_argument("--threads", type=whole_number(1), default=8, help="request threads per gunicorn worker (as deployed)")
-    p.add_argument("--workers", default="1,2",
+    p.add_argument("--workers", type=number_list(1, example="1,2"), default="1,2",
                    help="comma-separated gunicorn worker counts to run: 1 = the one-process layout, N > 1 = the "
                         "split layout (N HTTP workers + one decision process); the floor runs with the same count")
     p.add_argument("--full-pods", type=whole_number(0), default=None, help="pods scheduled with full Node objects (nodeCacheCapable: false; default 30)")
@@ -107,7 +107,7 @@ def run_size(n: int, a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
     full_pods = cluster.pods(a.full_pods, seed=a.seed, prefix="full") if full else []
     plan = cluster.prefill_plan(n, seed=a.seed)
     data = SizeInputs(cluster_file, names, pods, full, items, full_pods, plan)
-    for w in a.worker_counts:
+    for w in a.workers:
         rows += run_layout(n, w, a, tmp, data)
     return rows
 
@@ -182,20 +182,13 @@ def settle_quick(a: argparse.Namespace) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    a = parser.parse_args(argv)
+    a = build_parser().parse_args(argv)
     settle_quick(a)
     sizes = a.sizes
-    try:
-        a.worker_counts = [int(s) for s in str(a.workers).split(",") if s.strip()]
-    except ValueError:
-        parser.error(f"--workers: expected comma-separated numbers such as 1,2, got {a.workers!r}")
-    if not a.worker_counts or min(a.worker_counts) < 1:
-        parser.error(f"--workers: each count must be 1 or more, got {a.workers!r}")
     meta = {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
             "numpy": np.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(a)}
     print(f"Stowage extender latency: {meta['cores']} cores ({meta['cpu']}), sizes {sizes}, {a.pods} pods, "
-          f"{a.clients} clients, {a.threads} threads per worker, workers {a.worker_counts}", flush=True)
+          f"{a.clients} clients, {a.threads} threads per worker, workers {a.workers}", flush=True)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="stowage-latency-") as tmpdir:
         for n in sizes:
