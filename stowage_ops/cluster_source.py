@@ -13,6 +13,12 @@ and one loader, shared by both commands.
 
 Errors (unreadable kubeconfig, unreachable API server, bad cluster file) become one
 :class:`click.ClickException` line, never a traceback.
+
+Every check of the command line alone (options that exclude each other, an option that needs
+another, a value of the wrong form) is made while click parses it (:class:`CheckedCommand`, option
+callbacks), so tests/test_doc_commands.py, which parses each documented command line without
+running it, refuses what the command refuses. Checks that need more (a key file's content, the
+cluster) are made when the command runs.
 """
 from __future__ import annotations
 
@@ -33,6 +39,59 @@ LIVE_RETRIES = 1      # a server that does not answer costs the operator at most
 
 SOURCE_OPTIONS = ("kubeconfig", "context", "in_cluster", "simulated", "fill", "seed", "memory_unit_mib",
                   "scheduler_names", "record_key_file")
+
+ParamCheck = Callable[[click.Context], None]
+_CHECKS = "__stowage_param_checks__"   # on a command's callback: its ParamChecks, in order
+
+
+def after_parsing(check: ParamCheck) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: ``check(ctx)`` runs once click has parsed the command line (``ctx.params``), in
+    :class:`CheckedCommand`, and raises a :class:`click.UsageError` for a command line the
+    command cannot run. Checks registered by decorators further out run first."""
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(fn, _CHECKS, (check, *getattr(fn, _CHECKS, ())))
+        return fn
+    return register
+
+
+class CheckedCommand(click.Command):
+    """A click command that runs its callback's :func:`after_parsing` checks as part of parsing
+    (``make_context``), not when it is invoked: a refused combination of options is refused
+    wherever the command line is parsed, the docs' check included."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        if not ctx.resilient_parsing:   # shell completion parses half-typed lines
+            for check in getattr(self.callback, _CHECKS, ()):
+                check(ctx)
+        ctx.meta[_CHECKS] = True
+        return rest
+
+
+def shapes_option(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[Any]:
+    """Click callback of a repeatable SHAPE option (``plan --shape``, ``inspect --typical``): the
+    shapes parsed (:class:`stowage_ops.planning.Shape`); a bad one is refused with the grammar."""
+    from stowage_ops.planning import SHAPE_GRAMMAR, ShapeError, parse_shape
+    try:
+        return [parse_shape(s) for s in value]
+    except ShapeError as exc:
+        raise click.BadParameter(f"{exc}\nShape grammar:\n{SHAPE_GRAMMAR}", ctx, param) from None
+
+
+def _source_of(params: Mapping[str, Any]) -> "Source":
+    return Source(**{k: params[k] for k in SOURCE_OPTIONS})
+
+
+def _check_source(ctx: click.Context) -> None:
+    src = _source_of(ctx.params)
+    if src.fill and src.live:
+        raise click.UsageError("--fill only applies to --simulated clusters (a live cluster has its own pods)", ctx)
+    if src.simulated is not None and (src.kubeconfig or src.context or src.in_cluster):
+        raise click.UsageError("--simulated cannot be combined with --kubeconfig/--context/--in-cluster", ctx)
+    if src.in_cluster and (src.kubeconfig or src.context):
+        raise click.UsageError("--kubeconfig and --in-cluster are exclusive (--context picks a kubeconfig "
+                               "context)", ctx)
+    _refuse_on_simulated(ctx, src, {"scheduler_names": "--scheduler-name", "record_key_file": "--record-key-file"})
 
 
 @dataclass(frozen=True)
@@ -85,22 +144,16 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not click.get_current_context().meta.get(_CHECKS):
+            raise RuntimeError("cluster_options needs a CheckedCommand: its checks run while parsing")
         src = Source(**{k: kwargs.pop(k) for k in SOURCE_OPTIONS})
-        if src.fill and src.live:
-            raise click.UsageError("--fill only applies to --simulated clusters (a live cluster has its own pods)")
-        if src.simulated is not None and (src.kubeconfig or src.context or src.in_cluster):
-            raise click.UsageError("--simulated cannot be combined with --kubeconfig/--context/--in-cluster")
-        if src.in_cluster and (src.kubeconfig or src.context):
-            raise click.UsageError("--kubeconfig and --in-cluster are exclusive (--context picks a kubeconfig "
-                                   "context)")
-        _refuse_on_simulated(src, {"scheduler_names": "--scheduler-name", "record_key_file": "--record-key-file"})
         if src.live:
             src.trust()   # an unusable key file is refused before the cluster is read
         return fn(*args, source=src, **kwargs)
 
     for opt in reversed(opts):
         wrapper = opt(wrapper)
-    return wrapper
+    return after_parsing(_check_source)(wrapper)
 
 
 @dataclass
@@ -132,44 +185,43 @@ def learn_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     ConfigMap, and the pods of ``--scheduler-name``, only on a live cluster)."""
     from extender.learned_store import DEFAULT_NAME, DEFAULT_NAMESPACE
 
+    def location(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, str] | None:
+        from extender.learned_store import parse_location
+        try:
+            return parse_location(value, os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+
     opts = [
-        click.option("--learned-configmap", default=DEFAULT_NAME, show_default=True,
+        click.option("--learned-configmap", default=DEFAULT_NAME, show_default=True, callback=location,
                      metavar="[NAMESPACE/]NAME|off",
                      help="Live cluster: the extender's --learned-configmap (namespace: $POD_NAMESPACE, else "
                           f"{DEFAULT_NAMESPACE}), which keeps what its placer learned from deleted pods. "
                           "off: leave it out."),
     ]
 
+    def check(ctx: click.Context) -> None:
+        if "simulated" in ctx.params:   # with cluster_options
+            _refuse_on_simulated(ctx, _source_of(ctx.params), {"learned_configmap": "--learned-configmap"})
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from extender.learned_store import parse_location
-        where = kwargs.pop("learned_configmap")
-        src = kwargs.get("source")
-        if isinstance(src, Source):
-            _refuse_on_simulated(src, {"learned_configmap": "--learned-configmap"})
-        try:
-            configmap = parse_location(where, os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--learned-configmap") from None
-        return fn(*args, learn=LearnFrom(configmap=configmap), **kwargs)
+        return fn(*args, learn=LearnFrom(configmap=kwargs.pop("learned_configmap")), **kwargs)
 
     for opt in reversed(opts):
         wrapper = opt(wrapper)
-    return wrapper
+    return after_parsing(check)(wrapper)
 
 
-def _given(param: str) -> bool:
-    """Whether the user gave option ``param`` on the command line (not its default)."""
-    ctx = click.get_current_context(silent=True)
-    return ctx is not None and ctx.get_parameter_source(param) == click.core.ParameterSource.COMMANDLINE
-
-
-def _refuse_on_simulated(src: Source, flags: Mapping[str, str]) -> None:
+def _refuse_on_simulated(ctx: click.Context, src: Source, flags: Mapping[str, str]) -> None:
     """A usage error when options that describe a live cluster's extender (``flags``: parameter
-    -> option) were given for a simulated cluster, which has none: they would be ignored."""
-    given = [flag for param, flag in flags.items() if _given(param)]
+    -> option) were given on the command line (not a default or the environment) for a
+    simulated cluster, which has none: they would be ignored."""
+    given = [flag for param, flag in flags.items()
+             if ctx.get_parameter_source(param) == click.core.ParameterSource.COMMANDLINE]
     if given and not src.live:
-        raise click.UsageError(f"{' and '.join(given)} read a live cluster's extender; a simulated cluster has none")
+        raise click.UsageError(f"{' and '.join(given)} read a live cluster's extender; a simulated cluster has none",
+                               ctx)
 
 
 @dataclass

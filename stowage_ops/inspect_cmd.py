@@ -14,17 +14,17 @@ import click
 from packing.frag import model_list
 from packing.model import ClusterModel
 from packing.stranded import typical_one_gpu_host_request, stranded_per_node, why_stranded
-from stowage_ops.cluster_source import LearnFrom, LiveFacts, Source, cluster_options, learn_options, load
-from stowage_ops.planning import Learned, ShapeError, fragmentation, iter_nodes, parse_shape
+from stowage_ops.cluster_source import (CheckedCommand, LearnFrom, LiveFacts, Source, after_parsing, cluster_options,
+                                        learn_options, load, shapes_option)
+from stowage_ops.planning import Learned, Shape, fragmentation, iter_nodes
 from stowage.resources import CORE_MILLI_PER_CARD, fmt_mib
 from stowage.textable import render
 
 
-def report(model: ClusterModel, typical: Sequence[str] = (), nodes: Sequence[str] = ()) -> dict[str, Any]:
+def report(model: ClusterModel, typical: Sequence[Shape] = (), nodes: Sequence[str] = ()) -> dict[str, Any]:
     """The whole picture as JSON-ready data. ``typical``: shapes for fragmentation (default:
     the shapes running now); ``nodes``: only these nodes (default all)."""
-    shapes = [parse_shape(s) for s in typical] if typical else None
-    frag = fragmentation(model, shapes)
+    frag = fragmentation(model, list(typical) or None)
     with model.lock:
         a = model.a
         # (not ``typical``, the fragmentation shapes above: a 1-GPU pod's host CPU and memory)
@@ -172,19 +172,26 @@ def render_learned(learned: dict[str, Any], top: int = 15) -> str:
     return "\n".join(lines)
 
 
-@click.command("inspect")
+def _check_inspect(ctx: click.Context) -> None:
+    if ctx.params["learned"] and ctx.params["simulated"] is not None:
+        raise click.UsageError("--learned reads a live cluster (a simulated one has no pods of Stowage's "
+                               "schedulers and no ConfigMap)", ctx)
+
+
+@click.command("inspect", cls=CheckedCommand)
 @cluster_options
 @learn_options
 @click.option("--learned", is_flag=True,
               help="Live cluster: also show what the extender's placer has learned of the workload: per pod "
                    "shape, the pods of Stowage's schedulers now and the departed ones its ConfigMap keeps.")
 @click.option("--node", "nodes", multiple=True, metavar="NAME", help="Only this node (repeatable).")
-@click.option("--typical", multiple=True, metavar="SHAPE",
+@click.option("--typical", multiple=True, metavar="SHAPE", callback=shapes_option,
               help="Pod shape that counts for fragmentation (repeatable; grammar as in `stowage plan --shape`). "
                    "Default: the shapes running now, plus one whole GPU.")
 @click.option("--cards/--no-cards", default=True, show_default=True, help="Also print the per-card table.")
 @click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def inspect(source: Source, learn: LearnFrom, learned: bool, nodes: tuple[str, ...], typical: tuple[str, ...],
+@after_parsing(_check_inspect)
+def inspect(source: Source, learn: LearnFrom, learned: bool, nodes: tuple[str, ...], typical: list[Shape],
             cards: bool, output: str) -> None:
     """Show, per node and per card, which pods hold what, what is free, card health, and
     STRANDED capacity: free GPU share that no typical pod shape could use right now. STATE
@@ -197,15 +204,9 @@ def inspect(source: Source, learn: LearnFrom, learned: bool, nodes: tuple[str, .
       stowage inspect --kubeconfig ~/.kube/config --no-cards
       stowage inspect --simulated --typical 1 --typical 20Gi,50% -o json
     """
-    if learned and not source.live:
-        raise click.UsageError("--learned reads a live cluster (a simulated one has no pods of Stowage's "
-                               "schedulers and no ConfigMap)")
     facts = LiveFacts() if source.live else None
     model, what = load(source, learn=learn if learned else None, facts=facts)
-    try:
-        rep = report(model, typical, nodes)
-    except ShapeError as exc:
-        raise click.BadParameter(str(exc), param_hint="--typical") from None
+    rep = report(model, typical, nodes)
     missing = sorted(set(nodes) - {n["name"] for n in rep["nodes"]})
     if missing:
         raise click.ClickException(f"no such node(s): {', '.join(missing)}")

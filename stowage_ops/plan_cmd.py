@@ -13,9 +13,10 @@ from typing import Any
 
 import click
 
-from stowage_ops.cluster_source import LearnFrom, LiveFacts, Source, cluster_options, learn_options, load
-from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, Learned, PreemptPlan, ShapeError,
-                              capacity, drain_plan, parse_shape, preemption_plan, unmatched_models)
+from stowage_ops.cluster_source import (CheckedCommand, LearnFrom, LiveFacts, Source, after_parsing, cluster_options,
+                                        learn_options, load, shapes_option)
+from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, Learned, PreemptPlan, Shape,
+                              capacity, drain_plan, placer_names, preemption_plan, unmatched_models)
 from stowage.textable import render
 
 
@@ -80,18 +81,36 @@ def _preempt_text(plan: PreemptPlan, top: int) -> str:
     return "\n".join(lines)
 
 
-@click.command("plan", epilog="Shape grammar (--shape):\n\n\b\n" + SHAPE_GRAMMAR)
+def _placer_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if value not in placer_names():
+        raise click.BadParameter(f"unknown placement policy {value!r} (known: {', '.join(placer_names())})", ctx, param)
+    return value
+
+
+def _check_plan(ctx: click.Context) -> None:
+    """What to plan, and options that need another (checked while parsing: CheckedCommand)."""
+    p = ctx.params
+    if not p["shapes"] and not p["drain"] and not p["preempt_shapes"]:
+        raise click.UsageError("nothing to plan: give --shape SHAPE (repeatable), --drain and/or --preempt SHAPE", ctx)
+    for flag, given in (("--any-model", p["any_model"]), ("--max-nodes", p["max_nodes"] is not None)):
+        if given and not p["drain"]:
+            raise click.UsageError(f"{flag} only applies to --drain", ctx)
+    if p["preempt_shapes"] and p["priority"] is None:
+        raise click.UsageError("--preempt needs --priority N: the pod's priority (the value of its PriorityClass)", ctx)
+
+
+@click.command("plan", cls=CheckedCommand, epilog="Shape grammar (--shape):\n\n\b\n" + SHAPE_GRAMMAR)
 @cluster_options
-@click.option("--shape", "shapes", multiple=True, metavar="SHAPE",
+@click.option("--shape", "shapes", multiple=True, metavar="SHAPE", callback=shapes_option,
               help="How many more pods of this shape fit, and where (repeatable; grammar below).")
 @click.option("--drain", is_flag=True, help="Which nodes could be emptied by moving the fewest pods.")
-@click.option("--preempt", "preempt_shapes", multiple=True, metavar="SHAPE",
+@click.option("--preempt", "preempt_shapes", multiple=True, metavar="SHAPE", callback=shapes_option,
               help="What it would take to place one pod of this shape at --priority: which lower-priority "
                    "pods would have to go where, best node first (repeatable).")
 @click.option("--priority", type=int, default=None,
               help="With --preempt: the pod's priority (its PriorityClass value); only pods of lower "
                    "priority can be evicted for it.")
-@click.option("--placer", default="pack", show_default=True,
+@click.option("--placer", default="pack", show_default=True, callback=_placer_option,
               help="Placement policy to simulate: pack, spread, or a placer name (e.g. most-allocated).")
 @click.option("--limit", type=click.IntRange(min=1), default=DEFAULT_LIMIT, show_default=True,
               help="Stop counting a shape after this many pods.")
@@ -102,7 +121,8 @@ def _preempt_text(plan: PreemptPlan, top: int) -> str:
 @click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="Nodes listed per shape.")
 @learn_options
 @click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def plan(source: Source, shapes: tuple[str, ...], drain: bool, preempt_shapes: tuple[str, ...],
+@after_parsing(_check_plan)
+def plan(source: Source, shapes: list[Shape], drain: bool, preempt_shapes: list[Shape],
          priority: int | None, placer: str, limit: int, any_model: bool, max_nodes: int | None, top: int,
          learn: LearnFrom, output: str) -> None:
     """What-if: how many more pods of a SHAPE fit right now and on which nodes; and (--drain)
@@ -118,23 +138,8 @@ def plan(source: Source, shapes: tuple[str, ...], drain: bool, preempt_shapes: t
       stowage plan --kubeconfig ~/.kube/config --shape 1@H100 --drain
       stowage plan --kubeconfig ~/.kube/config --preempt 20Gi@L4 --priority 100000
     """
-    if not shapes and not drain and not preempt_shapes:
-        raise click.UsageError("nothing to plan: give --shape SHAPE (repeatable), --drain and/or --preempt SHAPE")
-    for flag, given in (("--any-model", any_model), ("--max-nodes", max_nodes is not None)):
-        if given and not drain:
-            raise click.UsageError(f"{flag} only applies to --drain")
-    if preempt_shapes and priority is None:
-        raise click.UsageError("--preempt needs --priority N: the pod's priority (the value of its PriorityClass)")
-    try:
-        parsed = [parse_shape(s) for s in shapes]
-    except ShapeError as exc:
-        raise click.BadParameter(f"{exc}\nShape grammar:\n{SHAPE_GRAMMAR}", param_hint="--shape") from None
-    try:
-        to_preempt = [parse_shape(s) for s in preempt_shapes]
-    except ShapeError as exc:
-        raise click.BadParameter(f"{exc}\nShape grammar:\n{SHAPE_GRAMMAR}", param_hint="--preempt") from None
     marks = None
-    if to_preempt and source.live:
+    if preempt_shapes and source.live:
         from extender.nominated import PodMarks
         marks = PodMarks(source.memory_unit_mib)
     # On a live cluster the what-if's placer learns what the live extender's has (LearnFrom).
@@ -145,14 +150,11 @@ def plan(source: Source, shapes: tuple[str, ...], drain: bool, preempt_shapes: t
     if learn is not None:
         what += "\n" + learn.describe()
     prios = marks.all_priorities() if marks is not None else {}
-    pplans = [preemption_plan(model, s, priority or 0, prios) for s in to_preempt]
-    try:
-        results = [capacity(model, s, placer=placer, limit=limit, learned=learned) for s in parsed]
-        dplan = (drain_plan(model, placer=placer, keep_model=not any_model, max_nodes=max_nodes, learned=learned,
-                            stays=facts.daemon_pods if facts else (), unrecorded=facts.unrecorded if facts else None)
-                 if drain else None)
-    except KeyError as exc:
-        raise click.BadParameter(str(exc.args[0]), param_hint="--placer") from None
+    pplans = [preemption_plan(model, s, priority or 0, prios) for s in preempt_shapes]
+    results = [capacity(model, s, placer=placer, limit=limit, learned=learned) for s in shapes]
+    dplan = (drain_plan(model, placer=placer, keep_model=not any_model, max_nodes=max_nodes, learned=learned,
+                        stays=facts.daemon_pods if facts else (), unrecorded=facts.unrecorded if facts else None)
+             if drain else None)
     if output == "json":
         doc: dict[str, Any] = {"source": what.split("\n")[0], "placer": placer,
                                "capacity": [{**r.to_json(), "unmatchedModels": unmatched_models(

@@ -34,9 +34,10 @@ from packing.fit import card_mask, fit, reason
 from packing.model import CardArrays, ClusterModel, PodAllocation
 from packing.placer import Placer, attach_placer
 from packing.pod_policy import PodPolicy
-from packing.registry import get_placer, placer_for
+from packing.registry import PLACERS, POLICY_PLACER, get_placer, placer_for
 from stowage.inventory import model_matches
-from stowage.resources import CORE_MILLI_PER_CARD, GpuRequest, RequestError, fmt_mib, parse_quantity
+from stowage.resources import (CORE_MILLI_PER_CARD, MAX_CARD_MEMORY_MIB, MAX_GPUS_PER_POD, GpuRequest, RequestError,
+                               fmt_mib, parse_quantity)
 
 DEFAULT_LIMIT = 10_000
 
@@ -84,6 +85,9 @@ def _mem_mib(text: str, shape: str) -> int:
     mib = int(q / (1 << 20))
     if mib <= 0:
         raise ShapeError(f"shape {shape!r}: memory {text!r} must be at least 1Mi")
+    if mib > MAX_CARD_MEMORY_MIB:   # as the extender refuses such a pod: no card could hold it
+        raise ShapeError(f"shape {shape!r}: memory {text!r} is more than any card could hold (at most "
+                         f"{fmt_mib(MAX_CARD_MEMORY_MIB)})")
     return mib
 
 
@@ -102,9 +106,12 @@ def parse_shape(text: str) -> Shape:
         policy = PodPolicy(models_include=names)
     m = _WHOLE.match(body)
     if m:
-        gpus = int(m.group(1))
+        # (the length first: int() refuses a number of more than 4,300 digits with a ValueError)
+        gpus = int(m.group(1)) if len(m.group(1)) <= 6 else MAX_GPUS_PER_POD + 1
         if gpus <= 0:
             raise ShapeError(f"shape {raw!r}: the number of GPUs must be at least 1")
+        if gpus > MAX_GPUS_PER_POD:   # as the extender refuses such a pod
+            raise ShapeError(f"shape {raw!r}: the number of GPUs must be at most {MAX_GPUS_PER_POD}")
         if m.group(2) is not None and not m.group(2).strip():
             raise ShapeError(f"shape {raw!r}: give the card memory after 'x', e.g. {gpus}x80Gi")
         min_mem = _mem_mib(m.group(2), raw) if m.group(2) else 0
@@ -140,11 +147,17 @@ def copy_arrays(a: CardArrays) -> CardArrays:
     return CardArrays(**{f.name: getattr(a, f.name).copy() for f in fields(a)})
 
 
+def placer_names() -> list[str]:
+    """The names a what-if's ``placer`` takes: the node policy values (pack, spread) and every
+    placer by its own name (most-allocated, ...)."""
+    return [*POLICY_PLACER, *sorted(PLACERS)]
+
+
 def _placer(placer: str | Placer | None) -> Placer:
     if placer is None:
         return placer_for("pack")
     if isinstance(placer, str):
-        return placer_for(placer) if placer in ("pack", "spread") else get_placer(placer)
+        return placer_for(placer) if placer in POLICY_PLACER else get_placer(placer)
     return placer
 
 

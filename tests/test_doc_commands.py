@@ -14,11 +14,13 @@ parser the command itself uses, WITHOUT running the command:
   ``test_each_checked_parser_is_the_one_its_command_uses`` ties the two together);
 - ``make X``: X is a target of the Makefile.
 
-Beyond the parsers, the pod shapes given to ``stowage plan``/``inspect`` are checked with the
-commands' own ``parse_shape`` (:data:`SHAPE_PARAMS`): click sees them as strings, but the docs
-quote many, and the command refuses a bad one before anything else. Other checks a command makes
-after parsing (``--preempt`` without ``--priority``, ``benchmarks.latency --workers 0``) are not
-made here.
+Every check a command makes of its command line alone is made by its parser (a pod shape of
+``stowage plan``/``inspect``, ``--preempt`` without ``--priority``, ``benchmarks.latency --workers
+0``, ``benchmarks.binpack.real --no-replay`` without a burst: click callbacks and
+``stowage_ops.cluster_source.CheckedCommand``, argparse types and ``benchmarks.cliargs.CheckedParser``),
+so it is made here too (:func:`test_a_check_of_the_command_line_alone_is_made_while_parsing`).
+What needs more than the command line (a trace file on disk, a key file's content, the cluster's
+nodes for ``inspect --node``) is left to the command.
 
 What counts as a quoted command line (kept simple on purpose, see :func:`quoted_commands`): each
 line of a fenced code block in markdown (``\\`` continuations joined; an alternative in its comment,
@@ -48,7 +50,10 @@ What is substituted before parsing (the docs use these conventions; see :func:`a
   option that insists the file exists (click's ``Path(exists=True)``) checks the flag and not the
   reader's disk;
 - an inline span that ends with a flag that takes a value but gives none (``stowage extender
-  --pending-pods-mib`` in prose) names the flag: the flag must exist, its value is not checked.
+  --pending-pods-mib`` in prose) names the flag: the flag must exist, its value is not checked;
+- an inline span that is only ``stowage SUBCOMMAND``, or that and a flag it names (``stowage plan
+  --preempt``), names the command: it must exist, but what a whole command line needs (``stowage
+  plan`` needs something to plan) is not asked of it.
 
 Lines that are deliberately not a valid command (an error shown on purpose, a diagram that starts
 with a command's name) are listed in :data:`NOT_COMMANDS`, each with its reason.
@@ -234,25 +239,11 @@ def check_stowage(args: list[str], inline: bool) -> None:
     name = args[len(args) - len(ctx.args) - 1]   # the word make_context kept back as the subcommand
     _, cmd, rest = group.resolve_command(ctx, [name, *ctx.args])
     assert cmd is not None
-    if inline and rest:
-        rest = _drop_named_flag_click(cmd, ctx, rest)
-    sub = cmd.make_context(name, rest, parent=ctx)
-    check_shapes(name, sub.params)
-
-
-# Pod shapes are strings to click; `stowage plan`/`inspect` refuse a bad one before doing anything
-# else, with the grammar. The docs quote many shapes, so they are checked as the command checks them.
-SHAPE_PARAMS: dict[str, tuple[str, ...]] = {"plan": ("shapes", "preempt_shapes"), "inspect": ("typical",)}
-
-
-def check_shapes(subcommand: str, params: dict) -> None:
-    from stowage_ops.planning import ShapeError, parse_shape
-    for param in SHAPE_PARAMS.get(subcommand, ()):
-        for shape in params.get(param) or ():
-            try:
-                parse_shape(shape)
-            except ShapeError as exc:
-                raise click.BadParameter(str(exc), param_hint=param) from None
+    if inline:
+        rest = _drop_named_flag_click(cmd, ctx, rest) if rest else rest
+        if not rest:
+            return   # `stowage plan` or `stowage plan --preempt` in prose: names the command (and an option)
+    cmd.make_context(name, rest, parent=ctx)
 
 
 def _drop_named_flag_click(cmd: click.Command, ctx: click.Context, rest: list[str]) -> list[str]:
@@ -341,7 +332,7 @@ def test_a_quoted_command_parses(q: Quoted, cmd: Command, capsys) -> None:
     ("stowage extender --workers 0", "--workers"),                                    # a value out of range
     ("stowage extender --filter-keeps all", "--filter-keeps"),                        # not one of the choices
     ("stowage plan --preempt", "--preempt"),                                          # a code line needs the value
-    ("stowage plan --simulated --shape 1x80Gb", "shapes"),                            # not a shape
+    ("stowage plan --simulated --shape 1x80Gb", "--shape"),                            # not a shape
     ("python -m benchmarks.binpack --polices stowage", "unrecognized arguments: --polices"),
     ("python -m benchmarks.binpack --seed 3", "unrecognized arguments: --seed"),     # an abbreviation of --seeds
     ("python -m benchmarks.binpack.real --jobs 0", "argument --jobs"),
@@ -358,6 +349,53 @@ def test_the_check_refuses_what_the_command_refuses(text: str, message: str) -> 
         check(Quoted("test", "test", text, inline=False), cmd)
     assert message in str(exc.value)
 
+
+
+# What each command used to check only after parsing (so a doc line with such a value passed the
+# check above): each is now refused by the parser itself, with the command's own message.
+@pytest.mark.parametrize("text,message", [
+    ("python -m benchmarks.latency --workers 0", "argument --workers"),
+    ("python -m benchmarks.latency --workers 1,two", "argument --workers"),
+    ("python -m benchmarks.binpack.bound --seeds 0", "argument --seeds"),
+    ("python -m benchmarks.binpack.bound --lp --policy nosuch", "argument --policy"),
+    ("python -m benchmarks.binpack.real --no-replay", "--no-replay leaves only the burst"),
+    ("python -m benchmarks.binpack.real --quick --no-replay --burst 0", "--no-replay leaves only the burst"),
+    ("python -m benchmarks.binpack.real --modes stowage,fast", "argument --modes"),
+    ("python -m benchmarks.binpack --policies stowage,nosuch", "argument --policies"),
+    ("python -m benchmarks.elastic --days 0", "argument --days"),
+    ("python -m benchmarks.elastic --step 0", "argument --step"),
+    ("python -m benchmarks.elastic --deployments 0", "argument --deployments"),
+    ("python -m benchmarks.elastic --peak -1", "argument --peak"),
+    ("python -m benchmarks.elastic --node-stride 0", "argument --node-stride"),
+    ("python -m benchmarks.elastic --target 0", "argument --target"),
+    ("python -m benchmarks.elastic --jobs 0", "argument --jobs"),
+    ("python -m benchmarks.elastic --seeds 42,x", "argument --seeds"),
+    ("python -m benchmarks.elastic --policies nosuch", "argument --policies"),
+    ("python -m benchmarks.elastic --restart-lose-past", "--restart-lose-past needs --restart-at"),
+    ("python -m benchmarks.elastic --quick --restart-at 5", "--restart-at must lie inside the window"),
+    ("python -m benchmarks.elastic --days 2 --restart-at 0", "--restart-at must lie inside the window"),
+    (".venv/bin/python tests/fuzzing.py --per-verb 0", "argument --per-verb"),
+    (".venv/bin/python tests/fuzzing.py --workers 0", "argument --workers"),
+    ("stowage plan --simulated --preempt 10Gi", "--preempt needs --priority"),
+    ("stowage plan --simulated", "nothing to plan"),
+    ("stowage plan --simulated --shape 1 --any-model", "--any-model only applies to --drain"),
+    ("stowage plan --simulated --shape 1 --max-nodes 2", "--max-nodes only applies to --drain"),
+    ("stowage plan --simulated --shape 1 --placer nosuch", "unknown placement policy 'nosuch'"),
+    ("stowage inspect --fill 5", "--fill only applies to --simulated"),
+    ("stowage inspect --simulated --kubeconfig FILE", "cannot be combined"),
+    ("stowage plan --in-cluster --context x --drain", "are exclusive"),
+    ("stowage inspect --simulated --scheduler-name x", "--scheduler-name read a live cluster"),
+    ("stowage inspect --simulated --record-key-file FILE", "--record-key-file read a live cluster"),
+    ("stowage plan --simulated --drain --learned-configmap off", "--learned-configmap read a live cluster"),
+    ("stowage inspect --learned-configmap Bad_Name", "--learned-configmap"),
+    ("stowage inspect --simulated --learned", "--learned reads a live cluster"),
+])
+def test_a_check_of_the_command_line_alone_is_made_while_parsing(text: str, message: str) -> None:
+    cmd = command_of(text)
+    assert cmd is not None
+    with pytest.raises(AssertionError) as exc:
+        check(Quoted("test", "test", text, inline=False), cmd)
+    assert message in str(exc.value)
 
 def test_a_flag_named_in_prose_must_exist_but_needs_no_value() -> None:
     named = Quoted("test", "test", "stowage extender --pending-pods-mib", inline=True)

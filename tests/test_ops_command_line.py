@@ -1,0 +1,48 @@
+"""``stowage inspect``/``plan``: what the operator types is refused while it is parsed, in one
+line (exit 2), never a traceback or a what-if of a shape no pod could have."""
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from stowage.cli import main
+from stowage.resources import MAX_CARD_MEMORY_MIB, MAX_GPUS_PER_POD
+from stowage_ops.cluster_source import cluster_options
+from stowage_ops.planning import ShapeError, parse_shape
+
+
+@pytest.mark.parametrize("shape, said", [
+    ("9" * 5000, "at most 64"),                  # int() of >4300 digits raises ValueError, not ShapeError
+    ("9" * 50, "at most 64"),
+    (f"{MAX_GPUS_PER_POD + 1}", "at most 64"),
+    ("9" * 5000 + "x80Gi", "at most 64"),
+    ("1x" + "9" * 5000 + "Gi", "not a memory quantity"),
+    ("1x1Pi", "any card"),
+    ("1Ei,50%", "any card"),
+])
+def test_a_shape_no_pod_could_have_is_a_shape_error(shape, said):
+    with pytest.raises(ShapeError, match=said):
+        parse_shape(shape)
+    r = CliRunner().invoke(main, ["plan", "--simulated", "--shape", shape])
+    assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["inspect", "--simulated", "--typical", shape])
+    assert r.exit_code == 2 and said in r.output
+
+
+def test_the_largest_shapes_a_pod_can_have_are_taken():
+    assert parse_shape(f"{MAX_GPUS_PER_POD}").req.gpus == MAX_GPUS_PER_POD
+    assert parse_shape(f"1x{MAX_CARD_MEMORY_MIB}Mi").req.min_card_mem_mib == MAX_CARD_MEMORY_MIB
+    assert parse_shape(f"{MAX_CARD_MEMORY_MIB}Mi,100%").req.mem_mib == MAX_CARD_MEMORY_MIB
+
+
+def test_cluster_options_refuse_to_run_unchecked():
+    """Their checks run while parsing (CheckedCommand): on a plain click command they would never
+    run, so the command refuses to start rather than take e.g. --fill on a live cluster."""
+    @click.command()
+    @cluster_options
+    def bare(source) -> None:
+        click.echo("ran")
+
+    r = CliRunner().invoke(bare, ["--simulated"])
+    assert isinstance(r.exception, RuntimeError) and "CheckedCommand" in str(r.exception)
