@@ -13,7 +13,7 @@ def _is_num(v: Any) -> bool:
 MAX_ALIGNED = 60   # characters: a longer cell overflows its own line instead of widening its column
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
     """The cell as the terminal should get it: control characters (escape sequences, carriage
     returns, new lines a node's owner or a pod author may have written) shown as '?'."""
     return "".join("?" if unicodedata.category(ch) == "Cc" else ch for ch in text)
@@ -22,7 +22,7 @@ def _printable(text: str) -> str:
 def render(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, indent: str = "") -> str:
     """The table as one string; ``None`` cells print as '-'. A cell over :data:`MAX_ALIGNED`
     characters does not set its column's width (one 100 KB model name padded every row to it)."""
-    cells = [[("-" if v is None else _printable(str(v))) for v in row] for row in rows]
+    cells = [[("-" if v is None else printable(str(v))) for v in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         for j, c in enumerate(row):

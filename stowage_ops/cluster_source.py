@@ -15,14 +15,21 @@ Errors (unreadable kubeconfig, unreachable API server, bad cluster file) become 
 :class:`click.ClickException` line, never a traceback.
 
 Every check of the command line alone (options that exclude each other, an option that needs
-another, a value of the wrong form) is made while click parses it (:class:`CheckedCommand`, option
-callbacks), so tests/test_doc_commands.py, which parses each documented command line without
-running it, refuses what the command refuses. Checks that need more (a key file's content, the
-cluster) are made when the command runs.
+another, a value of the wrong form) is made while click parses it (:class:`OperatorCommand`,
+option callbacks), so tests/test_doc_commands.py, which parses each documented command line
+without running it, refuses what the command refuses. Checks that need more (a key file's
+content, the cluster) are made when the command runs.
+
+What the commands print may carry what pod authors and node owners wrote (names, model names,
+the errors of their annotations): it reaches the terminal through :func:`say`, and the
+components' log lines through :class:`OperatorLog`, both with control characters (terminal escape
+sequences) made printable.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -31,6 +38,7 @@ import click
 
 from packing.model import ClusterModel
 from stowage.allocation import DEFAULT_SCHEDULER_NAMES, RecordTrust
+from stowage.textable import printable
 from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
@@ -46,7 +54,7 @@ _CHECKS = "__stowage_param_checks__"   # on a command's callback: its ParamCheck
 
 def after_parsing(check: ParamCheck) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: ``check(ctx)`` runs once click has parsed the command line (``ctx.params``), in
-    :class:`CheckedCommand`, and raises a :class:`click.UsageError` for a command line the
+    :class:`OperatorCommand`, and raises a :class:`click.UsageError` for a command line the
     command cannot run. Checks registered by decorators further out run first."""
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         setattr(fn, _CHECKS, (check, *getattr(fn, _CHECKS, ())))
@@ -54,10 +62,11 @@ def after_parsing(check: ParamCheck) -> Callable[[Callable[..., Any]], Callable[
     return register
 
 
-class CheckedCommand(click.Command):
-    """A click command that runs its callback's :func:`after_parsing` checks as part of parsing
-    (``make_context``), not when it is invoked: a refused combination of options is refused
-    wherever the command line is parsed, the docs' check included."""
+class OperatorCommand(click.Command):
+    """An operator command (``inspect``, ``plan``): it runs its callback's :func:`after_parsing`
+    checks as part of parsing (``make_context``), not when it is invoked, so a refused
+    combination of options is refused wherever the command line is parsed, the docs' check
+    included; and it runs with :func:`operator_log`."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         rest = super().parse_args(ctx, args)
@@ -66,6 +75,50 @@ class CheckedCommand(click.Command):
                 check(ctx)
         ctx.meta[_CHECKS] = True
         return rest
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with operator_log():
+            return super().invoke(ctx)
+
+
+def say(text: str = "", err: bool = False) -> None:
+    """``click.echo`` for text that may carry what pod authors and node owners wrote: its control
+    characters (escape sequences, carriage returns) are shown as '?', its new lines kept."""
+    click.echo("\n".join(printable(line) for line in text.split("\n")), err=err)
+
+
+class OperatorLog(logging.Handler):
+    """The components' warnings and errors (the feed's per-pod and per-node errors) as the
+    operator's terminal shows them: one line each on stderr (:func:`say`), an exception as its
+    one-line summary rather than a traceback that reads as the command's own crash."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+            if record.exc_info and record.exc_info[1] is not None:
+                exc = record.exc_info[1]
+                text += f" ({type(exc).__name__}: {exc})"
+            say(text, err=True)
+        except Exception:   # logging must never stop the command
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def operator_log() -> Any:
+    """While the command runs, the ``stowage.*`` loggers' warnings and errors go to
+    :class:`OperatorLog` only. Without it they reached the terminal raw through Python's
+    last-resort handler: a pod named with an escape sequence and a malformed record wrote that
+    sequence to the operator's terminal."""
+    logger = logging.getLogger("stowage")
+    handler = OperatorLog(logging.WARNING)
+    before = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = before
 
 
 def shapes_option(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[Any]:
@@ -145,7 +198,7 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not click.get_current_context().meta.get(_CHECKS):
-            raise RuntimeError("cluster_options needs a CheckedCommand: its checks run while parsing")
+            raise RuntimeError("cluster_options needs an OperatorCommand: its checks run while parsing")
         src = Source(**{k: kwargs.pop(k) for k in SOURCE_OPTIONS})
         if src.live:
             src.trust()   # an unusable key file is refused before the cluster is read
@@ -229,10 +282,22 @@ class LiveFacts:
     """What a live cluster's pods say beyond the model (filled in by :func:`load`):
     ``daemon_pods``, the uids of pods a DaemonSet owns (they stay with their node when it is
     drained); ``unrecorded``, GPU pods bound without Stowage's record (uid -> node: Stowage does
-    not know their cards and does not count them)."""
+    not know their cards and does not count them); ``pod_errors`` and ``node_errors``, the pods
+    whose record and the nodes whose inventory the feed could not honour, each with why (the
+    extender reads them the same way: their cards are not counted)."""
 
     daemon_pods: set[str] = field(default_factory=set)
     unrecorded: dict[str, str] = field(default_factory=dict)
+    pod_errors: list[dict[str, str]] = field(default_factory=list)    # {"pod", "uid", "error"}
+    node_errors: list[dict[str, str]] = field(default_factory=list)   # {"node", "error"}
+    names: dict[str, str] = field(default_factory=dict)               # uid -> namespace/name, of every pod seen
+
+    def errors_from(self, status: Mapping[str, Any]) -> None:
+        """The feed's per-pod and per-node errors (``KubeFeeder.status()``), by name."""
+        pods = status.get("pod_errors") or {}
+        self.pod_errors = sorted(({"pod": self.names.get(uid, "?"), "uid": uid, "error": str(err)}
+                                  for uid, err in pods.items()), key=lambda e: (e["pod"], e["uid"]))
+        self.node_errors = [{"node": n, "error": str(err)} for n, err in sorted((status.get("node_errors") or {}).items())]
 
     def warning(self) -> str:
         """One line for the operator when GPU pods were bound without Stowage ('' otherwise)."""
@@ -248,6 +313,8 @@ class LiveFacts:
         owners = m.get("ownerReferences") if isinstance(m.get("ownerReferences"), list) else []
         if not isinstance(uid, str):
             return
+        from extender.kube_objects import pod_key
+        self.names[uid] = pod_key(pod)
         if gone:
             self.daemon_pods.discard(uid)
         elif any(isinstance(o, Mapping) and o.get("kind") == "DaemonSet" and o.get("controller") for o in owners):
@@ -309,8 +376,8 @@ def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None,
         raise click.ClickException(f"cannot load Kubernetes credentials: {exc} "
                                    "Or use --simulated to look at the embedded cluster.") from None
     host = getattr(getattr(api, "configuration", None), "host", "") or "the cluster"
-    click.echo(f"reading nodes and pods from {host} (each request waits up to {LIVE_TIMEOUT_S} s, "
-               f"{LIVE_RETRIES} retry)...", err=True)
+    say(f"reading nodes and pods from {host} (each request waits up to {LIVE_TIMEOUT_S} s, "
+        f"{LIVE_RETRIES} retry)...", err=True)
     model = ClusterModel()
     try:
         feeder = KubeFeeder(model, api, src.memory_unit_mib, request_timeout_s=LIVE_TIMEOUT_S, trust=trust)
@@ -322,7 +389,9 @@ def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None,
             feeder.on_pod_seen = learn.pods.append
         feeder.sync_once()
         if facts is not None:
-            facts.unrecorded = dict(feeder.status().get("unrecorded_gpu_pods") or {})
+            status = feeder.status()
+            facts.unrecorded = dict(status.get("unrecorded_gpu_pods") or {})
+            facts.errors_from(status)
     except Exception as exc:  # urllib3/ApiException/timeouts: one line for the operator
         from extender.kube import api_message
         hint = ""

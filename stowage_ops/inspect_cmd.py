@@ -14,8 +14,8 @@ import click
 from packing.frag import model_list
 from packing.model import ClusterModel
 from packing.stranded import typical_one_gpu_host_request, stranded_per_node, why_stranded
-from stowage_ops.cluster_source import (CheckedCommand, LearnFrom, LiveFacts, Source, after_parsing, cluster_options,
-                                        learn_options, load, shapes_option)
+from stowage_ops.cluster_source import (LearnFrom, LiveFacts, OperatorCommand, Source, after_parsing, cluster_options,
+                                        learn_options, load, say, shapes_option)
 from stowage_ops.planning import Learned, Shape, fragmentation, iter_nodes
 from stowage.resources import CORE_MILLI_PER_CARD, fmt_mib
 from stowage.textable import render
@@ -37,10 +37,16 @@ def report(model: ClusterModel, typical: Sequence[Shape] = (), nodes: Sequence[s
                 continue
             meta = model.meta.get(name)
             on_card: dict[int, list[dict[str, Any]]] = {}
+            # A record the feed honoured may name a card this node does not list (a forged one,
+            # or one from before the inventory changed): the pod holds no card row to be seen on.
+            off_cards: list[dict[str, Any]] = []
             for uid in sorted(meta.pods if meta else ()):
                 al = model.allocations.get(uid)
                 if al is None:
                     continue
+                missing = [k for k in al.cards if not (k < a.shape[1] and a.exists[i, k])]
+                if missing:
+                    off_cards.append({"pod": al.name, "uid": uid, "cards": missing})
                 for k, mem, core in zip(al.cards, al.mem_mib, al.core_milli):
                     on_card.setdefault(k, []).append({"pod": al.name, "uid": uid, "whole": al.whole,
                                                       "memoryMiB": int(mem), "corePct": core / 10})
@@ -54,6 +60,10 @@ def report(model: ClusterModel, typical: Sequence[Shape] = (), nodes: Sequence[s
                     "memoryMiB": int(a.mem_total[i, k]), "memoryFreeMiB": max(int(a.mem_free[i, k]), 0),
                     "coreFreePct": max(int(a.core_free[i, k]), 0) / 10, "healthy": bool(a.healthy[i, k]),
                     "freeMilli": int(frag.free[i, k]), "strandedMilli": int(frag.stranded[i, k]),
+                    # booked beyond what the card has (records an unsigned cluster honours may
+                    # double-book it): shown, where the free figures above stop at 0
+                    "overbookedMiB": max(-int(a.mem_free[i, k]), 0),
+                    "overbookedCorePct": max(-int(a.core_free[i, k]), 0) / 10,
                     "pods": on_card.get(k, []),
                 })
             free, stranded = frag.node_totals(i)
@@ -69,6 +79,8 @@ def report(model: ClusterModel, typical: Sequence[Shape] = (), nodes: Sequence[s
                 # free whole cards no 1-GPU pod can use for lack of CPU, memory or pod slots here
                 "strandedWholeGpus": int(host_stranded[i]),
                 "strandedBecause": why_stranded(a, i, *one_gpu) if host_stranded[i] else "",
+                "overbookedCards": sum(1 for c in cards if c["overbookedMiB"] or c["overbookedCorePct"]),
+                "podsOnMissingCards": off_cards,
                 "cards": cards,
             })
     gpus = sum(n["gpus"] for n in out_nodes)
@@ -111,6 +123,10 @@ def render_table(rep: dict[str, Any], cards: bool = True) -> str:
             state += ", whole GPUs only"
         if n["strandedWholeGpus"]:
             state += f", {n['strandedWholeGpus']} free GPUs stranded ({n['strandedBecause']})"
+        if n["overbookedCards"]:
+            state += f", {n['overbookedCards']} card{'s' if n['overbookedCards'] > 1 else ''} overbooked"
+        if n["podsOnMissingCards"]:
+            state += f", {len(n['podsOnMissingCards'])} pod(s) on cards it does not have"
         models = sorted({c["model"] for c in n["cards"]})
         rows.append([n["name"], "/".join(models) or "-", n["gpus"], n["freeGpus"], n["pods"],
                      f"{fmt_mib(n['memoryFreeMiB'])} / {fmt_mib(n['memoryMiB'])}" if n["memoryMiB"] else "-",
@@ -125,10 +141,23 @@ def render_table(rep: dict[str, Any], cards: bool = True) -> str:
                                  for p in c["pods"])
                 crow.append([n["name"], c["index"], c["model"],
                              f"{fmt_mib(c['memoryFreeMiB'])} / {fmt_mib(c['memoryMiB'])}" if c["memoryMiB"] else "-",
-                             f"{c['coreFreePct']:g}%", "ok" if c["healthy"] else "UNHEALTHY",
+                             f"{c['coreFreePct']:g}%", _card_health(c),
                              _gpus(c["strandedMilli"]) if c["strandedMilli"] else "", pods or "-"])
         lines += ["", render(["NODE", "CARD", "MODEL", "MEM FREE", "CORE FREE", "HEALTH", "STRANDED", "PODS"], crow)]
+    notes = [f"  pod {p['pod']} holds card(s) {', '.join(map(str, p['cards']))}, which node {n['name']} does not "
+             "have: its allocation record names them, and no card of the node counts it (the extender reads it so)"
+             for n in rep["nodes"] for p in n["podsOnMissingCards"]]
+    if notes:
+        lines += ["", "notes:", *notes]
     return "\n".join(lines)
+
+
+def _card_health(card: dict[str, Any]) -> str:
+    """"ok" or "UNHEALTHY", and by how much the card is booked beyond what it has."""
+    text = "ok" if card["healthy"] else "UNHEALTHY"
+    over = ([fmt_mib(card["overbookedMiB"])] if card["overbookedMiB"] else []) + \
+        ([f"{card['overbookedCorePct']:g}%"] if card["overbookedCorePct"] else [])
+    return text + (f", OVERBOOKED by {', '.join(over)}" if over else "")
 
 
 def learned_report(learn: LearnFrom, memory_unit_mib: int) -> dict[str, Any]:
@@ -178,7 +207,7 @@ def _check_inspect(ctx: click.Context) -> None:
                                "schedulers and no ConfigMap)", ctx)
 
 
-@click.command("inspect", cls=CheckedCommand)
+@click.command("inspect", cls=OperatorCommand)
 @cluster_options
 @learn_options
 @click.option("--learned", is_flag=True,
@@ -216,11 +245,12 @@ def inspect(source: Source, learn: LearnFrom, learned: bool, nodes: tuple[str, .
         rep["source"] = what
         if facts is not None:
             rep["unrecordedGpuPods"] = facts.unrecorded
-        click.echo(json.dumps(rep, indent=2))
+            rep["podErrors"], rep["nodeErrors"] = facts.pod_errors, facts.node_errors
+        click.echo(json.dumps(rep, indent=2))   # (JSON escapes control characters)
     else:
-        click.echo(what)
+        say(what)
         if facts is not None and facts.warning():
-            click.echo(facts.warning())
-        click.echo(render_table(rep, cards))
+            say(facts.warning())
+        say(render_table(rep, cards))
         if learned:
-            click.echo("\n" + render_learned(rep["learned"]))
+            say("\n" + render_learned(rep["learned"]))

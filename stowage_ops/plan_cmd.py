@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
-from stowage_ops.cluster_source import (CheckedCommand, LearnFrom, LiveFacts, Source, after_parsing, cluster_options,
-                                        learn_options, load, shapes_option)
+from stowage_ops.cluster_source import (LearnFrom, LiveFacts, OperatorCommand, Source, after_parsing, cluster_options,
+                                        learn_options, load, say, shapes_option)
 from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, Learned, PreemptPlan, Shape,
                               capacity, drain_plan, placer_names, preemption_plan, unmatched_models)
 from stowage.textable import render
@@ -88,7 +88,7 @@ def _placer_option(ctx: click.Context, param: click.Parameter, value: str) -> st
 
 
 def _check_plan(ctx: click.Context) -> None:
-    """What to plan, and options that need another (checked while parsing: CheckedCommand)."""
+    """What to plan, and options that need another (checked while parsing: OperatorCommand)."""
     p = ctx.params
     if not p["shapes"] and not p["drain"] and not p["preempt_shapes"]:
         raise click.UsageError("nothing to plan: give --shape SHAPE (repeatable), --drain and/or --preempt SHAPE", ctx)
@@ -99,7 +99,7 @@ def _check_plan(ctx: click.Context) -> None:
         raise click.UsageError("--preempt needs --priority N: the pod's priority (the value of its PriorityClass)", ctx)
 
 
-@click.command("plan", cls=CheckedCommand, epilog="Shape grammar (--shape):\n\n\b\n" + SHAPE_GRAMMAR)
+@click.command("plan", cls=OperatorCommand, epilog="Shape grammar (--shape):\n\n\b\n" + SHAPE_GRAMMAR)
 @cluster_options
 @click.option("--shape", "shapes", multiple=True, metavar="SHAPE", callback=shapes_option,
               help="How many more pods of this shape fit, and where (repeatable; grammar below).")
@@ -165,20 +165,21 @@ def plan(source: Source, shapes: list[Shape], drain: bool, preempt_shapes: list[
                               "note": learn.note}
         if facts is not None:
             doc["unrecordedGpuPods"] = facts.unrecorded
+            doc["podErrors"], doc["nodeErrors"] = facts.pod_errors, facts.node_errors
         if dplan is not None:
             doc["drain"] = dplan.to_json()
         if pplans:
             doc["preempt"] = [p.to_json() for p in pplans]
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json.dumps(doc, indent=2))   # (JSON escapes control characters)
         return
     if facts is not None and facts.warning():
         what += "\n" + facts.warning()
-    click.echo(f"{what}\nplacement policy: {placer}\n")
+    say(f"{what}\nplacement policy: {placer}\n")
     present = sorted({m for m in model.models if m != "UNKNOWN"})
     for r in results:
-        click.echo(_capacity_text(r, top, unmatched_models(model, r.shape.policy.models_include), present) + "\n")
+        say(_capacity_text(r, top, unmatched_models(model, r.shape.policy.models_include), present) + "\n")
     if dplan is not None:
         gpu_nodes = sum(1 for n, i in model.index.items() if model.a.exists[i].any())
-        click.echo(_drain_text(dplan, gpu_nodes))
+        say(_drain_text(dplan, gpu_nodes))
     for p in pplans:
-        click.echo(_preempt_text(p, top) + "\n")
+        say(_preempt_text(p, top) + "\n")

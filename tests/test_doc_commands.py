@@ -17,7 +17,7 @@ parser the command itself uses, WITHOUT running the command:
 Every check a command makes of its command line alone is made by its parser (a pod shape of
 ``stowage plan``/``inspect``, ``--preempt`` without ``--priority``, ``benchmarks.latency --workers
 0``, ``benchmarks.binpack.real --no-replay`` without a burst: click callbacks and
-``stowage_ops.cluster_source.CheckedCommand``, argparse types and ``benchmarks.cliargs.CheckedParser``),
+``stowage_ops.cluster_source.OperatorCommand``, argparse types and ``benchmarks.cliargs.CheckedParser``),
 so it is made here too (:func:`test_a_check_of_the_command_line_alone_is_made_while_parsing`).
 What needs more than the command line (a trace file on disk, a key file's content, the cluster's
 nodes for ``inspect --node``) is left to the command.

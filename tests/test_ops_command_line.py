@@ -37,7 +37,7 @@ def test_the_largest_shapes_a_pod_can_have_are_taken():
 
 
 def test_cluster_options_refuse_to_run_unchecked():
-    """Their checks run while parsing (CheckedCommand): on a plain click command they would never
+    """Their checks run while parsing (OperatorCommand): on a plain click command they would never
     run, so the command refuses to start rather than take e.g. --fill on a live cluster."""
     @click.command()
     @cluster_options
@@ -45,4 +45,4 @@ def test_cluster_options_refuse_to_run_unchecked():
         click.echo("ran")
 
     r = CliRunner().invoke(bare, ["--simulated"])
-    assert isinstance(r.exception, RuntimeError) and "CheckedCommand" in str(r.exception)
+    assert isinstance(r.exception, RuntimeError) and "OperatorCommand" in str(r.exception)
