@@ -68,6 +68,9 @@ def hostile_pods() -> list[dict]:
     # five 10 GiB slices booked on card 3 (40 GiB)
     pods += [running(f"slice-{j}", "bad", record=alloc("bad", [(3, 10 * GiB, 100)], False), gpu_memory=10,
                      gpu_core=10) for j in range(5)]
+    # pending: what the placers learn (inspect --learned, plan's placer) carries what they wrote
+    pods.append(stowage_pod("pending" + ESC, namespace="ml", gpus=1, annotations={"stowage.io/gpu-model": "A100|" + ESC}))
+    pods.append(stowage_pod("pending-huge", namespace="ml", gpus=1, annotations={"stowage.io/node-policy": "x" * 100_000}))
     absurd = running("absurd-cpu", "bad")
     absurd["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "NaN", "memory": "1e308"},
                                                    "limits": {"nvidia.com/gpu": 1e308}}
