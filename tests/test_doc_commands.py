@@ -343,6 +343,11 @@ def test_a_quoted_command_parses(q: Quoted, cmd: Command, capsys) -> None:
     ("stowage plan --shape SIZE", "unknown placeholder 'SIZE'"),
 ])
 def test_the_check_refuses_what_the_command_refuses(text: str, message: str) -> None:
+    assert_refused(text, message)
+
+
+def assert_refused(text: str, message: str) -> None:
+    """The check of ``text`` as a code line fails with ``message`` (the parser's own)."""
     cmd = command_of(text)
     assert cmd is not None
     with pytest.raises(AssertionError) as exc:
@@ -391,11 +396,8 @@ def test_the_check_refuses_what_the_command_refuses(text: str, message: str) -> 
     ("stowage inspect --simulated --learned", "--learned reads a live cluster"),
 ])
 def test_a_check_of_the_command_line_alone_is_made_while_parsing(text: str, message: str) -> None:
-    cmd = command_of(text)
-    assert cmd is not None
-    with pytest.raises(AssertionError) as exc:
-        check(Quoted("test", "test", text, inline=False), cmd)
-    assert message in str(exc.value)
+    assert_refused(text, message)
+
 
 def test_a_flag_named_in_prose_must_exist_but_needs_no_value() -> None:
     named = Quoted("test", "test", "stowage extender --pending-pods-mib", inline=True)
