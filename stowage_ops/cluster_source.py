@@ -106,19 +106,17 @@ class OperatorLog(logging.Handler):
 @contextlib.contextmanager
 def operator_log() -> Any:
     """While the command runs, the ``stowage.*`` loggers' warnings and errors go to
-    :class:`OperatorLog` only. Without it they reached the terminal raw through Python's
-    last-resort handler: a pod named with an escape sequence and a malformed record wrote that
-    sequence to the operator's terminal."""
+    :class:`OperatorLog`. Without it they reached the terminal raw through Python's last-resort
+    handler (used while no handler is configured, as in these commands): a pod named with an
+    escape sequence and a malformed record wrote that sequence to the operator's terminal. (They
+    still propagate to handlers someone configured on the root logger.)"""
     logger = logging.getLogger("stowage")
     handler = OperatorLog(logging.WARNING)
-    before = logger.propagate
     logger.addHandler(handler)
-    logger.propagate = False
     try:
         yield
     finally:
         logger.removeHandler(handler)
-        logger.propagate = before
 
 
 def shapes_option(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[Any]:
