@@ -155,12 +155,20 @@ class Nvml:
             uuid = _text(pynvml.nvmlDeviceGetUUID(h))
             name = _text(pynvml.nvmlDeviceGetName(h))
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            total_mib = int(mem.total) // (1024 * 1024)
         except pynvml.NVMLError as exc:
             self.unreadable[index] = str(exc)
             return str(exc)
+        except (UnicodeError, ValueError, TypeError, AttributeError) as exc:
+            # An answer that cannot be decoded (a name or UUID that is not UTF-8) or of the wrong
+            # kind: this card cannot be read, but it must not stop discovery of the others (it
+            # raised out of the device plugin's start before). The exporter treats it alike.
+            why = f"unreadable answer: {type(exc).__name__}: {exc}"
+            self.unreadable[index] = why
+            return why
         pci = _optional(pynvml.nvmlDeviceGetPciInfo, h)
         numa = _optional(pynvml.nvmlDeviceGetNumaNodeId, h, default=-1)
-        self._read[index] = dict(index=index, uuid=uuid, name=name, memory_mib=int(mem.total) // (1024 * 1024),
+        self._read[index] = dict(index=index, uuid=uuid, name=name, memory_mib=total_mib,
                                  minor=_optional(pynvml.nvmlDeviceGetMinorNumber, h, default=-1),
                                  numa=numa if isinstance(numa, int) and numa >= 0 else -1,
                                  pci_bus_id=_text(getattr(pci, "busId", "")) if pci is not None else "",

@@ -14,7 +14,7 @@ import pynvml
 import pytest
 
 from fakenvml import FakeNvml, default_cards
-from gpunode.nvml import XidEvent, XidEvents
+from gpunode.nvml import Nvml, XidEvent, XidEvents
 
 
 @pytest.fixture(params=[False, True], ids=["fake-handles", "ctypes-handles"])
@@ -118,3 +118,18 @@ def test_a_card_added_to_a_watch_reports_its_xids(fake: FakeNvml):
     fake.xid(u2, 79)
     assert watch.wait(1000) == XidEvent(u2, 79)
     watch.close()
+
+
+def test_a_card_whose_nvml_name_is_not_utf8_is_unreadable_and_spoils_no_other_card(monkeypatch):
+    """pynvml decodes NVML's byte strings; a name or UUID that is not UTF-8 raised UnicodeDecodeError
+    out of discovery, so the device plugin failed to start on a node whose other cards were fine.
+    Such a card is unreadable (not advertised, read again with back-off, as any card NVML cannot
+    read), like the exporter treats it (tests/test_exporter_hostile.py)."""
+    cards = default_cards()
+    cards[1].name = b"NVIDIA \xff\xfe broken"
+    FakeNvml(cards).install(monkeypatch)
+    n = Nvml()
+    n.init()
+    assert n.count_and_read() is None
+    assert 1 in n.unreadable and "UnicodeDecodeError" in n.unreadable[1]
+    assert [c.index for c in n.cards()] == [0, 2, 3]
