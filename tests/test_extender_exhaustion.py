@@ -209,3 +209,70 @@ def test_a_client_holding_every_connection_slot_does_not_lock_others_out(tmp_pat
             s.close()
         http.close()
         proc.stop()
+
+
+def _shipped_extender() -> tuple[int, int]:
+    """(``--max-body-mib``, memory limit in MiB) of the extender container as shipped in
+    scheduler-config/scheduler.yaml (the CLI's default where the manifest sets no limit)."""
+    from extender.app import DEFAULT_MAX_BODY_BYTES
+    from shared_paths import ROOT
+
+    docs = yaml.safe_load_all((ROOT / "scheduler-config" / "scheduler.yaml").read_text())
+    deploy = next(d for d in docs if d and d.get("kind") == "Deployment")
+    c = next(c for c in deploy["spec"]["template"]["spec"]["containers"] if c["name"] == "extender")
+    args = list(c.get("command", [])) + list(c.get("args", []))
+    body_mib = DEFAULT_MAX_BODY_BYTES >> 20
+    for i, a in enumerate(args):
+        if a == "--max-body-mib":
+            body_mib = int(args[i + 1])
+        elif a.startswith("--max-body-mib="):
+            body_mib = int(a.split("=", 1)[1])
+    limit = c["resources"]["limits"]["memory"]
+    assert limit.endswith(("Mi", "Gi")), limit
+    return body_mib, int(limit[:-2]) * (1024 if limit.endswith("Gi") else 1)
+
+
+# The split layout's three processes together at 10,000 nodes under load (scheduler.yaml's comment,
+# from benchmarks/latency): what the shipped memory limit must leave room for besides a body.
+MODEL_PEAK_MIB_AT_10K_NODES = 410
+
+
+def test_the_shipped_body_limit_fits_the_shipped_memory_limit_whatever_the_body_holds(tmp_path):
+    """A body's bytes are not its cost: decoded JSON of many tiny strings is 10-20x its size (a
+    preempt body of short victim UIDs is the worst a well-formed body gets; one padded string, as
+    above, costs ~1x). The helper's audit measured ~920 MiB resident for a 44 MiB preempt body,
+    while the shipped container allowed 256 MiB bodies under a 1 GiB limit: a body well inside
+    the limit ended the extender. Measured here on the split layout as shipped (the HTTP worker
+    and the decision process), with an 8 MiB body of tiny UIDs; the growth per MiB of body times
+    the shipped --max-body-mib, plus the model's peak, must fit the shipped memory limit."""
+    body_mib, limit_mib = _shipped_extender()
+    proc, http = _start(tmp_path, 2, "--max-body-mib", "64")
+    try:
+        rss_before = _tree_kib(proc.proc.pid, "VmRSS")
+        rss_peak = [rss_before]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.005):
+                rss_peak[0] = max(rss_peak[0], _tree_kib(proc.proc.pid, "VmRSS"))
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        victims = [{"UID": f"{i:x}"} for i in range(520_000)]
+        body = orjson.dumps({"Pod": POD, "NodeNameToVictims": None,
+                             "NodeNameToMetaVictims": {"node-b": {"Pods": victims, "NumPDBViolations": 0}}})
+        sent_mib = len(body) / (1 << 20)
+        r = http.post(proc.url + "/preempt", data=body, timeout=120)
+        done.set()
+        sampler.join(30)
+        assert r.status_code == 200, r.text[:300]
+        per_mib = (rss_peak[0] - rss_before) / 1024 / sent_mib
+        need = per_mib * body_mib + MODEL_PEAK_MIB_AT_10K_NODES
+        print(f"a {sent_mib:.1f} MiB preempt body of tiny UIDs: +{per_mib:.1f} MiB resident per MiB of body; "
+              f"shipped --max-body-mib {body_mib} -> {per_mib * body_mib:.0f} MiB, plus the model's "
+              f"{MODEL_PEAK_MIB_AT_10K_NODES} MiB, against the shipped limit of {limit_mib} MiB")
+        assert per_mib > 2, "the measurement saw no decoding at all"
+        assert need < limit_mib, f"{need:.0f} MiB needed, {limit_mib} MiB allowed"
+        assert http.post(proc.url + "/filter", data=FILTER, timeout=30).status_code == 200
+    finally:
+        http.close()
+        proc.stop()
