@@ -196,6 +196,13 @@ def split_card(card: CardSample, holders: Mapping[ContainerRef, Holding],
             split.estimated = True
             give(unknown, idle, _weights(holders, idle, "memory"), _weights(holders, idle, "core"))
 
+    if not card.process_memory_known:
+        # Processes listed without their memory: what was measured of it is incomplete (0 for
+        # those), so divide the card's used memory by the memory units held instead.
+        split.estimated = True
+        mem_w = _weights(holders, refs, "memory")
+        for r in refs:
+            split.shares[r].memory_bytes = card.memory_used_bytes * mem_w[r]
     if not card.process_util_known and card.processes:
         # No per-process utilisation: divide the card's utilisation like its process memory.
         split.estimated = True

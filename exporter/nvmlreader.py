@@ -55,6 +55,10 @@ class CardSample:
     # False: a card seen before that NVML cannot read now. Only index/uuid/model (last known) and
     # healthy (False) mean anything; the telemetry fields are placeholders never to be served.
     reachable: bool = True
+    # False: NVML listed the processes but not the memory of some (NVML_VALUE_NOT_AVAILABLE:
+    # pynvml's usedGpuMemory is None). Their memory_bytes is 0, which means "unknown": a shared
+    # card's memory is then split by units held (estimated), not read as zeros.
+    process_memory_known: bool = True
 
 
 class CardGone(Exception):
@@ -262,7 +266,7 @@ class NvmlReader:
         util = _opt(pynvml.nvmlDeviceGetUtilizationRates, h)
         power = _opt(pynvml.nvmlDeviceGetPowerUsage, h)
         temp = _opt(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
-        procs, util_known, procs_known = self._processes(uuid, h)
+        procs, util_known, procs_known, mem_known = self._processes(uuid, h)
         problem = self.nvml.probe(uuid, health_checks=not self._health.disabled)
         return CardSample(index=index, uuid=uuid, model=model, memory_total_bytes=int(mem.total),
                           memory_used_bytes=int(mem.used),
@@ -270,7 +274,7 @@ class NvmlReader:
                           power_watts=None if power is None else power / 1000.0,
                           temperature_c=None if temp is None else float(temp),
                           healthy=self._healthy(uuid, problem), processes=procs, process_util_known=util_known,
-                          processes_known=procs_known)
+                          processes_known=procs_known, process_memory_known=mem_known)
 
     def _healthy(self, uuid: str, problem: str | None) -> bool:
         """Apply one probe result to the card's health (tracking a card on its first read)."""
@@ -281,15 +285,16 @@ class NvmlReader:
                 log.warning("card %s is %s", uuid, f"unhealthy: {problem}" if problem else "healthy again")
             return tracker.cards[uuid].healthy
 
-    def _processes(self, uuid: str, h: Any) -> tuple[tuple[ProcUsage, ...], bool, bool]:
+    def _processes(self, uuid: str, h: Any) -> tuple[tuple[ProcUsage, ...], bool, bool, bool]:
         """Compute, graphics and MPS client processes (merged by PID), whether their SM utilisation
-        was read, and whether the list is complete.
+        was read, whether the list is complete, and whether NVML gave every listed process's memory.
 
         A query the card does not support adds nothing; any other error (NO_PERMISSION, UNKNOWN…)
         makes the list unknown: reading it as "no processes" would report every holder of a
         shared card as idle while the card is busy, and an HPA would scale down on false zeros.
         """
         mem: dict[int, int] = {}
+        mem_known = True
         refused: list[str] = []
         for fn_name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
                         "nvmlDeviceGetMPSComputeRunningProcesses"):
@@ -306,19 +311,20 @@ class NvmlReader:
                 continue
             for p in listed or ():
                 used = getattr(p, "usedGpuMemory", None)
+                mem_known = mem_known and used is not None
                 mem[int(p.pid)] = max(mem.get(int(p.pid), 0), int(used) if used is not None else 0)
         if refused:
             if uuid not in self._procs_unknown:
                 log.warning("GPU %s: NVML cannot list its processes (%s); if shared, its pods' shares are estimated "
                             "from the units they hold", uuid, "; ".join(refused))
             self._procs_unknown.add(uuid)
-            return (), False, False
+            return (), False, False, False
         if uuid in self._procs_unknown:
             log.info("GPU %s: its processes can be listed again", uuid)
             self._procs_unknown.discard(uuid)
         util, known = self._process_util(uuid, h)
         procs = tuple(ProcUsage(pid, m, util.get(pid, 0.0) if known else None) for pid, m in sorted(mem.items()))
-        return procs, known, True
+        return procs, known, True, mem_known
 
     def _process_util(self, uuid: str, h: Any) -> tuple[dict[int, float], bool]:
         """Mean SM utilisation per PID over the samples NVML took since the previous snapshot."""

@@ -34,6 +34,11 @@ import pynvml
 MiB = 1024 * 1024
 
 
+def _used(mib: int | None) -> int | None:
+    """A process's usedGpuMemory as pynvml gives it: bytes, or None when NVML cannot say."""
+    return None if mib is None else mib * MiB
+
+
 def _err(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
@@ -60,7 +65,9 @@ class FakeCard:
     mem_util: int = 0
     power_mw: int = 50_000
     temperature_c: int = 40
-    processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used MiB)
+    # (pid, used MiB); None: NVML_VALUE_NOT_AVAILABLE, which pynvml gives as usedGpuMemory None
+    # (per-process memory not available to the caller, e.g. in some containers and under WDDM)
+    processes: list[tuple[int, int | None]] = field(default_factory=list)
     graphics_processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used MiB)
     process_samples: list["ProcSample"] = field(default_factory=list)  # see FakeNvml.add_sample
     process_util_supported: bool = True
@@ -295,10 +302,10 @@ class FakeNvml:
         return self._live(h).temperature_c
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
-        return [SimpleNamespace(pid=p, usedGpuMemory=m * MiB) for p, m in self._live(h).processes]
+        return [SimpleNamespace(pid=p, usedGpuMemory=_used(m)) for p, m in self._live(h).processes]
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, h: Any) -> list[Any]:
-        return [SimpleNamespace(pid=p, usedGpuMemory=m * MiB) for p, m in self._live(h).graphics_processes]
+        return [SimpleNamespace(pid=p, usedGpuMemory=_used(m)) for p, m in self._live(h).graphics_processes]
 
     def nvmlDeviceGetMPSComputeRunningProcesses(self, h: Any) -> list[Any]:
         self._live(h)

@@ -337,3 +337,25 @@ def test_scrapes_within_the_cache_window_read_sources_once(monkeypatch, tmp_path
         second = node.scrape()
         assert calls["n"] == 4 and node.kubelet.list_calls == 1
         assert first.samples("stowage_gpu_healthy") == second.samples("stowage_gpu_healthy")
+
+
+def test_process_memory_nvml_cannot_give_is_estimated_by_units_not_read_as_zero(node: GpuNode):
+    """NVML may list a card's processes without their memory (NVML_VALUE_NOT_AVAILABLE: pynvml's
+    ``usedGpuMemory`` is None; seen in some containers and under WDDM). Read as 0, as before,
+    every holder of a shared card reported 0 bytes while the card held 42 GiB: the false zeros an
+    HPA scales down on. The card's used memory is then divided by the units each pod holds, as
+    when the processes cannot be listed at all, and the split says it is estimated; per-process
+    utilisation, which NVML did give, still decides the utilisation."""
+    shared_a100(node)
+    node.kubelet.write_checkpoint()
+    card = node.nvml.card(U0)
+    card.processes = [(pid, None) for pid, _ in card.processes]
+    s = node.scrape()
+    used = s.value("stowage_gpu_memory_used_bytes", gpu=U0)
+    assert used == (10240 + 32000 + 500 + 700) * MiB
+    # serve-a holds 20 GiB units, serve-b 40
+    assert s.value("stowage_pod_gpu_memory_used_bytes", pod="serve-a") == pytest.approx(used * 20 / 60, abs=1)
+    assert s.value("stowage_pod_gpu_memory_used_bytes", pod="serve-b") == pytest.approx(used * 40 / 60, abs=1)
+    assert s.value("stowage_pod_gpu_utilization_ratio", pod="serve-a") == pytest.approx(0.30)
+    assert s.value("stowage_pod_gpu_utilization_ratio", pod="serve-b") == pytest.approx(0.55)
+    assert s.value("stowage_gpu_attribution_estimated", gpu=U0) == 1
