@@ -191,9 +191,11 @@ def split_card(card: CardSample, holders: Mapping[ContainerRef, Holding],
             split.estimated = True             # containers of one pod share a UID: split by units
         give(share, cs, _weights(holders, cs, "memory"), _weights(holders, cs, "core"))
     if any(owners.get(p.pid, Owner.UNKNOWN) is Owner.UNKNOWN for p in card.processes):
+        # A process whose owner cannot be told may be a holder's: the split is an estimate either
+        # way (its measure goes to the holders that got nothing measured, or, with none, to nobody).
+        split.estimated = True
         idle = [r for r in refs if r.pod_key not in measured]
         if idle:
-            split.estimated = True
             give(unknown, idle, _weights(holders, idle, "memory"), _weights(holders, idle, "core"))
 
     if not card.process_memory_known:

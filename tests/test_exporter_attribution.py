@@ -249,3 +249,20 @@ def test_an_unknown_process_list_splits_the_card_itself_by_units_held():
     # one holder still gets the card's own figures, measured
     whole = split_card(unknown, {a: Holding(other=1)}, {})
     assert not whole.estimated and whole.shares[a].memory_bytes == 80
+
+
+def test_a_process_whose_owner_is_unknown_makes_the_split_estimated_even_when_every_holder_was_measured():
+    """docs/metrics-contract.md: ``stowage_gpu_attribution_estimated`` is 1 when the split is
+    estimated, "process owner unknown" among the reasons. A process of unknown owner (no /proc
+    entry for it) may be one of the holders': when every holder had something measured, its
+    memory and utilisation went to nobody and the card said 0, measured, though the holders'
+    figures may miss it (the exporter audit's helper noticed it)."""
+    a, b = ContainerRef("ns", "a", "c"), ContainerRef("ns", "b", "c")
+    card = _card(100, 0.9, [ProcUsage(1, 30, 40.0), ProcUsage(2, 50, 30.0), ProcUsage(3, 20, 20.0)])
+    s = split_card(card, {a: Holding(memory_units=1), b: Holding(memory_units=1)},
+                   {1: PodKey("ns", "a"), 2: PodKey("ns", "b")})          # pid 3: owner unknown
+    assert (s.shares[a].memory_bytes, s.shares[b].memory_bytes) == (30, 50)
+    assert s.estimated
+    known = split_card(card, {a: Holding(memory_units=1), b: Holding(memory_units=1)},
+                       {1: PodKey("ns", "a"), 2: PodKey("ns", "b"), 3: Owner.FOREIGN})
+    assert not known.estimated                                             # a host process: nobody's, measured
