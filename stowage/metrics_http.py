@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -112,12 +112,27 @@ def _server_class(addr: str) -> type[MetricsServer]:
     return Server
 
 
+def _with_healthz(app: Callable[..., Any]) -> Callable[..., Any]:
+    """``app`` with ``/healthz`` answered by the server itself, for liveness probes: prometheus_client
+    answers every path with a collection, which for the exporter is a reading that waits on its
+    peers (the kubelet's PodResources, NVML); a probe must ask whether the process serves, not
+    whether its peers are quick, or a slow kubelet gets a healthy agent restarted."""
+    def wsgi(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if environ.get("PATH_INFO") == "/healthz":
+            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", "3")])
+            return [b"ok\n"]
+        return app(environ, start_response)
+    return wsgi
+
+
 def serve(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> tuple[MetricsServer, threading.Thread]:
     """Serve ``registry`` as prometheus_client's WSGI app (``/metrics``) on ``addr:port`` (0: a
-    free port; an IPv6 address in brackets or not) from a daemon thread; returns (server,
-    thread). Stop with ``server.shutdown()`` and ``server.server_close()``."""
+    free port; an IPv6 address in brackets or not) from a daemon thread, with ``/healthz`` for
+    liveness probes; returns (server, thread). Stop with ``server.shutdown()`` and
+    ``server.server_close()``."""
     host = addr.strip("[]")
-    server = make_server(host, port, make_wsgi_app(registry), _server_class(host), handler_class=_Handler)
+    server = make_server(host, port, _with_healthz(make_wsgi_app(registry)), _server_class(host),
+                         handler_class=_Handler)
     thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
     thread.start()
     return server, thread

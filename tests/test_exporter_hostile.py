@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+import requests
 
 from exporter_harness import GpuNode, MiB, Scrape, make_node
 from fakenvml import default_cards
@@ -435,3 +436,24 @@ def test_scrapes_waiting_on_a_slow_reading_share_it_instead_of_each_taking_anoth
             t.join(60)
         assert len(results) == 3 and all(_pods(s) == {("ns", "p", "c", U0)} for s in results)
         assert node.kubelet.list_calls - calls_before == 1
+
+
+def test_healthz_answers_while_a_reading_waits_on_a_hung_kubelet(monkeypatch, tmp_path):
+    """The liveness probe's path (/healthz, scheduler-config/exporter.yaml) says the server serves,
+    without a reading: a /metrics scrape waits on a kubelet that hangs (up to its timeout, 5 s as
+    shipped, the probe's timeout too), and /healthz must not wait with it."""
+    for node in make_node(monkeypatch, tmp_path, exporter_config=dict(kubelet_timeout_s=20.0)):
+        node.kubelet.add("ns", "p", uid(1), {"c": {GPU: [U0]}})
+        node.kubelet.hold = threading.Event()
+        scraping = threading.Thread(target=node.scrape)
+        scraping.start()
+        try:
+            assert node.kubelet.held.wait(10)      # a reading is now waiting on List
+            health = node.url.rsplit("/", 1)[0] + "/healthz"
+            r = requests.get(health, timeout=3)
+            assert (r.status_code, r.text) == (200, "ok\n")
+            assert scraping.is_alive()             # the reading still waits: /healthz did not take one
+        finally:
+            node.kubelet.hold.set()
+            scraping.join(30)
+            node.kubelet.hold = None

@@ -543,3 +543,14 @@ def test_dockerfile_builds_the_stowage_entrypoint_as_non_root():
     assert "stowage" in scripts
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignore and ".git" in ignore
+
+
+def test_the_exporters_liveness_probe_asks_the_process_not_its_peers():
+    """The exporter's liveness probe hit /metrics, which takes a reading: PodResources' List
+    (5 s timeout, the probe's own timeout too) and NVML. A kubelet slow for two minutes failed
+    four probes in a row and got the exporter restarted, which cures nothing. Liveness asks
+    /healthz (answered by the server itself, tests/test_exporter_hostile.py); readiness still
+    asks /metrics, so a node whose readings fail is out of the Service without a restart."""
+    (c,) = one("exporter.yaml", "DaemonSet", "stowage-exporter")["spec"]["template"]["spec"]["containers"]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/metrics"
