@@ -127,6 +127,28 @@ def _tree_kib(pid: int, field: str = "VmHWM") -> int:
     return total
 
 
+class _PeakRss:
+    """Samples the resident set of ``pid`` and its descendants every 5 ms until :meth:`stop`;
+    ``before`` is the first sample, ``peak`` the largest (KiB)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.before = self.peak = _tree_kib(pid, "VmRSS")
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(0.005):
+            self.peak = max(self.peak, _tree_kib(self.pid, "VmRSS"))
+
+    def stop(self) -> float:
+        """Stop sampling; the growth seen, in MiB."""
+        self._done.set()
+        self._thread.join(30)
+        return (self.peak - self.before) / 1024
+
+
 BIG_MIB = 32
 
 
@@ -138,15 +160,7 @@ def test_concurrent_big_bodies_take_bounded_memory(tmp_path, workers):
     proc, http = _start(tmp_path, workers, "--max-body-mib", "64", threads=8)
     try:
         before = _tree_kib(proc.proc.pid)
-        rss_before = _tree_kib(proc.proc.pid, "VmRSS")
-        rss_peak = [rss_before]
-        sending = threading.Event()
-
-        def sample() -> None:
-            while not sending.wait(0.005):
-                rss_peak[0] = max(rss_peak[0], _tree_kib(proc.proc.pid, "VmRSS"))
-        sampler = threading.Thread(target=sample)
-        sampler.start()
+        rss = _PeakRss(proc.proc.pid)
         pad = b"a" * (BIG_MIB << 20)
         body = b'{"Pod":' + orjson.dumps(POD) + b',"NodeNames":["node-b"],"Pad":"' + pad + b'"}'
         answers: list[int] = []
@@ -161,12 +175,10 @@ def test_concurrent_big_bodies_take_bounded_memory(tmp_path, workers):
             t.start()
         for t in threads:
             t.join(180)
-        sending.set()
-        sampler.join(30)
+        rss_mib = rss.stop()
         assert sorted(answers) and set(answers) <= {200, 503}, answers
         assert answers.count(200) >= 1
         hwm_mib = (_tree_kib(proc.proc.pid) - before) / 1024
-        rss_mib = (rss_peak[0] - rss_before) / 1024
         print(f"8 concurrent {BIG_MIB} MiB bodies, {workers} worker(s): resident set of the extender's processes "
               f"grew by at most {rss_mib:.0f} MiB at once (sampled), sum of per-process peaks +{hwm_mib:.0f} MiB; "
               f"answers {sorted(answers)}")
@@ -248,24 +260,15 @@ def test_the_shipped_body_limit_fits_the_shipped_memory_limit_whatever_the_body_
     body_mib, limit_mib = _shipped_extender()
     proc, http = _start(tmp_path, 2, "--max-body-mib", "64")
     try:
-        rss_before = _tree_kib(proc.proc.pid, "VmRSS")
-        rss_peak = [rss_before]
-        done = threading.Event()
-
-        def sample() -> None:
-            while not done.wait(0.005):
-                rss_peak[0] = max(rss_peak[0], _tree_kib(proc.proc.pid, "VmRSS"))
-        sampler = threading.Thread(target=sample)
-        sampler.start()
+        rss = _PeakRss(proc.proc.pid)
         victims = [{"UID": f"{i:x}"} for i in range(520_000)]
         body = orjson.dumps({"Pod": POD, "NodeNameToVictims": None,
                              "NodeNameToMetaVictims": {"node-b": {"Pods": victims, "NumPDBViolations": 0}}})
         sent_mib = len(body) / (1 << 20)
         r = http.post(proc.url + "/preempt", data=body, timeout=120)
-        done.set()
-        sampler.join(30)
+        grown_mib = rss.stop()
         assert r.status_code == 200, r.text[:300]
-        per_mib = (rss_peak[0] - rss_before) / 1024 / sent_mib
+        per_mib = grown_mib / sent_mib
         need = per_mib * body_mib + MODEL_PEAK_MIB_AT_10K_NODES
         print(f"a {sent_mib:.1f} MiB preempt body of tiny UIDs: +{per_mib:.1f} MiB resident per MiB of body; "
               f"shipped --max-body-mib {body_mib} -> {per_mib * body_mib:.0f} MiB, plus the model's "
