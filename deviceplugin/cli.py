@@ -11,7 +11,7 @@ import click
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES
 from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
 
-from gpunode.health import parse_ignored_xids
+from gpunode.health import ignored_xids_option
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 
@@ -28,7 +28,7 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 @click.option("--resource", "resources", envvar="STOWAGE_RESOURCES", multiple=True,
               type=click.Choice(GPU_RESOURCES), default=GPU_RESOURCES,
               help="Resources to advertise (repeat the flag; env: space separated).")
-@click.option("--ignored-xids", envvar="STOWAGE_IGNORED_XIDS", default=None,
+@click.option("--ignored-xids", envvar="STOWAGE_IGNORED_XIDS", default=None, callback=ignored_xids_option,
               help="XIDs that do not mark a card unhealthy, comma separated; replaces the default "
                    "13,31,43,45,68,109 (application faults). 'all' disables health checks (a card in MIG "
                    "mode is still unhealthy).")
@@ -58,7 +58,8 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 @click.option("--no-kube", is_flag=True, help="Run without the API server: no inventory, Allocate refuses.")
 @click.option("--log-level", envvar="STOWAGE_LOG_LEVEL", default="INFO",
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple[str, ...], ignored_xids: str | None,
+def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple[str, ...],
+         ignored_xids: tuple[frozenset[int], bool],
          recovery_quiet_seconds: float, probe_interval_seconds: float, dev_root: str, pod_resources_socket: str,
          reconcile_interval_seconds: float, record_key_file: str | None, scheduler_names: tuple[str, ...],
          metrics_port: int, kube_api: str | None, no_kube: bool, log_level: str) -> None:
@@ -70,10 +71,7 @@ def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("stowage.deviceplugin")
-    try:
-        ignored, disabled = parse_ignored_xids(ignored_xids)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--ignored-xids") from exc
+    ignored, disabled = ignored_xids   # read while parsing (gpunode.health.ignored_xids_option)
     from .server import DevicePlugin, MessageTooLarge, PluginConfig  # grpc + stubs: only when actually running
     load_trust(record_key_file, memory_unit_mib, scheduler_names)   # an unusable key file: here, one line
 

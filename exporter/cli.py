@@ -7,7 +7,7 @@ import threading
 
 import click
 
-from gpunode.health import DEFAULT_IGNORED_XIDS, parse_ignored_xids
+from gpunode.health import DEFAULT_IGNORED_XIDS, ignored_xids_option
 
 from .checkpoint import DEFAULT_CHECKPOINT
 from .podlogs import DEFAULT_POD_LOGS
@@ -34,7 +34,7 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
               help="Where the host's /proc is visible (needs hostPID: NVML reports host PIDs).")
 @click.option("--cache-seconds", envvar="STOWAGE_EXPORTER_CACHE_SECONDS", type=click.FloatRange(min=0), default=2.0,
               help="Scrapes within this many seconds of the last reading reuse it (NVML is read at most once).")
-@click.option("--ignored-xids", envvar="STOWAGE_IGNORED_XIDS", default=None,
+@click.option("--ignored-xids", envvar="STOWAGE_IGNORED_XIDS", default=None, callback=ignored_xids_option,
               help="XIDs that do not mark a card unhealthy, comma separated; replaces the default "
                    f"{','.join(map(str, sorted(DEFAULT_IGNORED_XIDS)))} (application faults). 'all' disables the "
                    "XID and probe checks (a card NVML cannot read, or one in MIG mode, is still unhealthy). Env STOWAGE_IGNORED_XIDS, "
@@ -46,7 +46,7 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 @click.option("--log-level", envvar="STOWAGE_LOG_LEVEL", default="INFO",
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(port: int, listen_address: str, node_name: str, pod_resources_socket: str, pod_logs_dir: str,
-         kubelet_checkpoint: str, proc_root: str, cache_seconds: float, ignored_xids: str | None,
+         kubelet_checkpoint: str, proc_root: str, cache_seconds: float, ignored_xids: tuple[frozenset[int], bool],
          recovery_quiet_seconds: float, log_level: str) -> None:
     """Serve this node's GPU metrics on :PORT/metrics: per card (utilisation, memory used/total,
     power, temperature, health) and per pod (utilisation and memory of each container on each
@@ -56,10 +56,7 @@ def main(port: int, listen_address: str, node_name: str, pod_resources_socket: s
     Runs without a GPU or without the kubelet socket: it then serves what it can,
     stowage_exporter_up{source=...} says what is missing, and the log says why (once).
     """
-    try:
-        ignored, disabled = parse_ignored_xids(ignored_xids)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--ignored-xids") from exc
+    ignored, disabled = ignored_xids   # read while parsing (gpunode.health.ignored_xids_option)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("stowage.exporter")
     from .collector import ExporterConfig  # pynvml/grpc/stubs: only when actually running

@@ -9,6 +9,7 @@ uncorrectable ECC errors).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .nvml import XidEvent
 
@@ -35,6 +36,18 @@ def parse_ignored_xids(text: str | None) -> tuple[frozenset[int], bool]:
             raise ValueError(f"ignored XIDs must be numbers or 'all', got {part!r}")
         out.add(int(part))
     return frozenset(out), False
+
+
+def ignored_xids_option(ctx: Any, param: Any, value: str | None) -> tuple[frozenset[int], bool]:
+    """click callback of ``--ignored-xids`` (the device plugin's and the exporter's): the value as
+    :func:`parse_ignored_xids` reads it, refused while the command line is parsed, so a bad value
+    is refused wherever the line is parsed (the docs' check included), not once the agent runs."""
+    import click   # the CLIs' business; this module stays importable without it
+
+    try:
+        return parse_ignored_xids(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
 @dataclass

@@ -142,3 +142,18 @@ def test_plugin_death_marks_devices_unhealthy_at_the_kubelet(monkeypatch):
         r.plugin.stop()
         assert r.kubelet.wait_for(lambda: r.kubelet.allocatable(RESOURCE_GPU) == 0)
 
+
+
+@pytest.mark.parametrize("command", ["device-plugin", "exporter"])
+def test_a_bad_ignored_xids_value_is_refused_while_parsing(command):
+    """The device plugin and the exporter read ``--ignored-xids`` when click parses the command
+    line (an option callback), not once the command runs: a refused value is refused wherever the
+    line is parsed, the docs' check (tests/test_doc_commands.py, make_context) included."""
+    import click
+    from stowage.cli import main
+
+    cmd = main.get_command(click.Context(main), command)
+    with pytest.raises(click.BadParameter, match="'x'"):
+        cmd.make_context(command, ["--ignored-xids", "13,x"])
+    assert cmd.make_context(command, ["--ignored-xids", "all"]).params["ignored_xids"] == (frozenset(), True)
+    assert cmd.make_context(command, []).params["ignored_xids"] == (DEFAULT_IGNORED_XIDS, False)
