@@ -22,7 +22,7 @@ from typing import Any, Callable
 import pynvml
 
 from gpunode.health import DEFAULT_IGNORED_XIDS, CardHealth, HealthTracker
-from gpunode.nvml import LOST_ERRORS, Nvml, NvmlUnavailable, XidWatch, _text
+from gpunode.nvml import LOST_ERRORS, Nvml, NvmlUnavailable, XidWatch, _text, unreadable_answer
 
 log = logging.getLogger("stowage.exporter.nvml")
 
@@ -215,7 +215,7 @@ class NvmlReader:
                 # An answer pynvml cannot even decode (a name or UUID that is not UTF-8 raises
                 # UnicodeDecodeError) or a value of the wrong kind: this card cannot be read, but
                 # it must not cost the others their series (raising here lost the whole snapshot).
-                reason = f"unreadable answer: {type(exc).__name__}: {exc}"
+                reason = unreadable_answer(exc)
             if uuid is None:
                 failed_at[i] = reason
             else:

@@ -68,6 +68,13 @@ def _bus_key(bus_id: Any) -> tuple[int, int, int, int] | None:
     return tuple(int(g, 16) for g in m.groups())  # type: ignore[return-value]
 
 
+def unreadable_answer(exc: BaseException) -> str:
+    """Why a card cannot be read when NVML answered but pynvml could not make sense of it (a name
+    or UUID that is not UTF-8 raises UnicodeDecodeError, a value of the wrong kind): said alike by
+    the device plugin's discovery and the exporter's readings."""
+    return f"unreadable answer: {type(exc).__name__}: {exc}"
+
+
 def _optional(fn: Any, *args: Any, default: Any = None) -> Any:
     """Call an NVML query that some cards/drivers do not support."""
     try:
@@ -163,7 +170,7 @@ class Nvml:
             # An answer that cannot be decoded (a name or UUID that is not UTF-8) or of the wrong
             # kind: this card cannot be read, but it must not stop discovery of the others (it
             # raised out of the device plugin's start before). The exporter treats it alike.
-            why = f"unreadable answer: {type(exc).__name__}: {exc}"
+            why = unreadable_answer(exc)
             self.unreadable[index] = why
             return why
         pci = _optional(pynvml.nvmlDeviceGetPciInfo, h)
