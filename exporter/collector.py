@@ -130,7 +130,10 @@ class Snapshotter:
     def _nameable(self, assignments: list[ContainerDevices]) -> list[ContainerDevices]:
         """The rows whose names can be served as label values (:func:`attribution.nameable`); the
         others are left out, logged when their number changes, not on every scrape."""
-        bad = [a for a in assignments if not nameable(a)]
+        good: list[ContainerDevices] = []
+        bad: list[ContainerDevices] = []
+        for a in assignments:
+            (good if nameable(a) else bad).append(a)
         count = len({(a.namespace, a.pod, a.container) for a in bad})
         if count != self._unnamed:
             if count:
@@ -141,7 +144,7 @@ class Snapshotter:
             else:
                 log.info("PodResources lists no container with an impossible name any more")
             self._unnamed = count
-        return [a for a in assignments if nameable(a)] if bad else assignments
+        return good
 
     def _owners(self, shared: list[CardSample], assignments: list[ContainerDevices],
                 snap: Snapshot) -> dict[int, PodKey | Owner]:
