@@ -393,7 +393,7 @@ class ExtenderService:
                     self._pods.move_to_end(uid)
                     self._uid_by_key[known.key] = uid
                     return known
-        info = self._parse_pod(pod)
+        info = self._parse_pod(pod, meta, (name, namespace, uid, rv))
         size = pod_info_bytes(info, self.default_policy)
         with self._pods_lock:
             replaced = self._pods.get(uid)
@@ -415,10 +415,11 @@ class ExtenderService:
             self._learn(uid, info.req, info.policy.models_include if info.policy is not None else ())
         return info
 
-    def _parse_pod(self, pod: Mapping[str, Any]) -> PodInfo:
-        """A pod's identity, GPU request and policy, or the pod's error; nothing kept or learned."""
-        meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
-        name, namespace, uid, rv = _identity(meta)
+    def _parse_pod(self, pod: Mapping[str, Any], meta: Mapping[str, Any],
+                   identity: tuple[str, str, str, str]) -> PodInfo:
+        """A pod's GPU request and policy, or the pod's error, with its ``metadata`` and
+        :func:`_identity` as the caller read them; nothing kept or learned."""
+        name, namespace, uid, rv = identity
         try:
             bad = [f for f in ("name", "namespace", "uid") if _meta_text(meta, f, "").startswith("<malformed")]
             if bad:
@@ -759,10 +760,11 @@ class ExtenderService:
         pod = pending(args.pod_namespace, args.pod_name)
         if pod is None:
             return None
-        uid = (pod.get("metadata") or {}).get("uid")
-        if args.pod_uid and uid != args.pod_uid:
+        meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+        if args.pod_uid and meta.get("uid") != args.pod_uid:
             return None
-        return self._parse_pod(pod)   # for this bind only: the pod cache keeps what filter parsed
+        # for this bind only: the pod cache keeps what filter parsed
+        return self._parse_pod(pod, meta, _identity(meta))
 
     def _record(self, alloc: PodAllocation) -> AllocationRecord:
         return AllocationRecord(
@@ -823,7 +825,7 @@ class ExtenderService:
         if info.req is None:
             return info.error
         uid = args.pod_uid or info.uid
-        if self._was_deleted(uid):
+        if not args.pod_uid and self._was_deleted(uid):   # a bind naming its uid was checked above
             return f"pod {info.key} was deleted"
         # Every pod reserves: a GPU pod its cards, any pod its CPU, memory and pod slot.
         req, policy = info.req, info.policy
