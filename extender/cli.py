@@ -18,6 +18,7 @@ import click
 from flask import Flask
 
 from stowage.allocation import RecordTrust
+from stowage.clickcheck import CheckedCommand, after_parsing
 from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
@@ -253,7 +254,54 @@ def _bound_mib_option(flag: str, default_bytes: int, help_text: str) -> Callable
                              "container's limit with it.")
 
 
-@click.command("extender")
+TLS_FLAGS = {"tls_cert": "--tls-cert", "tls_key": "--tls-key", "tls_client_ca": "--tls-client-ca"}
+
+
+def _check_serve(ctx: click.Context) -> None:
+    """The rules of ``stowage extender`` about several options at once, made while parsing
+    (:class:`~stowage.clickcheck.CheckedCommand`): one model source; the TLS flags all or none;
+    no address other machines reach without TLS (unless --allow-unauthenticated); no kube-only
+    option with --simulated, where it would be ignored without a word."""
+    p = ctx.params
+    given = [flag for param, flag in TLS_FLAGS.items() if p.get(param)]
+    if 0 < len(given) < len(TLS_FLAGS):
+        missing = sorted(set(TLS_FLAGS.values()) - set(given))
+        raise click.UsageError(f"{', '.join(given)} also needs {', '.join(missing)}: HTTPS is served only with "
+                               "client-certificate verification", ctx)
+    if not given and not p.get("allow_unauthenticated") and not bind_is_local(p["bind"]):
+        raise click.UsageError(
+            f"--bind {p['bind']} can be reached from other machines, and the extender's verbs are not "
+            "authenticated without TLS: anyone reaching it could bind any pod to any node. Use a loopback "
+            "address (the sidecar layout), or --tls-cert/--tls-key/--tls-client-ca (kube-scheduler's extender "
+            "tlsConfig), or --allow-unauthenticated if you really mean it", ctx)
+    simulated, kube = bool(p.get("simulated")), bool(p.get("kubeconfig") or p.get("in_cluster"))
+    if simulated + kube != 1:
+        raise click.UsageError("choose one model source: --simulated FILE|builtin, or --kubeconfig FILE / "
+                               "--in-cluster", ctx)
+    if p.get("kubeconfig") and p.get("in_cluster"):
+        raise click.UsageError("--kubeconfig and --in-cluster are exclusive", ctx)
+    if simulated:
+        kube_only = [flag for param, flag in KUBE_ONLY_OPTIONS.items()
+                     if ctx.get_parameter_source(param) == click.core.ParameterSource.COMMANDLINE]
+        if kube_only:   # they would be silently ignored: a simulated cluster has no API server, records or watch
+            raise click.UsageError(f"{', '.join(kube_only)} {'is' if len(kube_only) == 1 else 'are'} for kube mode "
+                                   "(--kubeconfig / --in-cluster); a simulated cluster has no API server", ctx)
+
+
+def _learned_at(value: str) -> tuple[str, str] | None:
+    """--learned-configmap's (namespace, name), or None for off (ValueError with a clear message)."""
+    return parse_location(value, os.environ.get("POD_NAMESPACE") or DEFAULT_PAST_NAMESPACE)
+
+
+def _check_learned_configmap(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        _learned_at(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
+@click.command("extender", cls=CheckedCommand)
 @click.option("--bind", default=DEFAULT_BIND, show_default=True, callback=_check_bind,
               help="Address to listen on: HOST:PORT, unix:PATH or fd://FD. Anyone who reaches it can bind "
                    "pods: an address other machines can reach needs --tls-cert/--tls-key/--tls-client-ca "
@@ -311,6 +359,7 @@ def _bound_mib_option(flag: str, default_bytes: int, help_text: str) -> Callable
 @click.option("--timeout", type=click.IntRange(5), default=60, show_default=True,
               help="Seconds a request may run before gunicorn restarts the worker.")
 @click.option("--learned-configmap", default=DEFAULT_PAST_NAME, show_default=True, metavar="[NAMESPACE/]NAME|off",
+              callback=_check_learned_configmap,
               help="Kube mode: the ConfigMap that keeps what the placers learned from deleted pods, so a "
                    "restart of every replica does not lose it (read at start, written while running). "
                    "Namespace: $POD_NAMESPACE, else stowage-system. The extender's RBAC must allow get, "
@@ -338,6 +387,7 @@ def _bound_mib_option(flag: str, default_bytes: int, help_text: str) -> Callable
                    "each: what the placers learned may differ from the running extender's until its next rebuild.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
+@after_parsing(_check_serve)
 def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: str | None,
           allow_unauthenticated: bool, workers: int, threads: int, url_prefix: str, simulated: str | None,
           kubeconfig: str | None, in_cluster: bool, default_node_policy: str, default_card_policy: str,
@@ -351,26 +401,9 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
     gunicorn worker, or with --workers N > 1 a decision process behind N HTTP-only workers.
     """
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
-    tls = tls_files(tls_cert, tls_key, tls_client_ca)
-    if tls is None and not allow_unauthenticated and not bind_is_local(bind):
-        raise click.UsageError(
-            f"--bind {bind} can be reached from other machines, and the extender's verbs are not authenticated "
-            "without TLS: anyone reaching it could bind any pod to any node. Use a loopback address (the "
-            "sidecar layout), or --tls-cert/--tls-key/--tls-client-ca (kube-scheduler's extender tlsConfig), "
-            "or --allow-unauthenticated if you really mean it")
-    modes = sum(bool(x) for x in (simulated, kubeconfig or in_cluster))
-    if modes != 1:
-        raise click.UsageError("choose one model source: --simulated FILE|builtin, or --kubeconfig FILE / --in-cluster")
-    if kubeconfig and in_cluster:
-        raise click.UsageError("--kubeconfig and --in-cluster are exclusive")
+    tls = tls_files(tls_cert, tls_key, tls_client_ca)   # all or none: checked while parsing
     cluster = None
     if simulated:
-        ctx = click.get_current_context()
-        given = [flag for param, flag in KUBE_ONLY_OPTIONS.items()
-                 if ctx.get_parameter_source(param) == click.core.ParameterSource.COMMANDLINE]
-        if given:   # they would be silently ignored: a simulated cluster has no API server, records or watch
-            raise click.UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for kube mode "
-                                   "(--kubeconfig / --in-cluster); a simulated cluster has no API server")
         try:
             cluster = load_cluster(simulated)
         except SimClusterError as exc:
@@ -389,10 +422,7 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
         except Exception as exc:  # e.g. a kubeconfig that is not YAML
             raise click.ClickException(f"cannot load the Kubernetes configuration: {exc}") from None
         load_trust(record_key_file, memory_unit_mib, scheduler_names)   # an unusable key file: here, one line
-    try:
-        past_at = parse_location(learned_configmap, os.environ.get("POD_NAMESPACE") or DEFAULT_PAST_NAMESPACE)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--learned-configmap") from None
+    past_at = _learned_at(learned_configmap)   # its form was checked while parsing
     cfg = ServeConfig(url_prefix=url_prefix, cluster=cluster, kubeconfig=kubeconfig, in_cluster=in_cluster,
                       default_policy=PodPolicy(node=default_node_policy, card=default_card_policy),
                       memory_unit_mib=memory_unit_mib, max_body_bytes=max_body_mib << 20,
@@ -409,16 +439,11 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
 
 
 def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TLSFiles | None:
-    """The TLS settings of the three flags: all or none (HTTPS without client verification would
-    still let anyone call bind, so it is not offered)."""
-    given = [f for f, v in (("--tls-cert", cert), ("--tls-key", key), ("--tls-client-ca", client_ca)) if v]
-    if not given:
-        return None
-    if len(given) < 3:
-        missing = sorted({"--tls-cert", "--tls-key", "--tls-client-ca"} - set(given))
-        raise click.UsageError(f"{', '.join(given)} also needs {', '.join(missing)}: HTTPS is served only with "
-                               "client-certificate verification")
-    assert cert and key and client_ca
+    """The TLS settings of the three flags, given all or none (:func:`_check_serve`: HTTPS without
+    client verification would still let anyone call bind, so it is not offered), their files
+    loaded once here so that unusable ones fail with a message, not on every connection."""
+    if not (cert and key and client_ca):
+        return None   # none given (serve's parser refuses some without the others)
     try:  # unusable files fail here, with a message, not on every connection in a worker
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=client_ca)
         ctx.load_cert_chain(certfile=cert, keyfile=key)

@@ -38,6 +38,7 @@ import click
 
 from packing.model import ClusterModel
 from stowage.allocation import DEFAULT_SCHEDULER_NAMES, RecordTrust
+from stowage.clickcheck import CheckedCommand, after_parsing, checked_while_parsing
 from stowage.textable import printable
 from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
@@ -48,33 +49,9 @@ LIVE_RETRIES = 1      # a server that does not answer costs the operator at most
 SOURCE_OPTIONS = ("kubeconfig", "context", "in_cluster", "simulated", "fill", "seed", "memory_unit_mib",
                   "scheduler_names", "record_key_file")
 
-ParamCheck = Callable[[click.Context], None]
-_CHECKS = "__stowage_param_checks__"   # on a command's callback: its ParamChecks, in order
-
-
-def after_parsing(check: ParamCheck) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: ``check(ctx)`` runs once click has parsed the command line (``ctx.params``), in
-    :class:`OperatorCommand`, and raises a :class:`click.UsageError` for a command line the
-    command cannot run. Checks registered by decorators further out run first."""
-    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-        setattr(fn, _CHECKS, (check, *getattr(fn, _CHECKS, ())))
-        return fn
-    return register
-
-
-class OperatorCommand(click.Command):
-    """An operator command (``inspect``, ``plan``): it runs its callback's :func:`after_parsing`
-    checks as part of parsing (``make_context``), not when it is invoked, so a refused
-    combination of options is refused wherever the command line is parsed, the docs' check
-    included; and it runs with :func:`operator_log`."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        rest = super().parse_args(ctx, args)
-        if not ctx.resilient_parsing:   # shell completion parses half-typed lines
-            for check in getattr(self.callback, _CHECKS, ()):
-                check(ctx)
-        ctx.meta[_CHECKS] = True
-        return rest
+class OperatorCommand(CheckedCommand):
+    """An operator command (``inspect``, ``plan``): its :func:`after_parsing` checks run while
+    parsing (:class:`~stowage.clickcheck.CheckedCommand`), and it runs with :func:`operator_log`."""
 
     def invoke(self, ctx: click.Context) -> Any:
         with operator_log():
@@ -195,7 +172,7 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not click.get_current_context().meta.get(_CHECKS):
+        if not checked_while_parsing(click.get_current_context()):
             raise RuntimeError("cluster_options needs an OperatorCommand: its checks run while parsing")
         src = Source(**{k: kwargs.pop(k) for k in SOURCE_OPTIONS})
         if src.live:

@@ -14,7 +14,8 @@ import click
 from packing.frag import model_list
 from packing.model import ClusterModel
 from packing.stranded import typical_one_gpu_host_request, stranded_per_node, why_stranded
-from stowage_ops.cluster_source import (LearnFrom, LiveFacts, OperatorCommand, Source, after_parsing, cluster_options,
+from stowage.clickcheck import after_parsing
+from stowage_ops.cluster_source import (LearnFrom, LiveFacts, OperatorCommand, Source, cluster_options,
                                         learn_options, load, say, shapes_option)
 from stowage_ops.planning import Learned, Shape, fragmentation, iter_nodes
 from stowage.resources import CORE_MILLI_PER_CARD, fmt_mib

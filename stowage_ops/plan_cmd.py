@@ -13,7 +13,8 @@ from typing import Any
 
 import click
 
-from stowage_ops.cluster_source import (LearnFrom, LiveFacts, OperatorCommand, Source, after_parsing, cluster_options,
+from stowage.clickcheck import after_parsing
+from stowage_ops.cluster_source import (LearnFrom, LiveFacts, OperatorCommand, Source, cluster_options,
                                         learn_options, load, say, shapes_option)
 from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, Learned, PreemptPlan, Shape,
                               capacity, drain_plan, placer_names, preemption_plan, unmatched_models)

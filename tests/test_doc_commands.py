@@ -17,7 +17,7 @@ parser the command itself uses, WITHOUT running the command:
 Every check a command makes of its command line alone is made by its parser (a pod shape of
 ``stowage plan``/``inspect``, ``--preempt`` without ``--priority``, ``benchmarks.latency --workers
 0``, ``benchmarks.binpack.real --no-replay`` without a burst: click callbacks and
-``stowage_ops.cluster_source.OperatorCommand``, argparse types and ``benchmarks.cliargs.CheckedParser``),
+``stowage.clickcheck.CheckedCommand``, argparse types and ``benchmarks.cliargs.CheckedParser``),
 so it is made here too (:func:`test_a_check_of_the_command_line_alone_is_made_while_parsing`).
 What needs more than the command line (a trace file on disk, a key file's content, the cluster's
 nodes for ``inspect --node``) is left to the command.
@@ -394,6 +394,14 @@ def assert_refused(text: str, message: str) -> None:
     ("stowage plan --simulated --drain --learned-configmap off", "--learned-configmap read a live cluster"),
     ("stowage inspect --learned-configmap Bad_Name", "--learned-configmap"),
     ("stowage inspect --simulated --learned", "--learned reads a live cluster"),
+    ("stowage extender", "choose one model source"),
+    ("stowage extender --simulated builtin --in-cluster", "choose one model source"),
+    ("stowage extender --kubeconfig FILE --in-cluster", "are exclusive"),
+    ("stowage extender --simulated builtin --stale-after 30", "--stale-after is for kube mode"),
+    ("stowage extender --simulated builtin --record-key-file FILE", "--record-key-file is for kube mode"),
+    ("stowage extender --in-cluster --bind 0.0.0.0:8888", "can be reached from other machines"),
+    ("stowage extender --in-cluster --tls-cert FILE", "--tls-cert also needs --tls-client-ca, --tls-key"),
+    ("stowage extender --in-cluster --learned-configmap Bad_Name", "--learned-configmap"),
 ])
 def test_a_check_of_the_command_line_alone_is_made_while_parsing(text: str, message: str) -> None:
     assert_refused(text, message)
