@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from benchmarks.binpack.anatomy import anatomy, main, pod_kind
 from benchmarks.binpack.trace import Nodes, Pods
@@ -51,6 +52,10 @@ def test_kinds():
     assert [pod_kind(rows.request(j)) for j in range(4)] == ["cpu-only", "share", "1-gpu", "8-gpu"]
 
 
-def test_cli_names_an_unknown_policy(capsys):
-    assert main(["--policy", "no-such-policy"]) == 2
-    assert "unknown placement policy 'no-such-policy'" in capsys.readouterr().err
+def test_cli_names_an_unknown_policy_before_reading_the_trace(capsys, tmp_path):
+    """Refused while parsing: with no trace where --data-dir points, the policy is what is named."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--policy", "no-such-policy", "--data-dir", str(tmp_path / "absent")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown placement policy 'no-such-policy'" in err and "absent" not in err

@@ -28,7 +28,9 @@ import numpy as np
 
 from stowage.resources import GpuRequest
 
-from ..cliargs import HelpFormatter
+from packing.registry import PLACERS
+
+from ..cliargs import HelpFormatter, one_name, positive_number, whole_number
 from .replay import INFLATE, arrival_order, build_cluster, replay
 from .trace import Nodes, Pods, TraceError, data_dir, load_nodes
 from .variants import load_trace
@@ -166,11 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     tests/test_doc_commands.py can check the documented command lines against it without running them."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.binpack.anatomy", formatter_class=HelpFormatter, description=__doc__.split("\n\n")[0])
     p.add_argument("--trace", default="default", help="trace name, generated variant or CSV path (default: default)")
-    p.add_argument("--policy", default="stowage", help="placer name (default: stowage)")
+    p.add_argument("--policy", type=one_name(PLACERS, "placement policy"), default="stowage",
+                   help="placer name (default: stowage)")
     p.add_argument("--seed", type=int, default=42, help="seed (default: 42)")
-    p.add_argument("--arrived", type=float, default=100.0, help="stop when the arrived GPU request reaches this %% "
+    p.add_argument("--arrived", type=positive_number, default=100.0, help="stop when the arrived GPU request reaches this %% "
                    "of the cluster (default: 100)")
-    p.add_argument("--top", type=int, default=12, help="gap sizes to list (default: 12)")
+    p.add_argument("--top", type=whole_number(1), default=12, help="gap sizes to list (default: 12)")
     p.add_argument("--data-dir", default=None, help="folder with the openb CSVs")
     return p
 
@@ -183,11 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     except (TraceError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    try:
-        result = anatomy(nodes, pods, args.policy, args.seed, args.arrived)
-    except KeyError as exc:
-        print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
-        return 2
+    result = anatomy(nodes, pods, args.policy, args.seed, args.arrived)   # the policy: checked while parsing
     print(result.format(args.top))
     return 0
 

@@ -31,7 +31,7 @@ from extender.service import ExtenderService
 from extender.simcluster import parse_cluster
 from extender.wire import (binding_result, encode, parse_binding_args, parse_extender_args)
 
-from ..cliargs import HelpFormatter
+from ..cliargs import HelpFormatter, name_list, whole_number
 from . import cluster
 
 
@@ -68,6 +68,9 @@ def _wsgi_caller(app) -> Callable[[str, bytes], bytes]:
             raise RuntimeError(f"{path}: {status[0]} {out[:200]!r}")
         return out
     return call
+
+
+MODES = ("service", "wire", "wsgi")   # what a verb's time includes (build_parser's --modes)
 
 
 def run(n: int, pods_n: int, seed: int, mode: str, profile: str | None = None) -> dict[str, Any]:
@@ -162,17 +165,19 @@ def build_parser() -> argparse.ArgumentParser:
     tests/test_doc_commands.py can check the documented command lines against it without running them."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.latency.inproc", description=__doc__,
                                 formatter_class=HelpFormatter)
-    p.add_argument("--nodes", type=int, default=5000)
-    p.add_argument("--pods", type=int, default=300)
+    p.add_argument("--nodes", type=whole_number(1), default=5000, help="nodes of the simulated cluster")
+    p.add_argument("--pods", type=whole_number(1), default=300, help="pods scheduled, one at a time")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--modes", default="service,wire,wsgi")
+    p.add_argument("--modes", type=name_list(MODES, "mode"), default=",".join(MODES),
+                   help="service: the service's calls on parsed arguments; wire: the same with the wire's "
+                        "decode and encode; wsgi: the whole Flask app through WSGI")
     p.add_argument("--profile", help="cProfile of the last mode's run to this file")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     a = build_parser().parse_args(argv)
-    modes = a.modes.split(",")
+    modes = a.modes
     for mode in modes:
         r = run(a.nodes, a.pods, a.seed, mode, a.profile if mode == modes[-1] else None)
         verbs = "  ".join(f"{v} p50/p99/mean {r[v][0]:.2f}/{r[v][1]:.2f}/{r[v][2]:.2f}"
