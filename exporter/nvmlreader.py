@@ -83,6 +83,16 @@ def _opt(fn: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
+# A timestamp more than this after now was taken before the clock was stepped back (the slack
+# covers the time between reading the clock and NVML's answer).
+_CLOCK_SLACK_US = 5 * 10**6
+
+
+def _wall_clock_us() -> int:
+    """The host's wall clock as NVML stamps its samples with it (µs since the epoch)."""
+    return int(time.time() * 1e6)
+
+
 @dataclass
 class _ProcUtilState:
     last_ts: dict[str, int] = field(default_factory=dict)  # uuid -> newest sample timestamp seen (µs)
@@ -327,8 +337,17 @@ class NvmlReader:
         return procs, known, True, mem_known
 
     def _process_util(self, uuid: str, h: Any) -> tuple[dict[int, float], bool]:
-        """Mean SM utilisation per PID over the samples NVML took since the previous snapshot."""
+        """Mean SM utilisation per PID over the samples NVML took since the previous snapshot.
+
+        NVML stamps samples with the host's wall clock and answers those newer than the timestamp
+        asked with. If the clock was stepped back, the newest sample seen lies in the future: asked
+        with it, NVML would answer nothing until the clock caught up (every pod 0 % busy, maybe for
+        hours). So a newest timestamp later than now is forgotten (NVML then answers every sample
+        it keeps), and a sample stamped later than now was taken before the step and counted then."""
+        now_us = _wall_clock_us()
         since = self._proc.last_ts.get(uuid, 0)
+        if since > now_us + _CLOCK_SLACK_US:
+            since = 0
         try:
             samples = pynvml.nvmlDeviceGetProcessUtilization(h, since)
         except pynvml.NVMLError as exc:
@@ -341,6 +360,8 @@ class NvmlReader:
         sums: dict[int, list[float]] = {}
         newest = since
         for s in samples:
+            if int(s.timeStamp) > now_us + _CLOCK_SLACK_US:
+                continue   # stamped before the clock was stepped back
             acc = sums.setdefault(int(s.pid), [0.0, 0])
             acc[0] += float(s.smUtil)
             acc[1] += 1

@@ -321,6 +321,12 @@ class FakeNvml:
             raise _err(pynvml.NVML_ERROR_NOT_FOUND)
         return out
 
+    def set_clock_us(self, now_us: int) -> None:
+        """Set the host's wall clock as NVML stamps its samples with it (µs since the epoch): the next
+        :meth:`add_sample` is stamped just after ``now_us``. Setting it back is a clock stepped back."""
+        with self._lock:
+            self._clock_us = now_us
+
     def add_sample(self, uuid: str, pid: int, sm_util: int) -> None:
         """NVML took a utilisation sample of ``pid`` on card ``uuid`` (timestamps strictly increase, in µs)."""
         with self._lock:

@@ -3,10 +3,12 @@ socket, a /proc tree in tmp, and real HTTP scrapes of /metrics parsed as Prometh
 from __future__ import annotations
 
 import logging
+import time
 
 import pynvml
 import pytest
 
+from exporter import nvmlreader
 from exporter_harness import GiB, MiB, NODE, GpuNode, make_node
 from fakenvml import FakeCard, default_cards
 from fakepodresources import cgroup_v1_cgroupfs
@@ -184,6 +186,28 @@ def test_shared_card_is_split_by_process_accounting(node: GpuNode):
     assert s.value("stowage_pod_gpu_utilization_ratio", **a) == 0
     assert s.value("stowage_pod_gpu_utilization_ratio", **b) == pytest.approx(0.80)
     assert s.value("stowage_pod_gpu_memory_used_bytes", **a) == 10240 * MiB
+
+
+def test_per_process_utilisation_survives_the_clock_stepped_back(node: GpuNode, monkeypatch):
+    """NVML stamps its samples with the host's wall clock and answers only those newer than the
+    newest seen. After the clock is stepped back (NTP correcting a clock that ran a day ahead), the
+    new samples are older than that: asking with the old timestamp got none, and every pod on a
+    shared card read 0 % busy until the clock caught up a day later."""
+    second, day = 10**6, 86_400 * 10**6
+    wall = [int(time.time() * 1e6) + day]                        # the host's clock runs a day ahead
+    monkeypatch.setattr(nvmlreader, "_wall_clock_us", lambda: wall[0])
+    node.nvml.set_clock_us(wall[0] - 5 * second)
+    shared_a100(node)
+    node.kubelet.write_checkpoint()
+    b = pod_labels(U0, A100, "serve-b", "ml", "model")
+    assert node.scrape().value("stowage_pod_gpu_utilization_ratio", **b) == pytest.approx(0.55)
+    wall[0] -= day                                               # ... and is stepped back
+    node.nvml.set_clock_us(wall[0] - 2 * second)
+    node.nvml.add_sample(U0, 2202, 80)                           # a sample taken since
+    assert node.scrape().value("stowage_pod_gpu_utilization_ratio", **b) == pytest.approx(0.80)
+    wall[0] += 10 * second
+    node.nvml.add_sample(U0, 2202, 10)
+    assert node.scrape().value("stowage_pod_gpu_utilization_ratio", **b) == pytest.approx(0.10)
 
 
 def test_pod_log_directories_alone_name_the_pods(node: GpuNode):
