@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 import yaml
@@ -34,7 +35,40 @@ def policy_k8s(rbac_k8s: LocalK8s) -> LocalK8s:
     k8s.kubectl("create", "role", "pod-author", "-n", "team-a", "--verb=*", "--resource=pods", check=False)
     k8s.kubectl("create", "rolebinding", "pod-author", "-n", "team-a", "--role=pod-author",
                 "--serviceaccount=team-a:author", check=False)
+    wait_until(lambda: _policies_in_force(k8s), 60, "the three admission policies to be in force")
     return k8s
+
+
+def _policies_in_force(k8s: LocalK8s) -> bool:
+    """Whether each of the three policies refuses a write it exists to refuse (server-side dry runs).
+
+    The API server's admission plugin learns policies through its own informer, some time after
+    ``kubectl apply`` returned: on a loaded machine a write made at once was let through (a fresh-
+    clone CI saw the author's forged record created)."""
+    import kubernetes
+
+    def refused_as(user: str, write: Callable[[kubernetes.client.CoreV1Api], Any], policy: str) -> bool:
+        client = k8s.api_client()
+        client.set_default_header("Impersonate-User", user)
+        try:
+            write(kubernetes.client.CoreV1Api(client))
+        except kubernetes.client.ApiException as exc:
+            return exc.status in (403, 422) and policy in str(exc.body)
+        return False
+
+    probe = "admission-probe"
+    k8s.kubectl("create", "-n", "team-a", "-f", "-", input=_pod(probe), check=False)
+    label = {"metadata": {"labels": {"probe": "1"}}}
+    return (refused_as("system:serviceaccount:team-a:author",
+                       lambda core: core.create_namespaced_pod("team-a", json.loads(
+                           _pod(f"{probe}-forged", {ALLOC: RECORD % "n1"})), dry_run="All"),
+                       "stowage-allocation-record")
+            and refused_as(f"system:serviceaccount:{NS}:stowage-extender",
+                           lambda core: core.patch_namespaced_pod(probe, "team-a", label, dry_run="All"),
+                           "stowage-extender-pod-writes")
+            and refused_as(f"system:serviceaccount:{NS}:stowage-device-plugin",
+                           lambda core: core.patch_namespaced_pod(probe, "team-a", label, dry_run="All"),
+                           "stowage-device-plugin-writes"))
 
 
 class As:
