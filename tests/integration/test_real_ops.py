@@ -106,6 +106,11 @@ def test_inspect_with_rbac_names_the_missing_permission_and_works_once_granted(r
     k8s.kubectl("create", "clusterrole", "ops-it-viewer", "--verb=get,list,watch", "--resource=nodes,pods", check=False)
     k8s.kubectl("create", "clusterrolebinding", "ops-it-viewer", "--clusterrole=ops-it-viewer",
                 f"--serviceaccount={ns}:viewer", check=False)
+    # The RBAC authorizer learns the binding through its informer, a moment after it is created.
+    wait_until(lambda: all(k8s.kubectl("auth", "can-i", verb, res, f"--as=system:serviceaccount:{ns}:viewer",
+                                       check=False).stdout.strip() == "yes"
+                           for verb in ("list", "watch") for res in ("nodes", "pods")),
+               30, "the viewer's role binding to be in force")
 
     def kubeconfig_as(sa: str) -> str:
         cfg = yaml.safe_load(k8s.kubeconfig.read_text())
