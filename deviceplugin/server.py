@@ -46,7 +46,9 @@ KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 
 
-# A failed Register is retried after this long, or as soon as kubelet.sock accepts a connection again.
+# A failed Register is retried after this long, or as soon as a kubelet seen down (kubelet.sock
+# missing or refusing connections) accepts connections again. A live kubelet that answers Register
+# with an error is asked again only after the delay: kubelet.sock accepting says nothing new then.
 REGISTER_RETRY_S = 1.0
 
 
@@ -343,6 +345,8 @@ class Endpoint:
     sock_ino: int | None = None
     registered_with: int | None = None   # inode of the kubelet.sock we registered with
     next_try: float = 0.0
+    kubelet_was_down: bool = False       # kubelet.sock seen missing or refusing since the last failed Register
+    register_error: str = ""             # the last failed Register's error, logged loudly once
     registrations: int = 0
     serving: Backoff = field(default_factory=Backoff)   # failed serve() tries in a row
 
@@ -366,6 +370,7 @@ class Endpoint:
         self.server = server
         self.sock_ino = os.stat(self.path).st_ino
         self.registered_with = None
+        self.next_try = 0.0   # a fresh socket is registered at once, whatever an earlier try left
 
     def close(self, remove: bool = False) -> None:
         self.stop_streams.set()
@@ -618,10 +623,17 @@ class DevicePlugin:
             if not ep.socket_intact() and not self._serve_again(ep):
                 continue
             kino = self._kubelet_ino()
-            if kino is None or ep.registered_with == kino:
+            if kino is None:
+                ep.kubelet_was_down = True
                 continue
-            if time.monotonic() < ep.next_try and not kubelet_accepts(self.kubelet_sock):
-                continue   # backing off, and kubelet.sock is still the stale socket of a stopped kubelet
+            if ep.registered_with == kino:
+                continue
+            if time.monotonic() < ep.next_try:   # backing off after a failed Register
+                if not kubelet_accepts(self.kubelet_sock):
+                    ep.kubelet_was_down = True   # the stale socket of a stopped kubelet
+                    continue
+                if not ep.kubelet_was_down:
+                    continue   # the kubelet that refused us is still up: wait out the delay
             due.append((ep, kino))
         if len(due) == 1:
             self._register(*due[0])
@@ -674,13 +686,14 @@ class DevicePlugin:
         try:
             ep.register(self.kubelet_sock, self.cfg.register_timeout_s)
             ep.registered_with = kino
-            ep.next_try = 0.0
+            ep.next_try, ep.register_error = 0.0, ""
             log.info("%s: registered with the kubelet (endpoint %s)", ep.resource, os.path.basename(ep.path))
         except grpc.RpcError as exc:
-            ep.next_try = time.monotonic() + REGISTER_RETRY_S
-            log.warning("%s: registration failed (%s); retrying when the kubelet accepts connections, at "
-                        "the latest in %.0f s", ep.resource, exc.details() if hasattr(exc, "details") else exc,
-                        REGISTER_RETRY_S)
+            ep.next_try, ep.kubelet_was_down = time.monotonic() + REGISTER_RETRY_S, False
+            error = str(exc.details() if hasattr(exc, "details") else exc)
+            new, ep.register_error = error != ep.register_error, error
+            log.log(logging.WARNING if new else logging.DEBUG, "%s: registration failed (%s); retrying in %.0f s, "
+                    "or at once if the kubelet is down and comes back", ep.resource, error, REGISTER_RETRY_S)
 
     def _watch(self) -> None:
         while not self._stop.wait(self.cfg.poll_s):
