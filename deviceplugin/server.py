@@ -72,6 +72,14 @@ def kubelet_accepts(path: str) -> bool:
         s.close()
 
 
+# ListAndWatch streams an endpoint serves at once; more are refused (RESOURCE_EXHAUSTED). A stream
+# holds one of the endpoint's gRPC workers for as long as it is open, whether its client reads or
+# not: uncapped, streams opened by anyone left no worker for the kubelet's Allocate, which then
+# waited for ever. The kubelet keeps one stream per registration; the workers beyond the cap
+# (UNARY_WORKERS) always answer the unary calls.
+MAX_STREAMS = 8
+UNARY_WORKERS = 8
+
 # The largest message the kubelet receives from a plugin: grpc-go's default receive limit (a v1.28
 # kubelet dials plugins without MaxCallRecvMsgSize). A larger ListAndWatch fails on its side, it does
 # not retry, and the node's capacity for the resource silently stays 0.
@@ -301,19 +309,32 @@ class ResourceServicer(pb_grpc.DevicePluginServicer):
 
     def __init__(self, resource: str, state: DeviceState, allocs: Allocations, stop: threading.Event) -> None:
         self.resource, self.state, self.allocs, self.stop = resource, state, allocs, stop
+        self._streams = threading.BoundedSemaphore(MAX_STREAMS)
+        self._refusing = False   # a refusal was logged loudly; quiet until a stream frees a slot
 
     def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
         return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
     def ListAndWatch(self, request: Any, context: Any) -> Any:
-        seen = -1
-        while not self.stop.is_set() and context.is_active():
-            with self.state.cond:
-                if self.state.version == seen:
-                    self.state.cond.wait(0.2)
-                    continue
-                seen = self.state.version
-            yield self.state.list_response(self.resource)
+        if not self._streams.acquire(blocking=False):
+            log.log(logging.DEBUG if self._refusing else logging.WARNING, "%s: refused a ListAndWatch: %d streams "
+                    "are open already (the kubelet keeps one; something else is calling the plugin)",
+                    self.resource, MAX_STREAMS)
+            self._refusing = True
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.resource}: {MAX_STREAMS} ListAndWatch "
+                          "streams are open already")
+        try:
+            seen = -1
+            while not self.stop.is_set() and context.is_active():
+                with self.state.cond:
+                    if self.state.version == seen:
+                        self.state.cond.wait(0.2)
+                        continue
+                    seen = self.state.version
+                yield self.state.list_response(self.resource)
+        finally:
+            self._refusing = False
+            self._streams.release()
 
     def _guard(self, fn: Callable[[], Any], context: Any) -> Any:
         try:
@@ -362,7 +383,8 @@ class Endpoint:
         if os.path.lexists(self.path):
             os.unlink(self.path)  # a stale socket of an earlier run
         self.stop_streams = threading.Event()
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"dp-{self.resource}"))
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_STREAMS + UNARY_WORKERS,
+                                                        thread_name_prefix=f"dp-{self.resource}"))
         pb_grpc.add_DevicePluginServicer_to_server(
             ResourceServicer(self.resource, self.state, self.allocs, self.stop_streams), server)
         server.add_insecure_port("unix://" + os.path.abspath(self.path))

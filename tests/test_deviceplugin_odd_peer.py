@@ -87,3 +87,46 @@ def test_a_register_the_live_kubelet_refuses_is_retried_after_the_delay_not_at_e
         assert r.kube.wait_for(lambda: syncs[0] >= start + 5)
         r.kubelet.start()                    # a kubelet that accepts us: registered at once, not in 60 s
         assert r.registered()
+
+
+def test_list_and_watch_streams_are_capped_so_the_kubelets_calls_are_always_answered(monkeypatch):
+    """Each open ListAndWatch holds one of the endpoint's 16 gRPC workers for as long as it lasts.
+    Before: 16 streams opened by anyone (or never read) left no worker, and the kubelet's
+    GetDevicePluginOptions and Allocate waited for ever. Now streams past MAX_STREAMS are refused
+    (RESOURCE_EXHAUSTED), the kubelet's own stream is untouched, and a closed stream frees its slot."""
+    from deviceplugin.server import MAX_STREAMS
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        pod = _pending_whole(r)
+        ep = next(e for e in r.plugin.endpoints if e.resource == RESOURCE_GPU)
+        ch = grpc.insecure_channel("unix://" + os.path.abspath(ep.path))
+        stub = pb_grpc.DevicePluginStub(ch)
+        try:
+            opened = [stub.ListAndWatch(pb.Empty()) for _ in range(20)]   # never read past the first list
+            refused = 0
+            for s in opened:
+                try:
+                    next(s)
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+                    assert "ListAndWatch" in exc.details()
+                    refused += 1
+            assert refused == 20 - (MAX_STREAMS - 1)   # the kubelet holds one stream already
+            # the kubelet is served: its stream still carries lists, and the pod is admitted
+            assert r.kubelet.plugins[RESOURCE_GPU].alive
+            got = r.kubelet.admit(pod)["main"][RESOURCE_GPU]
+            assert got.envs["NVIDIA_VISIBLE_DEVICES"] == r.uuid(0)
+            for s in opened:
+                s.cancel()
+
+            def reopened() -> bool:   # the cancelled streams' slots come free
+                s = stub.ListAndWatch(pb.Empty())
+                try:
+                    return len(next(s).devices) == 4
+                except grpc.RpcError:
+                    return False
+                finally:
+                    s.cancel()
+            assert r.kube.wait_for(reopened)
+        finally:
+            ch.close()
