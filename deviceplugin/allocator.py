@@ -50,8 +50,9 @@ the pods of its first list).
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from stowage.allocation import AllocationError, AllocationRecord, RecordTrust
 from stowage.resources import (GPU_RESOURCES, RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, RequestError,
@@ -141,6 +142,10 @@ class Ledger:
                     self.given.setdefault((owners.pop(), resource), []).append(ids)
             if not entries:
                 del self.given[(uid, resource)]
+
+    def copy(self) -> Ledger:
+        """A copy to go back to when a call is refused after some of its container requests were booked."""
+        return Ledger({k: list(v) for k, v in self.given.items()})
 
     def uids(self) -> set[str]:
         """Pods this process has answered at least one Allocate for."""
@@ -377,6 +382,17 @@ def _explain(survey_: PodSurvey) -> str:
     return "; ".join(parts) if parts else "no pod bound to this node is waiting for this resource"
 
 
+def some_ids(ids: Sequence[str], shown: int = 8) -> str:
+    """Device IDs for a message: all of them when few, else the first ``shown`` and how many.
+
+    A request may carry 4 MiB of IDs (gRPC's limit): a refusal naming each one made a status message
+    of a megabyte, which the caller's gRPC cannot receive (it sees RESOURCE_EXHAUSTED instead of the
+    refusal), and a log line as long, per call."""
+    if len(ids) <= shown:
+        return ", ".join(ids)
+    return f"{', '.join(ids[:shown])}, ... ({len(ids)} devices)"
+
+
 def _cards_of(table: DeviceTable, resource: str, ids: Iterable[str]) -> dict[str, str]:
     """device ID -> card UUID; unknown IDs are refused as INVALID_ARGUMENT."""
     out, unknown = {}, []
@@ -386,7 +402,7 @@ def _cards_of(table: DeviceTable, resource: str, ids: Iterable[str]) -> dict[str
         except UnknownDevice:
             unknown.append(i)
     if unknown:
-        raise AllocationRefused(INVALID_ARGUMENT, f"{resource}: unknown device ID(s) {', '.join(sorted(unknown))}; "
+        raise AllocationRefused(INVALID_ARGUMENT, f"{resource}: unknown device ID(s) {some_ids(sorted(unknown))}; "
                                 "this plugin never advertised them")
     return out
 
@@ -396,13 +412,15 @@ def preferred(table: DeviceTable, resource: str, available: list[str], must_incl
     """The candidate being admitted and the devices to steer the kubelet to."""
     if size <= 0:
         raise AllocationRefused(INVALID_ARGUMENT, f"{resource}: allocation size must be positive, got {size}")
-    card_of = _cards_of(table, resource, list(available) + list(must_include))
+    # the kubelet offers each device once; an ID sent twice must not be proposed twice
+    available, must_include = list(dict.fromkeys(available)), list(dict.fromkeys(must_include))
+    card_of = _cards_of(table, resource, available + must_include)
     fits = []
     for c in found.candidates:
         if c.next_size != size or any(card_of[i] not in c.cards for i in must_include):
             continue
-        pick = list(dict.fromkeys(must_include))
-        rest = sorted((i for i in available if card_of[i] in c.cards and i not in pick),
+        pick, included = list(must_include), set(must_include)
+        rest = sorted((i for i in available if card_of[i] in c.cards and i not in included),
                       key=lambda i: (c.record.uuids.index(card_of[i]), table.unit_number(i), i))
         pick += rest[: size - len(pick)]
         if len(pick) == size:
@@ -521,7 +539,9 @@ def allocate(table: DeviceTable, resource: str, ids: list[str], found: PodSurvey
     if not ids:
         raise AllocationRefused(INVALID_ARGUMENT, f"{resource}: Allocate without device IDs")
     if len(set(ids)) != len(ids):
-        raise AllocationRefused(INVALID_ARGUMENT, f"{resource}: duplicate device IDs in {ids}")
+        repeated = [i for i, n in Counter(ids).items() if n > 1]
+        raise AllocationRefused(INVALID_ARGUMENT, f"{resource}: duplicate device ID(s) {some_ids(repeated)} among "
+                                f"the {len(ids)} asked for")
     card_of = _cards_of(table, resource, ids)
     cards = set(card_of.values())
     fits = [c for c in found.candidates if c.next_size == len(ids) and cards <= c.cards]
@@ -533,14 +553,14 @@ def allocate(table: DeviceTable, resource: str, ids: list[str], found: PodSurvey
                 moved = relocation(table, resource, c, _by_card(card_of, ids), found)
                 if moved is not None and set(moved[1]) == set(ids):
                     return moved[0]
-        raise AllocationRefused(FAILED_PRECONDITION, f"{resource}: devices {', '.join(ids)} (card(s) "
+        raise AllocationRefused(FAILED_PRECONDITION, f"{resource}: devices {some_ids(ids)} (card(s) "
                                 f"{', '.join(sorted(cards))}) match no pod's allocation record on this node; "
                                 f"candidates: {_explain(found)}")
     for c in fits:
         if c.uid == steered:
             return c
     if len({c.signature for c in fits}) > 1:
-        raise AllocationRefused(FAILED_PRECONDITION, f"{resource}: devices {', '.join(ids)} fit several pods whose "
+        raise AllocationRefused(FAILED_PRECONDITION, f"{resource}: devices {some_ids(ids)} fit several pods whose "
                                 f"records disagree, refusing to guess: {'; '.join(c.describe() for c in fits)}")
     return fits[0]
 

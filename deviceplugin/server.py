@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+from collections import OrderedDict
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from stowage.allocation import AllocationRecord, RecordTrust
 from stowage.inventory import Card, encode_inventory
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES, RESOURCE_GPU_MEMORY
 
-from gpunode.podresources.client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
+from gpunode.podresources.client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET, PodList
 
 from . import allocator, corrections
 from gpunode.devices import UNHEALTHY, DeviceTable, id_lengths
@@ -79,6 +80,16 @@ def kubelet_accepts(path: str) -> bool:
 # (UNARY_WORKERS) always answer the unary calls.
 MAX_STREAMS = 8
 UNARY_WORKERS = 8
+
+# A refusal's gRPC status message is cut to this many characters (the whole text is logged): it
+# travels as a trailer, and gRPC clients refuse trailers past 8-16 KiB (grpc-go accepts more, but
+# the kubelet then writes it into the pod's status).
+MAX_DETAILS = 4096
+
+# Device sets GetPreferredAllocation steered, kept for the Allocate that follows (the kubelet makes
+# the two calls back to back, one container at a time); a set no Allocate asks for (a caller other
+# than the kubelet) must not stay for ever.
+MAX_STEERED = 16
 
 # The largest message the kubelet receives from a plugin: grpc-go's default receive limit (a v1.28
 # kubelet dials plugins without MaxCallRecvMsgSize). A larger ListAndWatch fails on its side, it does
@@ -226,14 +237,19 @@ class Allocations:
         self.trust = trust or RecordTrust()
         self.kubelet, self.on_allocated = kubelet, on_allocated
         self.ledger = allocator.Ledger()
-        self._steered: dict[tuple[str, frozenset[str]], str] = {}
+        self._steered: OrderedDict[tuple[str, frozenset[str]], str] = OrderedDict()   # newest last
         # pod uid -> its record as moved by allocator.relocation, until the kubelet's list says where
         # it is: the kubelet reuses an init container's devices for the app container without a
         # GetPreferredAllocation, and PodResources (v1.28) does not list init containers
         self._moved: dict[str, AllocationRecord] = {}
         self._lock = threading.Lock()  # one decision at a time: two calls must not pick the same pod
 
-    def _survey(self, resource: str, table: DeviceTable) -> allocator.PodSurvey:
+    def _read(self, resource: str) -> tuple[list[Any], PodList | None]:
+        """The node's pods (API server) and the kubelet's PodResources list (None: unavailable).
+
+        Read once per call, whatever its number of container requests: the kubelet sends one, a
+        caller that sends thousands must not cost thousands of lists while the lock is held.
+        """
         if self.pod_lister is None:
             raise allocator.AllocationRefused(allocator.FAILED_PRECONDITION, f"{resource}: the plugin runs without "
                                               "Kubernetes API access, so it cannot read pod allocation records")
@@ -242,8 +258,10 @@ class Allocations:
         except Exception as exc:
             raise allocator.AllocationRefused("UNAVAILABLE", f"{resource}: cannot list the pods of node "
                                               f"{self.node} from the API server: {exc}") from exc
+        return pods, self.kubelet.listing() if self.kubelet is not None else None
+
+    def _survey(self, resource: str, table: DeviceTable, pods: list[Any], listed: PodList | None) -> allocator.PodSurvey:
         self.ledger.forget_except({str((p.get("metadata") or {}).get("uid")) for p in pods})
-        listed = self.kubelet.listing() if self.kubelet is not None else None
         view: corrections.KubeletView | None = None   # None: PodResources unreachable, the ledger is all we know
         fixed: dict[str, AllocationRecord] = {}
         if listed is not None:
@@ -265,11 +283,15 @@ class Allocations:
         out = []
         with self._lock:
             table = self.state.table   # one decision, one set of cards (a card read late only adds to it)
+            found = self._survey(resource, table, *self._read(resource))   # a hint changes nothing: one survey
             for creq in req.container_requests:
-                found = self._survey(resource, table)
                 cand, ids = allocator.preferred(table, resource, list(creq.available_deviceIDs),
                                                 list(creq.must_include_deviceIDs), int(creq.allocation_size), found)
-                self._steered[(resource, frozenset(ids))] = cand.uid
+                key = (resource, frozenset(ids))
+                self._steered[key] = cand.uid
+                self._steered.move_to_end(key)
+                while len(self._steered) > MAX_STEERED:
+                    self._steered.popitem(last=False)
                 if cand.moved_from is not None:
                     log.warning("%s: the kubelet offers no device on %s's recorded card(s) %s (its checkpoint still "
                                 "gives them to another pod, e.g. one gone while it was down); steering it to the "
@@ -283,25 +305,39 @@ class Allocations:
         out = []
         with self._lock:
             table = self.state.table
-            for creq in req.container_requests:
-                ids = list(creq.devices_ids)
-                found = self._survey(resource, table)
-                steered = self._steered.pop((resource, frozenset(ids)), None)
-                cand = allocator.allocate(table, resource, ids, found, steered)
-                ans = allocator.container_answer(table, resource, ids, cand)
-                self.ledger.add(cand.uid, resource, ids)
-                if cand.moved_from is not None:   # the reconciler corrects the record once the kubelet lists it
-                    self._moved[cand.uid] = cand.record
-                    log.warning("%s: %s moved from card(s) %s, which the kubelet did not offer, to %s", resource,
-                                cand.ref, ", ".join(cand.moved_from.uuids), ", ".join(cand.record.uuids))
-                specs = [pb.DeviceSpec(container_path=f"/dev/{n}", host_path=f"/dev/{n}", permissions="rw")
-                         for n in ans.dev_names if os.path.exists(os.path.join(self.dev_root, n))]
-                log.info("%s: allocated %s to %s (container %d of %d)", resource, ", ".join(ids), cand.ref,
-                         cand.done + 1, len(cand.sizes))
-                out.append(pb.ContainerAllocateResponse(envs=ans.envs, devices=specs))
+            read = self._read(resource)
+            # A refused call books nothing: one bad container request among good ones must not leave
+            # the good ones' pods counted as served, or their real admission is refused.
+            saved_ledger, saved_moved = self.ledger.copy(), dict(self._moved)
+            try:
+                out = self._allocate(resource, req, table, read)
+            except Exception:
+                self.ledger, self._moved = saved_ledger, saved_moved
+                raise
         if self.on_allocated is not None:
             self.on_allocated()
         return pb.AllocateResponse(container_responses=out)
+
+    def _allocate(self, resource: str, req: Any, table: DeviceTable, read: tuple[list[Any], PodList | None]) -> list[Any]:
+        """Answer each container request in turn (the ledger counts the earlier ones); raises on the first refused."""
+        out = []
+        for creq in req.container_requests:
+            ids = list(creq.devices_ids)
+            found = self._survey(resource, table, *read)
+            steered = self._steered.pop((resource, frozenset(ids)), None)
+            cand = allocator.allocate(table, resource, ids, found, steered)
+            ans = allocator.container_answer(table, resource, ids, cand)
+            self.ledger.add(cand.uid, resource, ids)
+            if cand.moved_from is not None:   # the reconciler corrects the record once the kubelet lists it
+                self._moved[cand.uid] = cand.record
+                log.warning("%s: %s moved from card(s) %s, which the kubelet did not offer, to %s", resource,
+                            cand.ref, ", ".join(cand.moved_from.uuids), ", ".join(cand.record.uuids))
+            specs = [pb.DeviceSpec(container_path=f"/dev/{n}", host_path=f"/dev/{n}", permissions="rw")
+                     for n in ans.dev_names if os.path.exists(os.path.join(self.dev_root, n))]
+            log.info("%s: allocated %s to %s (container %d of %d)", resource, ", ".join(ids), cand.ref,
+                     cand.done + 1, len(cand.sizes))
+            out.append(pb.ContainerAllocateResponse(envs=ans.envs, devices=specs))
+        return out
 
 
 class ResourceServicer(pb_grpc.DevicePluginServicer):
@@ -341,7 +377,10 @@ class ResourceServicer(pb_grpc.DevicePluginServicer):
             return fn()
         except allocator.AllocationRefused as exc:
             log.error("refused: %s", exc.message)
-            context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+            details = exc.message
+            if len(details) > MAX_DETAILS:
+                details = details[:MAX_DETAILS - 80] + f" ... ({len(details)} characters; the plugin's log has them all)"
+            context.abort(getattr(grpc.StatusCode, exc.code), details)
 
     def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
         return self._guard(lambda: self.allocs.preferred(self.resource, request), context)

@@ -7,6 +7,7 @@ import copy
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -44,6 +45,20 @@ class Rig:
         self.plugin.stop()
         self.plugin = DevicePlugin(cfg)
         self.plugin.start()
+
+
+def count_syncs(plugin: Any) -> list[int]:
+    """Count the watcher's polls (it calls ``plugin._sync`` once per poll)."""
+    n = [0]
+    real = plugin._sync
+    lock = threading.Lock()
+
+    def sync() -> None:
+        with lock:
+            n[0] += 1
+        real()
+    plugin._sync = sync
+    return n
 
 
 def short_tmpdir() -> str:

@@ -11,26 +11,11 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import threading
 from typing import Any
 
-from dp_harness import rig
+from dp_harness import count_syncs, rig
 
 from stowage.resources import RESOURCE_GPU
-
-
-def _count_syncs(plugin: Any) -> list[int]:
-    """Count the watcher's polls (it calls ``plugin._sync`` once per poll)."""
-    n = [0]
-    real = plugin._sync
-    lock = threading.Lock()
-
-    def sync() -> None:
-        with lock:
-            n[0] += 1
-        real()
-    plugin._sync = sync
-    return n
 
 
 def _records(caplog: Any) -> list[logging.LogRecord]:
@@ -41,7 +26,7 @@ def test_a_vanished_plugin_dir_is_logged_once_and_served_again_when_back(monkeyp
     caplog.set_level(logging.INFO)
     with rig(monkeypatch) as r:
         assert r.registered()
-        syncs = _count_syncs(r.plugin)
+        syncs = count_syncs(r.plugin)
         r.kubelet.stop()
         shutil.rmtree(r.dir)
         caplog.clear()
@@ -73,7 +58,7 @@ def test_a_socket_that_cannot_be_served_is_retried_with_back_off(monkeypatch, ca
             tries[0] += 1
             real()
         monkeypatch.setattr(ep, "serve", serve)
-        syncs = _count_syncs(r.plugin)
+        syncs = count_syncs(r.plugin)
         os.unlink(ep.path)
         os.mkdir(ep.path)          # something in the way: unlinking it fails, so does binding
         start = syncs[0]
