@@ -648,8 +648,8 @@ class DevicePlugin:
         for r in cfg.resources:
             ep = Endpoint(r, os.path.join(cfg.plugin_dir, socket_name(r)), self.state, self.allocs,
                           serving=Backoff(cfg.serve_retry_first_s, cfg.serve_retry_max_s))
-            ep.serve()
             self.endpoints.append(ep)
+            self._serve(ep)   # a path that cannot be served now is retried by the watcher, as later
         late = LateCards(self.nvml, cfg.rediscover_first_s, cfg.rediscover_max_s)
         if self.nvml_ok and (self.state.table.cards or late.waiting):   # also for a node whose every card is late
             self.health = HealthMonitor(self.nvml, self.state, cfg, self._publish, late if late.waiting else None)
@@ -732,6 +732,11 @@ class DevicePlugin:
             return False
         if not ep.serving.failing:
             log.warning("%s: socket %s is gone (kubelet restart?); serving again", ep.resource, ep.path)
+        return self._serve(ep)
+
+    def _serve(self, ep: Endpoint) -> bool:
+        """Serve ``ep`` now; whether it serves. A failure is logged (once while it repeats) and
+        backed off, at start as later: a path that cannot be served must not stop the others."""
         try:
             ep.serve()
         except Exception as exc:  # a directory in the way, no permission, ...: the next tries back off

@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from fakekube import FakeKube, make_node, make_pod
 from fakekubelet import FakeKubelet
@@ -68,8 +68,10 @@ def short_tmpdir() -> str:
 
 @contextlib.contextmanager
 def rig(monkeypatch: Any, cards: Any = None, driver_loaded: bool = True, start_kubelet: bool = True,
-        podresources: bool = True, count_error: int | None = None, **cfg: Any) -> Iterator[Rig]:
-    """``count_error``: nvmlDeviceGetCount fails with this NVML error code when the plugin starts."""
+        podresources: bool = True, count_error: int | None = None,
+        before_start: Callable[[str], None] | None = None, **cfg: Any) -> Iterator[Rig]:
+    """``count_error``: nvmlDeviceGetCount fails with this NVML error code when the plugin starts;
+    ``before_start(plugin_dir)`` runs just before the plugin starts."""
     from deviceplugin.server import DevicePlugin, PluginConfig
     import kubernetes.client
 
@@ -102,6 +104,8 @@ def rig(monkeypatch: Any, cards: Any = None, driver_loaded: bool = True, start_k
             f.write(record_key.secret)
     settings.update(cfg)
     plugin = DevicePlugin(PluginConfig(**settings))
+    if before_start is not None:
+        before_start(plugin_dir)
     plugin.start()
     r = Rig(kube, kubelet, nv, plugin, plugin_dir, dev_root, podres)
     try:

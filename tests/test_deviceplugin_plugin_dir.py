@@ -69,3 +69,24 @@ def test_a_socket_that_cannot_be_served_is_retried_with_back_off(monkeypatch, ca
         assert sum(ep.path in x.getMessage() for x in loud) == 2, [x.getMessage() for x in loud]  # gone; cannot serve
         # the other resources are untouched
         assert all(e.socket_intact() for e in r.plugin.endpoints if e is not ep)
+
+
+def test_a_socket_path_blocked_at_start_is_retried_like_one_blocked_later(monkeypatch, caplog):
+    """Before: a directory in the way of one resource's socket when the plugin started ended the
+    start with IsADirectoryError and a traceback, though the same thing later is retried quietly,
+    and the other resources could have been served. Now the start goes on and the path is retried."""
+    from deviceplugin.server import socket_name
+    caplog.set_level(logging.INFO)
+    blocked: list[str] = []
+
+    def block(plugin_dir: str) -> None:
+        blocked.append(os.path.join(plugin_dir, socket_name(RESOURCE_GPU)))
+        os.makedirs(blocked[0])
+    with rig(monkeypatch, before_start=block, serve_retry_first_s=0.2, serve_retry_max_s=0.2) as r:
+        others = set(r.plugin.cfg.resources) - {RESOURCE_GPU}
+        assert r.kubelet.wait_for(lambda: set(r.kubelet.plugins) == others)
+        loud = [x for x in _records(caplog) if x.levelno >= logging.WARNING and blocked[0] in x.getMessage()]
+        assert loud and not any(x.exc_info for x in loud), [x.getMessage() for x in loud]
+        os.rmdir(blocked[0])
+        assert r.registered()
+        assert len(r.kubelet.devices(RESOURCE_GPU)) == 4
