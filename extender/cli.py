@@ -6,6 +6,7 @@ pods through the Kubernetes API, binding through ``pods/binding``).
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
@@ -88,6 +89,25 @@ def parse_host_port(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"expected HOST:PORT (e.g. 0.0.0.0:9888), got {value!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def check_can_listen(address: str, flag: str) -> None:
+    """Refuse, with one line naming ``flag``, a ``HOST:PORT`` this process cannot listen on.
+
+    Why before gunicorn: for --bind in use gunicorn retries for 5 seconds and prints ten error
+    lines; for --metrics-bind the worker fails with a traceback and gunicorn exits 3 ("Worker
+    failed to boot"). The socket is closed at once (SO_REUSEADDR, as gunicorn binds), so the
+    real listener still binds it; a port taken in between is still gunicorn's to report."""
+    host, port = parse_host_port(address)
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                            flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(where)
+    except OSError as exc:   # socket.gaierror is one
+        hint = f" (another extender or demo? choose a free port with {flag})" if exc.errno == errno.EADDRINUSE else ""
+        raise click.ClickException(f"cannot listen on {address} ({flag}): {exc.strerror or exc}{hint}") from None
 
 
 def serve_metrics(app: Flask, bind: str) -> None:
@@ -433,6 +453,9 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
                       learned_interval_s=learned_interval_s,
                       pod_cache_bytes=pod_cache_mib << 20, learned_bytes=learned_pods_mib << 20,
                       pending_bytes=pending_pods_mib << 20, list_learn_bytes=list_learn_mib << 20)
+    for address, flag in ((bind, "--bind"), (metrics_bind, "--metrics-bind")):
+        if address and not address.startswith(("unix:", "fd://")):
+            check_can_listen(address, flag)   # one line now, not gunicorn's retries or a worker's traceback
     set_client_timeout(client_timeout)  # the workers fork from this process and inherit it
     return_big_buffers_to_the_system()
     run_server(cfg, bind=bind, threads=threads, log_level=log_level, timeout=timeout, workers=workers, tls=tls)
