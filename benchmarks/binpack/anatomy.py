@@ -30,6 +30,7 @@ from stowage.resources import GpuRequest
 
 from packing.registry import PLACERS
 
+from ..entry import run_command
 from ..cliargs import HelpFormatter, one_name, positive_number, whole_number
 from .replay import INFLATE, arrival_order, build_cluster, replay
 from .trace import Nodes, Pods, TraceError, data_dir, load_nodes
@@ -192,4 +193,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command(main, "python -m benchmarks.binpack.anatomy")

@@ -34,6 +34,7 @@ import numpy as np
 
 from packing.registry import PLACERS
 
+from ..entry import run_command
 from ..cliargs import HelpFormatter, one_name, whole_number
 from .replay import SEEDS, arrival_order
 from .trace import DEFAULT_TRACE, Nodes, Pods, TraceError, available_traces, data_dir, load_nodes
@@ -198,4 +199,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_command(main, "python -m benchmarks.binpack.bound")

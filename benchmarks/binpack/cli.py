@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -13,6 +12,7 @@ import numpy as np
 from packing.registry import PLACERS
 
 from ..cliargs import HelpFormatter, name_list, whole_number
+from ..entry import worker_pool
 from ..progress import progress_bar
 
 from .replay import SEEDS, binned, replay
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     if args.jobs > 1 and len(tasks) > 1:
-        with mp.get_context("fork").Pool(args.jobs) as pool:
+        with worker_pool(args.jobs) as pool:   # Ctrl-C: the parent stops it, one line
             for r in progress_bar(pool.imap_unordered(_task, tasks), total=len(tasks), desc="replays", unit="seed"):
                 keep(r)
     else:

@@ -68,6 +68,7 @@ from extender.split import DECIDER_NAME, HTTP_WORKER_NAME
 from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
 from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
 
+from ..entry import NOT_WRITTEN, run_command
 from ..cliargs import CheckedParser, HelpFormatter, name_list, positive_number, whole_number
 from ..progress import progress_bar
 from .cli import load_replay, parse_seeds
@@ -1145,4 +1146,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_command(main, "python -m benchmarks.binpack.real", NOT_WRITTEN)

@@ -8,7 +8,6 @@ autoscaler could have released because nodes stood empty.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -19,6 +18,7 @@ from benchmarks.binpack.cli import subset
 from benchmarks.binpack.trace import DEFAULT_TRACE, REPO_ROOT, TraceError, data_dir, load_nodes, trace_name
 from benchmarks.binpack.variants import load_trace
 from benchmarks.cliargs import CheckedParser, HelpFormatter, name_list, number_list, positive_number, whole_number
+from benchmarks.entry import worker_pool
 from benchmarks.progress import progress_bar
 from packing.registry import PLACERS, POLICY_PLACER
 
@@ -146,17 +146,16 @@ def main(argv: list[str] | None = None) -> int:
              for seed in seeds for policy in policies]
     t0 = time.perf_counter()
     results = []
-    bar = progress_bar(total=len(tasks), desc="elastic", unit="run")
-    if args.jobs > 1 and len(tasks) > 1:
-        with mp.get_context("fork" if hasattr(os, "fork") else "spawn").Pool(min(args.jobs, len(tasks))) as pool:
-            for r in pool.imap_unordered(_task, tasks):
-                results.append(r)
+    with progress_bar(total=len(tasks), desc="elastic", unit="run") as bar:   # closed on Ctrl-C too
+        if args.jobs > 1 and len(tasks) > 1:
+            with worker_pool(min(args.jobs, len(tasks)), "fork" if hasattr(os, "fork") else "spawn") as pool:
+                for r in pool.imap_unordered(_task, tasks):
+                    results.append(r)
+                    bar.update()
+        else:
+            for t in tasks:
+                results.append(_task(t))
                 bar.update()
-    else:
-        for t in tasks:
-            results.append(_task(t))
-            bar.update()
-    bar.close()
     order = {p: i for i, p in enumerate(policies)}
     results.sort(key=lambda r: (order[r.policy], r.seed))
     print()

@@ -1,6 +1,5 @@
 """``python -m benchmarks.latency`` (see :mod:`benchmarks.latency.cli`)."""
-import sys
-
+from ..entry import NOT_WRITTEN, run_command
 from .cli import main
 
-sys.exit(main())
+run_command(main, "python -m benchmarks.latency", NOT_WRITTEN)
