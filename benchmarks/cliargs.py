@@ -81,6 +81,29 @@ def one_name(known: Iterable[str], what: str) -> Callable[[str], str]:
     return parse
 
 
+FIRST_SEED = 42   # a count of seeds starts here; a number from here up is one seed
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """"10" = the first ten seeds from 42; "42" (any number from 42 up) = that one seed, in
+    every benchmark command (binpack, binpack.real, binpack.bound, elastic); "42,43" or "42-45" = those seeds."""
+    text = text.strip()
+    try:
+        if "," in text:
+            seeds = tuple(int(x) for x in text.split(",") if x.strip())
+        elif "-" in text[1:]:
+            lo, hi = (int(x) for x in text.split("-", 1))
+            seeds = tuple(range(lo, hi + 1))
+        else:
+            n = int(text)
+            seeds = (n,) if n >= FIRST_SEED else tuple(range(FIRST_SEED, FIRST_SEED + n))
+    except ValueError:
+        seeds = ()
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"bad --seeds {text!r} (e.g. 10, 42, 42,43 or 42-51)")
+    return seeds
+
+
 Check = Callable[[argparse.Namespace], "str | None"]
 
 

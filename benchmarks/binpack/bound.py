@@ -35,7 +35,7 @@ import numpy as np
 from packing.registry import PLACERS
 
 from ..entry import run_command
-from ..cliargs import HelpFormatter, one_name, whole_number
+from ..cliargs import HelpFormatter, one_name, parse_seeds
 from .replay import SEEDS, arrival_order
 from .trace import DEFAULT_TRACE, Nodes, Pods, TraceError, available_traces, data_dir, load_nodes
 from .variants import load_trace
@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  python -m benchmarks.binpack.bound --lp --trace default multigpu40   # the LP bound of Stowage's slices, 10 seeds")
     p.add_argument("--trace", nargs="+", default=None, help="trace names, generated variants (spec25, multigpu40, ...) "
                    "or CSV paths (default: every openb trace file)")
-    p.add_argument("--seeds", type=whole_number(1), default=len(SEEDS), help="number of seeds from 42")
+    p.add_argument("--seeds", type=parse_seeds, default=SEEDS, help="10 (= 42..51), 42 (that seed), 42,43 or 42-51 (default: 10)")
     p.add_argument("--data-dir", default=None, help="folder with the openb CSVs")
     p.add_argument("--lp", action="store_true", help="replay --policy to 100 %% arrived per seed and bound the "
                    "idle GPU of the slices it placed with the configuration LP (needs scipy; ~25 s a seed on a 2-core VM)")
@@ -187,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         for t in traces:
             pods = load_trace(t, Path(directory))
             if args.lp:
-                print(lp_report(nodes, pods, args.policy, range(42, 42 + args.seeds), not args.no_progress), flush=True)
+                print(lp_report(nodes, pods, args.policy, args.seeds, not args.no_progress), flush=True)
                 continue
-            w = [share_waste_pct(nodes, pods, s) for s in range(42, 42 + args.seeds)]
+            w = [share_waste_pct(nodes, pods, s) for s in args.seeds]
             print(f"{pods.name:<12} offline share-packing waste at 100 % arrived: median {np.median(w):.2f} %, "
                   f"mean {np.mean(w):.2f} %, seeds {min(w):.2f}..{max(w):.2f} %")
     except TraceError as exc:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from packing.registry import PLACERS
 
-from ..cliargs import HelpFormatter, name_list, whole_number
+from ..cliargs import HelpFormatter, name_list, parse_seeds, whole_number
 from ..entry import worker_pool
 from ..progress import progress_bar
 
@@ -26,28 +26,7 @@ DEFAULT_POLICIES = ("stowage", "fgd", "bestfit", "random", "most-allocated", "le
                     "gpushare-binpack", "hami-binpack")
 QUICK_NODE_STRIDE = 6     # --quick: every 6th node (a ~200-node cluster of the same mix)
 QUICK_SEEDS = (42,)
-FIRST_SEED = 42            # a count of seeds starts here; a number from here up is one seed
 BINS = 131                # binned(): one bin per arrived % from 0 to 130
-
-
-def parse_seeds(text: str) -> tuple[int, ...]:
-    """"10" = the first ten seeds from 42; "42" (any number from 42 up) = that one seed, as
-    ``benchmarks.elastic --seeds 42`` means it; "42,43" or "42-45" = those seeds."""
-    text = text.strip()
-    try:
-        if "," in text:
-            seeds = tuple(int(x) for x in text.split(",") if x.strip())
-        elif "-" in text[1:]:
-            lo, hi = (int(x) for x in text.split("-", 1))
-            seeds = tuple(range(lo, hi + 1))
-        else:
-            n = int(text)
-            seeds = (n,) if n >= FIRST_SEED else tuple(range(FIRST_SEED, FIRST_SEED + n))
-    except ValueError:
-        seeds = ()
-    if not seeds or min(seeds) < 0:
-        raise argparse.ArgumentTypeError(f"bad --seeds {text!r} (e.g. 10, 42, 42,43 or 42-51)")
-    return seeds
 
 
 def subset(nodes: Nodes, stride: int) -> Nodes:

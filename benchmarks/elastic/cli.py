@@ -17,7 +17,7 @@ from pathlib import Path
 from benchmarks.binpack.cli import subset
 from benchmarks.binpack.trace import DEFAULT_TRACE, REPO_ROOT, TraceError, data_dir, load_nodes, trace_name
 from benchmarks.binpack.variants import load_trace
-from benchmarks.cliargs import CheckedParser, HelpFormatter, name_list, number_list, positive_number, whole_number
+from benchmarks.cliargs import CheckedParser, HelpFormatter, name_list, parse_seeds, positive_number, whole_number
 from benchmarks.entry import worker_pool
 from benchmarks.progress import progress_bar
 from packing.registry import PLACERS, POLICY_PLACER
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "multigpu40: the default pods' times, benchmarks/binpack/variants.py) or CSV path")
     p.add_argument("--data-dir", default=None, help="folder with the openb CSVs (default ../shared/openb, or $STOWAGE_OPENB)")
     p.add_argument("--policies", type=name_list(PLACERS, "policy"), default=None, help="comma-separated placer names (default: all registered)")
-    p.add_argument("--seeds", type=number_list(0, example="42,43"), default="42", help="comma-separated seeds (tie-break order, fractional copies)")
+    p.add_argument("--seeds", type=parse_seeds, default="42", help="seeds (tie-break order, fractional copies): 42 (that seed), 42,43, 42-44 or a count (3 = 42..44)")
     p.add_argument("--days", type=positive_number, default=14.0, help="length of the window, ending at the trace's end")
     p.add_argument("--step", type=whole_number(1), default=60, help="seconds between HPA syncs / scheduling rounds")
     p.add_argument("--deployments", type=whole_number(1), default=8, help="single-GPU shapes turned into HPA deployments")
