@@ -96,6 +96,9 @@ def _check_plan(ctx: click.Context) -> None:
     for flag, given in (("--any-model", p["any_model"]), ("--max-nodes", p["max_nodes"] is not None)):
         if given and not p["drain"]:
             raise click.UsageError(f"{flag} only applies to --drain", ctx)
+    if p["priority"] is not None and not p["preempt_shapes"]:
+        raise click.UsageError("--priority only applies to --preempt (--shape counts pods as they are, "
+                               "without evicting any)", ctx)
     if p["preempt_shapes"] and p["priority"] is None:
         raise click.UsageError("--preempt needs --priority N: the pod's priority (the value of its PriorityClass)", ctx)
 

@@ -51,3 +51,10 @@ def test_a_free_address_still_starts(no_server):
     r = CliRunner().invoke(main, ["extender", "--simulated", "builtin", "--bind", f"127.0.0.1:{port}"])
     assert r.exit_code == 0, r.output
     assert len(no_server) == 1
+
+
+def test_plan_refuses_priority_without_preempt():
+    """`plan --shape 1 --priority 5` counted the shape as if no priority were given, without a
+    word: --priority only means something to --preempt (as --any-model to --drain)."""
+    r = CliRunner().invoke(main, ["plan", "--simulated", "--shape", "1", "--priority", "5"])
+    assert r.exit_code == 2 and "--priority only applies to --preempt" in r.output
