@@ -85,19 +85,31 @@ def _int(value: Any, where: str, lo: int = 0, hi: int | None = None) -> int:
     return value
 
 
+SMALLEST_BARE_MIB = 1024   # a bare card memory below this is a unit mistake: no GPU has under 1 GiB
+
+
 def _mib(value: Any, where: str) -> int:
-    """Per-card memory: a quantity ("80Gi") or a bare number of MiB."""
+    """Per-card memory: a quantity ("80Gi") or a bare number of MiB.
+
+    A bare number under 1 GiB is refused: ``memory: 80`` meant 80 GiB (the pod annotation
+    stowage.io/min-card-memory reads a bare 80 as GiB), and as MiB it made cards no pod fits,
+    with nothing said."""
     try:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            mib = int(value)
+            mib, bare = int(value), True
         elif isinstance(value, str) and value.strip().replace(".", "", 1).isdigit():
-            mib = int(float(value))
+            mib, bare = int(float(value)), True
         else:
-            mib = quantity_to_mib(value)
+            mib, bare = quantity_to_mib(value), False
     except RequestError as exc:
-        raise SimClusterError(f"{where}: {exc}") from None
+        raise SimClusterError(f"{where}: {exc} (per-card memory: a quantity such as 80Gi, or a bare "
+                              "number of MiB)") from None
     if mib <= 0:
         raise SimClusterError(f"{where}: memory must be positive, got {value!r}")
+    if bare and mib < SMALLEST_BARE_MIB:
+        shown = str(value).strip()
+        raise SimClusterError(f"{where}: a bare number is MiB, and {shown} MiB is smaller than any GPU: "
+                              f"write {shown}Gi for {shown} GiB")
     return mib
 
 
@@ -156,6 +168,8 @@ def _cards(node: str, gpus: Any, where: str) -> tuple[Card, ...]:
     model = gpus.get("model")
     if not isinstance(model, str) or not model.strip():
         raise SimClusterError(f"{where}.model: expected a GPU model name")
+    if "count" not in gpus:
+        raise SimClusterError(f"{where}.count: missing (cards per node, e.g. 8)")
     count = _int(gpus.get("count"), f"{where}.count", 0, MAX_CARDS_PER_NODE)
     if "memory" not in gpus:
         raise SimClusterError(f"{where}.memory: missing (per-card memory, e.g. 80Gi)")
