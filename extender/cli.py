@@ -406,7 +406,8 @@ def _check_learned_configmap(ctx: click.Context, param: click.Parameter, value: 
                    "placers in creation order. Past it they are shown in batches, in creation order only within "
                    "each: what the placers learned may differ from the running extender's until its next rebuild.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
-              show_default=True)
+              show_default=True, help="info: the model's source at start, one line per bind (pod, node, cards), "
+                                      "feed and refusal warnings; warning: only what went wrong.")
 @after_parsing(_check_serve)
 def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: str | None,
           allow_unauthenticated: bool, workers: int, threads: int, url_prefix: str, simulated: str | None,
@@ -419,6 +420,13 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
 
     The card model lives in ONE process (several would each hand out the same cards): the one
     gunicorn worker, or with --workers N > 1 a decision process behind N HTTP-only workers.
+
+    \b
+    Examples:
+      stowage extender --simulated builtin          # the embedded 36-node cluster, no Kubernetes
+      curl -s localhost:8888/readyz                 # then filter/bind by hand: docs/extender.md "Run it"
+      stowage extender --simulated my-cluster.yaml --bind 127.0.0.1:9999
+      stowage extender --in-cluster --workers 2 --metrics-bind 0.0.0.0:9888   # as scheduler-config/ runs it
     """
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     tls = tls_files(tls_cert, tls_key, tls_client_ca)   # all or none: checked while parsing

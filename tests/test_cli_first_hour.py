@@ -58,3 +58,36 @@ def test_plan_refuses_priority_without_preempt():
     word: --priority only means something to --preempt (as --any-model to --drain)."""
     r = CliRunner().invoke(main, ["plan", "--simulated", "--shape", "1", "--priority", "5"])
     assert r.exit_code == 2 and "--priority only applies to --preempt" in r.output
+
+
+def _one_node(**gpus):
+    return {"nodes": [{"name": "n", "gpus": {"model": "A100", **gpus}}]}
+
+
+def test_a_bare_card_memory_too_small_for_a_gpu_says_the_unit():
+    """`memory: 80` in a cluster file made 80 MiB cards, without a word, where the pod
+    annotation stowage.io/min-card-memory reads a bare 80 as GiB. A bare number is still MiB
+    (24576 works), but one below 1 GiB is no GPU: refused, with the fix."""
+    from extender.simcluster import SimClusterError, parse_cluster
+
+    with pytest.raises(SimClusterError, match=r"my\.yaml: nodes\[0\]\.gpus\.memory: .*80 MiB.*write 80Gi"):
+        parse_cluster(_one_node(count=8, memory=80), "my.yaml")
+    assert parse_cluster(_one_node(count=8, memory=24576), "ok").nodes[0].cards[0].memory_mib == 24576
+    assert parse_cluster(_one_node(count=8, memory="512Mi"), "ok").nodes[0].cards[0].memory_mib == 512
+
+
+def test_a_missing_card_count_is_called_missing():
+    from extender.simcluster import SimClusterError, parse_cluster
+
+    with pytest.raises(SimClusterError, match=r"nodes\[0\]\.gpus\.count: missing \(cards per node, e\.g\. 8\)"):
+        parse_cluster(_one_node(memory="80Gi"), "my.yaml")
+
+
+def test_extender_help_shows_how_to_start_and_what_log_level_does():
+    """`stowage extender --help` listed 30 options without one line that runs it (inspect and plan
+    have examples), and --log-level said nothing at all."""
+    out = CliRunner().invoke(main, ["extender", "--help"]).output
+    assert "stowage extender --simulated builtin" in out and "curl" in out
+    assert "stowage extender --in-cluster" in out
+    level = out[out.index("--log-level"):]
+    assert "bind" in level.split("-h, --help")[0]
