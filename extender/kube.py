@@ -98,6 +98,16 @@ def creation_order(obj: Mapping[str, Any]) -> tuple[str, str, str]:
             str(m.get("uid") or ""))
 
 
+# The most one watch event's line may take (JSON bytes) before the stream is abandoned
+# (:func:`watch_lines`): the bound of a list page's JSON (one event holds one object, ~3 MiB of JSON
+# at most for what etcd stores), never reached by a real API server's event.
+WATCH_EVENT_BYTES = LIST_PAGE_BYTES
+# Bytes asked of a watch body per read: an HTTP chunk is read in pieces of this size, not whole
+# (a peer may declare one chunk of any size), and a stream that is not chunked gives its events in
+# pieces of this size rather than only at its end. A chunk smaller than this comes as it is.
+WATCH_READ_BYTES = 1 << 20
+
+
 class WatchStream:
     """One watch request: its newline-delimited events, each decoded ONCE into a plain dict.
 
@@ -136,7 +146,7 @@ class WatchStream:
             status = getattr(resp, "status", 200)
             if isinstance(status, int) and not 200 <= status <= 299:
                 raise ApiException(status=status, reason=f"watch answered HTTP {status}")
-            for line in watch_lines(resp.stream(amt=None, decode_content=False)):
+            for line in watch_lines(resp.stream(amt=WATCH_READ_BYTES, decode_content=False)):
                 event = watch_event(line)
                 if event.get("type") == "ERROR":
                     obj = event.get("object") if isinstance(event.get("object"), Mapping) else {}
@@ -166,23 +176,47 @@ def _socket_of(resp: Any) -> socket.socket | None:
     return sock if isinstance(sock, socket.socket) else None
 
 
-def watch_lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+def watch_lines(chunks: Iterator[bytes], max_line: int | None = None) -> Iterator[bytes]:
     """The non-empty lines of a watch body, whatever the chunking (an event may span chunks, a
     chunk may hold several events). A newline never occurs inside a UTF-8 multi-byte sequence
-    nor, unescaped, inside JSON, so splitting the bytes is safe."""
-    rest = b""
+    nor, unescaped, inside JSON, so splitting the bytes is safe.
+
+    ``max_line`` (None: :data:`WATCH_EVENT_BYTES`): a line longer than this raises ValueError as
+    soon as it is passed, before more of it is read (the stream is then re-opened from the last
+    resourceVersion): one event holds one object, which etcd bounds, and a line that never ends
+    (a peer that is not an API server) must not take the component's memory. Each chunk is
+    looked at once and a long line is gathered in one buffer, so a line's cost is linear in its
+    length, whatever the chunking (joining each piece to all those before took ~18 s of CPU for a
+    16 MiB line in 4 KiB pieces)."""
+    bound = WATCH_EVENT_BYTES if max_line is None else max_line
+    rest = bytearray()
     for chunk in chunks:
         if not chunk:
             continue
-        data = rest + chunk if rest else chunk
         start = 0
-        while (end := data.find(b"\n", start)) >= 0:
-            if end > start and not data[start:end].isspace():
-                yield data[start:end]
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if rest:
+                rest += chunk[start:end]
+                line = bytes(rest)
+                rest.clear()
+            else:
+                line = chunk[start:end]
+            if len(line) > bound:
+                raise ValueError(_too_long(bound))
+            if line and not line.isspace():
+                yield line
             start = end + 1
-        rest = data[start:]
+        if start < len(chunk):
+            rest += chunk[start:] if start else chunk
+            if len(rest) > bound:
+                raise ValueError(_too_long(bound))
     if rest and not rest.isspace():
-        yield rest
+        yield bytes(rest)
+
+
+def _too_long(bound: int) -> str:
+    return (f"watch event past {byte_size(bound)} (the bound of one event: one object, which etcd bounds at "
+            f"~1.5 MiB); the stream is abandoned")
 
 
 def watch_event(line: bytes) -> dict:

@@ -170,3 +170,77 @@ def test_stop_interrupts_a_read_blocked_on_a_quiet_stream(connection_header):
     finally:
         release.set()
         srv.close()
+
+
+def test_a_line_past_the_event_bound_is_an_error_before_the_rest_is_read():
+    """A watch line that never ends (a peer that is not an API server, or a proxy gone wrong) was
+    gathered whole, however big, and each piece was joined to all the ones before (a 16 MiB line
+    in 4 KiB pieces took ~18 s of the decision process's CPU). Past the bound of one event (an
+    object is what etcd bounds: ~1.5 MiB) the stream fails at once; the feeder re-opens it."""
+    from extender.kube import WATCH_EVENT_BYTES
+
+    piece = b"x" * 4096
+    read = 0
+
+    def endless():
+        nonlocal read
+        for _ in range(2 * WATCH_EVENT_BYTES // len(piece)):
+            read += len(piece)
+            yield piece
+        yield b"\n"
+
+    with pytest.raises(ValueError, match="watch event past"):
+        list(watch_lines(endless()))
+    assert read <= WATCH_EVENT_BYTES + len(piece)
+
+
+def test_a_line_of_any_size_within_the_bound_is_one_event_whatever_the_chunking():
+    big = {"type": "MODIFIED", "object": {"kind": "Pod", "metadata": {"name": "big", "resourceVersion": "7",
+                                                                      "annotations": {"a": "y" * (3 << 20)}}}}
+    data = body([EVENTS[0], big, EVENTS[1]])
+    pieces = [data[i:i + 4096] for i in range(0, len(data), 4096)]
+    assert [watch_event(x) for x in watch_lines(iter(pieces))] == [EVENTS[0], big, EVENTS[1]]
+
+
+def test_one_huge_http_chunk_is_read_in_bounded_pieces():
+    """The body's HTTP chunks were each read whole before the line was looked at: a peer declaring
+    one chunk of 64 MiB (no newline in it) had all of it in memory at once. Read in bounded pieces,
+    the stream fails once one event's bound is passed. A real socket server, the real client."""
+    import socket
+    import threading
+    import tracemalloc
+
+    import kubernetes
+
+    import extender.kube as kube_mod
+
+    size = 64 << 20
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         b"%x\r\n" % size)
+            piece = b"x" * (1 << 20)
+            try:
+                for _ in range(size // len(piece)):
+                    conn.sendall(piece)
+                conn.sendall(b"\r\n0\r\n\r\n")
+            except OSError:   # the client gave up on the line: what it should do
+                pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    cfg = kubernetes.client.Configuration()
+    cfg.host = f"http://127.0.0.1:{srv.getsockname()[1]}"
+    core = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(cfg))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError):
+            list(WatchStream().stream(core.list_node, timeout_seconds=300))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        srv.close()
+    assert peak < kube_mod.WATCH_EVENT_BYTES + (8 << 20), peak
