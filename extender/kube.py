@@ -235,6 +235,15 @@ class Gone(Exception):
     """The resourceVersion we wanted to resume from is too old: relist."""
 
 
+class UnusableEvent(ValueError):
+    """A watch event the feeder cannot apply as a whole (:meth:`KubeFeeder._event`): the stream
+    fails there, as an undecodable line does."""
+
+
+# The watch event types of the API (besides ERROR, which WatchStream raises).
+_EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
+
+
 class ShortWatch(Exception):
     """The API server ended a watch cleanly, at once, without an event: taken as a failure (backed
     off), as client-go's reflector does, rather than as the clean end of a working stream."""
@@ -878,9 +887,17 @@ class KubeFeeder:
             st.gone_streak = 0
 
     def _event(self, st: StreamState, type_: str | None, obj: Any) -> None:
-        if not isinstance(obj, Mapping):
-            log.error("%s watch: event %r without an object; ignored", st.kind, type_)
-            return
+        """Apply one watch event. An event that cannot be applied as a whole (a type other than
+        ADDED, MODIFIED, DELETED, BOOKMARK; no object) raises :class:`UnusableEvent`: the stream
+        fails and is re-opened from the last resourceVersion applied (client-go's watch decoder
+        refuses both too). Skipped, the change it carried was lost while the model read complete,
+        and taking its resourceVersion moved the watch past events not yet applied (or past the
+        API server's own: kube-apiserver answers a watch from there with nothing). An object that
+        lacks what its kind needs (a name, a uid) is that object's error only (logged)."""
+        if type_ not in _EVENT_TYPES or not isinstance(obj, Mapping):
+            what = f"of type {type_!r}" if type_ not in _EVENT_TYPES else f"{type_} without an object"
+            raise UnusableEvent(f"{st.kind} watch: an event {what} cannot be applied; the watch is re-opened from "
+                                f"resourceVersion {st.rv or '(none)'}")
         rv = resource_version(obj)
         if type_ in ("ADDED", "MODIFIED", "DELETED"):
             deleted = type_ == "DELETED"
@@ -891,8 +908,6 @@ class KubeFeeder:
                     self._apply_node(obj)
             else:
                 self._apply_pod(obj, deleted=deleted)
-        elif type_ != "BOOKMARK":
-            log.warning("%s watch: unexpected event type %r ignored", st.kind, type_)
         with self._lock:
             if rv:
                 st.rv = rv

@@ -22,6 +22,7 @@ Usage::
         kube.fail_next(2, status=500)  # the next 2 requests (optionally matching a path) fail
         kube.drop_watches()          # cut every open watch stream
         kube.end_watches("pods")     # every new pods watch ends at once, cleanly, without an event
+        kube.raw_watches("pods", [b'{"type": "BOOKMARK", ...}\n'])  # every new pods watch sends these bytes first
         kube.clear_faults()          # forget pending injected failures
         kube.delete_pod("default", "p1", emit=False)  # a change no watch will see (then expire_watches())
         kube.requests                # [(method, path, query dict)] for assertions
@@ -252,6 +253,7 @@ class FakeKube:
         self._faults: list[_Fault] = []
         self._watch_errors: dict[str, Obj] = {}   # kind -> Status every new watch of it ends with
         self._watch_ends: set[str] = set()        # kinds whose new watches end at once, cleanly, with no event
+        self._watch_raw: dict[str, tuple[list[bytes], bool]] = {}   # kind -> (raw chunks first, end after them)
         self._closed = False
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -473,11 +475,20 @@ class FakeKube:
         with self._cond:
             self._watch_ends.add(kind)
 
+    def raw_watches(self, kind: str, chunks: list[bytes], end: bool = True) -> None:
+        """Every new watch of ``kind`` is accepted (HTTP 200) and first sends ``chunks`` as they are
+        (each one HTTP chunk: anything, not only well-formed events: a peer that is not a real API
+        server), then ends cleanly (``end``) or goes on as a normal watch from its resourceVersion.
+        Until :meth:`clear_faults`."""
+        with self._cond:
+            self._watch_raw[kind] = (list(chunks), end)
+
     def clear_faults(self) -> None:
         with self._cond:
             self._faults.clear()
             self._watch_errors.clear()
             self._watch_ends.clear()
+            self._watch_raw.clear()
 
     def watch_count(self, kind: str | None = None) -> int:
         """How many watch requests were made (optionally for one kind)."""
@@ -839,10 +850,12 @@ class _Handler(BaseHTTPRequestHandler):
         kube = self.kube
         sock = self.connection
 
-        def write(ev: Obj) -> None:
-            data = json.dumps(ev).encode() + b"\n"
+        def write_raw(data: bytes) -> None:
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.flush()
+
+        def write(ev: Obj) -> None:
+            write_raw(json.dumps(ev).encode() + b"\n")
 
         keep = False
         with kube._cond:
@@ -855,7 +868,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             self.wfile.flush()
-            keep = kube._watch_events(kind, ns, q, write)
+            with kube._cond:
+                raw, end = kube._watch_raw.get(kind, ([], False))
+            for data in raw:
+                write_raw(data)
+            keep = True if end else kube._watch_events(kind, ns, q, write)
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except OSError:
