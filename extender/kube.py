@@ -21,6 +21,9 @@ Why this shape:
   A watch the server ends cleanly in under ``short_watch_s`` (1 s) without any event is a failure
   too, as client-go's reflector has it ("very short watch"): a misbehaving API server or proxy
   that closes every watch at once would otherwise have it re-opened straight away, forever.
+  One that ends that soon *with* events is no failure, but the next watch of the kind still
+  waits until ``short_watch_s`` after it opened: a peer that sends one bookmark and ends every
+  watch does not make the feeder loop either.
 - Everything the model holds is rebuilt from the API server (node inventory annotations/labels,
   pod allocation annotations): a restarted extender gets the very same model.
 
@@ -885,6 +888,12 @@ class KubeFeeder:
         self._healthy(st)
         with self._lock:
             st.gone_streak = 0
+        if lasted < self.short_watch_s:
+            # Over at once, yet with events: not a failure (it delivered), but a server that does
+            # it every time (one bookmark, then the end) must not have the watch re-opened in a
+            # loop. client-go is held to 5 requests a second by its client's rate limiter; this is
+            # one watch a kind per short_watch_s at most, while it goes on.
+            self._stop.wait(self.short_watch_s - lasted)
 
     def _event(self, st: StreamState, type_: str | None, obj: Any) -> None:
         """Apply one watch event. An event that cannot be applied as a whole (a type other than

@@ -66,3 +66,27 @@ def test_an_event_the_feeder_cannot_apply_fails_the_stream_and_its_resource_vers
                                  annotations={ALLOCATION_ANNOTATION: rec("n1", 0)}))
     kube.wait_for(lambda: p["metadata"]["uid"] in f.model.allocations)
     kube.wait_for(lambda: f.ready()[0] and st.failures == 0)
+
+
+def test_watches_that_end_at_once_after_an_event_are_paced_not_reopened_in_a_loop(kube, feeders):
+    """A watch the server ends cleanly at once *with* an event (one bookmark, then the end, every
+    time: a proxy or a peer that is not an API server) was re-opened straight away, forever (~24
+    watch requests a second against the fake API server, on the decision process's GIL), where
+    one without an event is backed off as a failure. client-go's reflector is held to 5 requests a
+    second by its client's rate limiter; the feeder has none. Now a watch that lasted under
+    ``short_watch_s`` is not followed by the next one before ``short_watch_s`` since it opened:
+    not a failure (it delivered), just not a loop."""
+    kube.create_node(inv_node("n1", [80]))
+    f = started(kube, feeders, short_watch_s=5.0)
+    st = f.streams[NODES]
+    bookmark = line({"type": "BOOKMARK", "object": {"kind": "Node",
+                                                    "metadata": {"resourceVersion": str(kube.resource_version)}}})
+    kube.raw_watches("nodes", [bookmark])
+    kube.drop_watches("nodes")
+    events = st.events
+    kube.wait_for(lambda: st.events > events)          # the first such watch came and went
+    before = kube.watch_count("nodes")
+    time.sleep(1.0)
+    assert kube.watch_count("nodes") - before <= 1     # at most one more in the second that follows
+    assert st.failures == 0 and f.ready()[0]
+    kube.clear_faults()
