@@ -90,3 +90,39 @@ def test_watches_that_end_at_once_after_an_event_are_paced_not_reopened_in_a_loo
     assert kube.watch_count("nodes") - before <= 1     # at most one more in the second that follows
     assert st.failures == 0 and f.ready()[0]
     kube.clear_faults()
+
+
+def test_a_terminating_pod_holds_its_card_until_it_is_gone(kube, feeders):
+    """A pod being deleted (``deletionTimestamp`` set, its containers stopping) still holds its
+    card, as kube-scheduler counts it, until the API server deletes it or it ends (Succeeded or
+    Failed): freed earlier, the card went to a new pod while the old one still ran on it."""
+    kube.create_node(inv_node("n1", [80, 80]))
+    p = kube.create_pod(make_pod("p", gpus=1, node="n1", phase="Running",
+                                 annotations={ALLOCATION_ANNOTATION: rec("n1", 0)}))
+    f = started(kube, feeders)
+    uid = p["metadata"]["uid"]
+    kube.patch_pod("default", "p", {"metadata": {"deletionTimestamp": "2024-01-01T00:00:00Z",
+                                                 "deletionGracePeriodSeconds": 30}})
+    kube.create_pod(make_pod("marker"))     # events come in order: once its copy is kept, the patch was applied
+    kube.wait_for(lambda: f.pending_pod("default", "marker") is not None)
+    assert uid in f.model.allocations and row(f.model, "n1")["pods"] == [1, 0]
+    kube.delete_pod("default", "p")
+    kube.wait_for(lambda: uid not in f.model.allocations)
+    assert row(f.model, "n1")["pods"] == [0, 0]
+
+
+def test_a_node_deleted_under_its_pods_and_added_again_has_their_cards_still_held(kube, feeders):
+    """A Node object deleted while its pods run (``kubectl delete node``; the kubelet registers it
+    again within seconds, and the pods live on unless the pod garbage collector is quicker): the
+    pods' records stay in the model, and the node that comes back has their cards held, not
+    free for a second pod."""
+    kube.create_node(inv_node("n1", [80, 80]))
+    p = kube.create_pod(make_pod("p", gpus=1, node="n1", phase="Running",
+                                 annotations={ALLOCATION_ANNOTATION: rec("n1", 1)}))
+    f = started(kube, feeders)
+    kube.delete_node("n1")
+    kube.wait_for(lambda: "n1" not in f.model.index)
+    assert p["metadata"]["uid"] in f.model.allocations
+    kube.create_node(inv_node("n1", [80, 80]))
+    kube.wait_for(lambda: "n1" in f.model.index)
+    assert row(f.model, "n1")["pods"] == [0, 1] and row(f.model, "n1")["mem_free"] == [80 * GiB, 0]

@@ -121,7 +121,7 @@ def test_record_of_a_pod_not_bound_holds_no_cards_and_a_bound_one_does(kube, fee
     f = started(kube, feeders)
     kube.patch_pod("default", "p", {"metadata": {"annotations": {ALLOCATION_ANNOTATION: rec("n1", [(0, 10 * GiB, 0)])}}})
     kube.create_pod(make_pod("marker"))
-    kube.wait_for(lambda: f.get_pod("default", "marker") is not None)    # the record's event came before
+    kube.wait_for(lambda: f.pending_pod("default", "marker") is not None)    # the record's event came before
     assert p["metadata"]["uid"] not in f.model.allocations
     assert row(f.model, "n1")["mem_free"] == [40 * GiB]
     # a fresh extender (restart, failover) does not count it either
@@ -145,7 +145,7 @@ def test_unannotated_allocation_made_by_bind_is_not_dropped_by_the_feed(kube, fe
     f.model.assign(p["metadata"]["uid"], "default/p", "n1", [0], GpuRequest(mem_mib=10 * GiB), check=True)
     kube.patch_pod("default", "p", {"metadata": {"labels": {"x": "y"}}})
     kube.create_pod(make_pod("marker"))
-    kube.wait_for(lambda: f.get_pod("default", "marker") is not None)
+    kube.wait_for(lambda: f.pending_pod("default", "marker") is not None)
     assert p["metadata"]["uid"] in f.model.allocations
 
 
@@ -172,7 +172,7 @@ def test_resume_from_last_resource_version_without_relist_or_duplicates(kube, fe
     # The pod cache is updated before the event is counted (KubeFeeder._event): wait for both,
     # or the count is read in between (this test's rare flake under load). Events arrive in
     # order on one stream, so once "after" is counted any duplicate before it was counted too.
-    kube.wait_for(lambda: f.get_pod("default", "after") is not None and st.events >= events_before + 5)
+    kube.wait_for(lambda: f.pending_pod("default", "after") is not None and st.events >= events_before + 5)
     assert st.events == events_before + 5
 
 
