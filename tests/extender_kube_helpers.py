@@ -40,6 +40,16 @@ def new_feeder(kube: FakeKube, model: ClusterModel | None = None, **kw) -> KubeF
     return KubeFeeder(model if model is not None else ClusterModel(), kube.api_client(), **opts)
 
 
+def started(kube: FakeKube, feeders: list, **kw) -> KubeFeeder:
+    """A feeder on ``kube`` (``new_feeder(**kw)``), started, stopped by the ``feeders`` fixture,
+    once ready (both first lists applied)."""
+    f = new_feeder(kube, **kw)
+    feeders.append(f)
+    f.start()
+    kube.wait_for(lambda: f.ready()[0])
+    return f
+
+
 def row(model: ClusterModel, node: str) -> dict:
     """One node's card state by name (slot numbers differ between models)."""
     with model.lock:

@@ -12,7 +12,7 @@ import logging
 import time
 
 import pytest
-from extender_kube_helpers import FakeClock, feeders, inv_node, kube, make_pod, new_feeder, row  # noqa: F401
+from extender_kube_helpers import feeders, inv_node, kube, make_pod, row, started  # noqa: F401
 
 from extender.kube import NODES, PODS
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, encode_allocation
@@ -28,13 +28,6 @@ def rec(node: str, k: int) -> str:
 def line(event: dict) -> bytes:
     return json.dumps(event).encode() + b"\n"
 
-
-def started(kube, feeders, **kw):
-    f = new_feeder(kube, **kw)
-    feeders.append(f)
-    f.start()
-    kube.wait_for(lambda: f.ready()[0])
-    return f
 
 
 @pytest.mark.parametrize("event", [

@@ -6,7 +6,7 @@ import time
 
 import pytest
 from extender_kube_helpers import (FakeClock, FakeKube, feeders, gfd_node, inv_node, kube, make_node,  # noqa: F401
-                                   make_pod, new_feeder, row)
+                                   make_pod, new_feeder, row, started)
 
 from extender.kube import NODES, PODS, JitteredBackoff
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, encode_allocation
@@ -21,13 +21,6 @@ def rec(node: str, shares: list[tuple[int, int, int]], whole: bool = False) -> s
 
 
 
-
-def started(kube, feeders, **kw):
-    f = new_feeder(kube, **kw)
-    feeders.append(f)
-    f.start()
-    kube.wait_for(lambda: f.ready()[0])
-    return f
 
 
 def test_initial_list_builds_model_from_annotation_gfd_and_allocatable(kube, feeders, caplog):
