@@ -56,8 +56,9 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 @click.option("--kube-api", envvar="STOWAGE_KUBE_API", default=None,
               help="API server URL (e.g. kubectl proxy); default: in-cluster config, else kubeconfig.")
 @click.option("--no-kube", is_flag=True, help="Run without the API server: no inventory, Allocate refuses.")
-@click.option("--log-level", envvar="STOWAGE_LOG_LEVEL", default="INFO",
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--log-level", envvar="STOWAGE_LOG_LEVEL", show_envvar=True, default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              help="INFO: the cards found, registration, one line per Allocate; WARNING: only what went wrong.")
 def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple[str, ...],
          ignored_xids: tuple[frozenset[int], bool],
          recovery_quiet_seconds: float, probe_interval_seconds: float, dev_root: str, pod_resources_socket: str,

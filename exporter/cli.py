@@ -43,8 +43,10 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 @click.option("--recovery-quiet-seconds", envvar="STOWAGE_RECOVERY_QUIET_SECONDS", type=click.FloatRange(min=0),
               default=120.0, help="An unhealthy card quiet this long and passing its probe is healthy again "
                                   "(env STOWAGE_RECOVERY_QUIET_SECONDS, as for the device plugin).")
-@click.option("--log-level", envvar="STOWAGE_LOG_LEVEL", default="INFO",
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--log-level", envvar="STOWAGE_LOG_LEVEL", show_envvar=True, default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              help="INFO: start, and each source or card that fails (once) and answers again; "
+                   "WARNING: only what went wrong.")
 def main(port: int, listen_address: str, node_name: str, pod_resources_socket: str, pod_logs_dir: str,
          kubelet_checkpoint: str, proc_root: str, cache_seconds: float, ignored_xids: tuple[frozenset[int], bool],
          recovery_quiet_seconds: float, log_level: str) -> None:

@@ -405,7 +405,8 @@ def _check_learned_configmap(ctx: click.Context, param: click.Parameter, value: 
                    "Kube mode: MiB of what a pod list keeps of each pod until its end, to show its pods to the "
                    "placers in creation order. Past it they are shown in batches, in creation order only within "
                    "each: what the placers learned may differ from the running extender's until its next rebuild.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+@click.option("--log-level", envvar="STOWAGE_LOG_LEVEL", show_envvar=True,
+              type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="info",
               show_default=True, help="info: the model's source at start, one line per bind (pod, node, cards), "
                                       "feed and refusal warnings; warning: only what went wrong.")
 @after_parsing(_check_serve)

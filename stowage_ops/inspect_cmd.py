@@ -219,7 +219,8 @@ def _check_inspect(ctx: click.Context) -> None:
               help="Pod shape that counts for fragmentation (repeatable; grammar as in `stowage plan --shape`). "
                    "Default: the shapes running now, plus one whole GPU.")
 @click.option("--cards/--no-cards", default=True, show_default=True, help="Also print the per-card table.")
-@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="table: for people; json: the same facts for scripts (per-pod and per-node errors included).")
 @after_parsing(_check_inspect)
 def inspect(source: Source, learn: LearnFrom, learned: bool, nodes: tuple[str, ...], typical: list[Shape],
             cards: bool, output: str) -> None:

@@ -91,3 +91,33 @@ def test_extender_help_shows_how_to_start_and_what_log_level_does():
     assert "stowage extender --in-cluster" in out
     level = out[out.index("--log-level"):]
     assert "bind" in level.split("-h, --help")[0]
+
+
+@pytest.mark.parametrize("env,args,level", [
+    ({"STOWAGE_LOG_LEVEL": "WARNING"}, [], "warning"),   # as the node agents read it
+    ({}, ["--log-level", "DEBUG"], "debug"),            # the node agents' spelling
+    ({"STOWAGE_LOG_LEVEL": "error"}, ["--log-level", "info"], "info"),   # the flag wins
+])
+def test_the_extender_reads_its_log_level_as_the_node_agents_do(monkeypatch, env, args, level):
+    """The device plugin and the exporter take --log-level or STOWAGE_LOG_LEVEL, in any case; the
+    extender took only the flag, in lower case, so one ConfigMap of settings could not serve all."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    ctx = extender_cli.serve.make_context("extender", ["--simulated", "builtin", *args])
+    assert ctx.params["log_level"] == level
+
+
+def test_every_option_of_every_subcommand_says_what_it_does():
+    """`--help` that helps: `-o/--output` of inspect and plan and the node agents' `--log-level`
+    showed only their choices."""
+    import importlib
+
+    import click
+
+    from stowage.cli import SUBCOMMANDS
+    silent = []
+    for name, (target, _) in SUBCOMMANDS.items():
+        module, attr = target.split(":")
+        cmd = getattr(importlib.import_module(module), attr)
+        silent += [f"{name} {p.opts[0]}" for p in cmd.params if isinstance(p, click.Option) and not p.help]
+    assert silent == []
