@@ -344,9 +344,9 @@ class NvmlReader:
         with it, NVML would answer nothing until the clock caught up (every pod 0 % busy, maybe for
         hours). So a newest timestamp later than now is forgotten (NVML then answers every sample
         it keeps), and a sample stamped later than now was taken before the step and counted then."""
-        now_us = _wall_clock_us()
+        future = _wall_clock_us() + _CLOCK_SLACK_US   # a timestamp past this predates a step back
         since = self._proc.last_ts.get(uuid, 0)
-        if since > now_us + _CLOCK_SLACK_US:
+        if since > future:
             since = 0
         try:
             samples = pynvml.nvmlDeviceGetProcessUtilization(h, since)
@@ -360,7 +360,7 @@ class NvmlReader:
         sums: dict[int, list[float]] = {}
         newest = since
         for s in samples:
-            if int(s.timeStamp) > now_us + _CLOCK_SLACK_US:
+            if int(s.timeStamp) > future:
                 continue   # stamped before the clock was stepped back
             acc = sums.setdefault(int(s.pid), [0.0, 0])
             acc[0] += float(s.smUtil)

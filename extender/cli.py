@@ -308,17 +308,12 @@ def _check_serve(ctx: click.Context) -> None:
                                    "(--kubeconfig / --in-cluster); a simulated cluster has no API server", ctx)
 
 
-def _learned_at(value: str) -> tuple[str, str] | None:
-    """--learned-configmap's (namespace, name), or None for off (ValueError with a clear message)."""
-    return parse_location(value, os.environ.get("POD_NAMESPACE") or DEFAULT_PAST_NAMESPACE)
-
-
-def _check_learned_configmap(ctx: click.Context, param: click.Parameter, value: str) -> str:
+def _learned_configmap(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, str] | None:
+    """--learned-configmap, read while parsing: its (namespace, name), or None for off."""
     try:
-        _learned_at(value)
+        return parse_location(value, os.environ.get("POD_NAMESPACE") or DEFAULT_PAST_NAMESPACE)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    return value
 
 
 @click.command("extender", cls=CheckedCommand)
@@ -379,7 +374,7 @@ def _check_learned_configmap(ctx: click.Context, param: click.Parameter, value: 
 @click.option("--timeout", type=click.IntRange(5), default=60, show_default=True,
               help="Seconds a request may run before gunicorn restarts the worker.")
 @click.option("--learned-configmap", default=DEFAULT_PAST_NAME, show_default=True, metavar="[NAMESPACE/]NAME|off",
-              callback=_check_learned_configmap,
+              callback=_learned_configmap,
               help="Kube mode: the ConfigMap that keeps what the placers learned from deleted pods, so a "
                    "restart of every replica does not lose it (read at start, written while running). "
                    "Namespace: $POD_NAMESPACE, else stowage-system. The extender's RBAC must allow get, "
@@ -415,7 +410,7 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
           kubeconfig: str | None, in_cluster: bool, default_node_policy: str, default_card_policy: str,
           memory_unit_mib: int, max_body_mib: int, metrics_bind: str | None, record_key_file: str | None,
           scheduler_names: tuple[str, ...], stale_after_s: float, client_timeout: float, timeout: int,
-          log_level: str, filter_keeps: str, learned_configmap: str, learned_interval_s: float,
+          log_level: str, filter_keeps: str, learned_configmap: tuple[str, str] | None, learned_interval_s: float,
           pod_cache_mib: int, learned_pods_mib: int, pending_pods_mib: int, list_learn_mib: int) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, /healthz, /readyz, /metrics).
 
@@ -451,14 +446,13 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
         except Exception as exc:  # e.g. a kubeconfig that is not YAML
             raise click.ClickException(f"cannot load the Kubernetes configuration: {exc}") from None
         load_trust(record_key_file, memory_unit_mib, scheduler_names)   # an unusable key file: here, one line
-    past_at = _learned_at(learned_configmap)   # its form was checked while parsing
     cfg = ServeConfig(url_prefix=url_prefix, cluster=cluster, kubeconfig=kubeconfig, in_cluster=in_cluster,
                       default_policy=PodPolicy(node=default_node_policy, card=default_card_policy),
                       memory_unit_mib=memory_unit_mib, max_body_bytes=max_body_mib << 20,
                       metrics_bind=metrics_bind, record_key_file=record_key_file,
                       scheduler_names=tuple(scheduler_names), stale_after_s=stale_after_s,
                       filter_keeps=filter_keeps,
-                      learned_configmap=past_at,
+                      learned_configmap=learned_configmap,
                       learned_interval_s=learned_interval_s,
                       pod_cache_bytes=pod_cache_mib << 20, learned_bytes=learned_pods_mib << 20,
                       pending_bytes=pending_pods_mib << 20, list_learn_bytes=list_learn_mib << 20)

@@ -58,6 +58,12 @@ class OperatorCommand(CheckedCommand):
             return super().invoke(ctx)
 
 
+# ``-o/--output`` of the operator commands: the same two forms, said alike.
+output_option = click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True,
+                             help="table: for people; json: the same facts for scripts (per-pod and per-node errors "
+                                  "included).")
+
+
 def say(text: str = "", err: bool = False) -> None:
     """``click.echo`` for text that may carry what pod authors and node owners wrote: its control
     characters (escape sequences, carriage returns) are shown as '?', its new lines kept."""

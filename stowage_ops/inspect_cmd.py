@@ -16,7 +16,7 @@ from packing.model import ClusterModel
 from packing.stranded import typical_one_gpu_host_request, stranded_per_node, why_stranded
 from stowage.clickcheck import after_parsing
 from stowage_ops.cluster_source import (LearnFrom, LiveFacts, OperatorCommand, Source, cluster_options,
-                                        learn_options, load, say, shapes_option)
+                                        learn_options, load, output_option, say, shapes_option)
 from stowage_ops.planning import Learned, Shape, fragmentation, iter_nodes
 from stowage.resources import CORE_MILLI_PER_CARD, fmt_mib
 from stowage.textable import render
@@ -219,8 +219,7 @@ def _check_inspect(ctx: click.Context) -> None:
               help="Pod shape that counts for fragmentation (repeatable; grammar as in `stowage plan --shape`). "
                    "Default: the shapes running now, plus one whole GPU.")
 @click.option("--cards/--no-cards", default=True, show_default=True, help="Also print the per-card table.")
-@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="table: for people; json: the same facts for scripts (per-pod and per-node errors included).")
+@output_option
 @after_parsing(_check_inspect)
 def inspect(source: Source, learn: LearnFrom, learned: bool, nodes: tuple[str, ...], typical: list[Shape],
             cards: bool, output: str) -> None:

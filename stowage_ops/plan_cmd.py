@@ -15,7 +15,7 @@ import click
 
 from stowage.clickcheck import after_parsing
 from stowage_ops.cluster_source import (LearnFrom, LiveFacts, OperatorCommand, Source, cluster_options,
-                                        learn_options, load, say, shapes_option)
+                                        learn_options, load, output_option, say, shapes_option)
 from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, Learned, PreemptPlan, Shape,
                               capacity, drain_plan, placer_names, preemption_plan, unmatched_models)
 from stowage.textable import render
@@ -124,8 +124,7 @@ def _check_plan(ctx: click.Context) -> None:
 @click.option("--max-nodes", type=click.IntRange(min=1), default=None, help="With --drain: empty at most this many nodes.")
 @click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="Nodes listed per shape.")
 @learn_options
-@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="table: for people; json: the same facts for scripts (per-pod and per-node errors included).")
+@output_option
 @after_parsing(_check_plan)
 def plan(source: Source, shapes: list[Shape], drain: bool, preempt_shapes: list[Shape],
          priority: int | None, placer: str, limit: int, any_model: bool, max_nodes: int | None, top: int,

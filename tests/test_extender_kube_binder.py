@@ -215,7 +215,7 @@ def test_restart_rebuilds_exactly_the_same_model(kube):
         model.release(loser["metadata"]["uid"])  # the service releases its reservation on BindError
         kube.wait_for(lambda: uids["gone"] not in model.allocations and uids["finished"] not in model.allocations)
         kube.create_pod(make_pod("marker"))
-        kube.wait_for(lambda: first.get_pod("default", "marker") is not None)  # feed caught up
+        kube.wait_for(lambda: first.pending_pod("default", "marker") is not None)  # feed caught up (no GET)
         before = _snapshot(model)
     finally:
         first.stop()

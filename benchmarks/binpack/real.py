@@ -69,9 +69,9 @@ from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
 from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
 
 from ..entry import NOT_WRITTEN, run_command
-from ..cliargs import CheckedParser, HelpFormatter, name_list, positive_number, whole_number
+from ..cliargs import CheckedParser, HelpFormatter, name_list, parse_seeds, positive_number, whole_number
 from ..progress import progress_bar
-from .cli import load_replay, parse_seeds
+from .cli import load_replay
 from .runstore import code_version
 from .replay import CARD_MEMORY, INFLATE, SeedRun, arrival_order, binned, replay
 from .report import TABLE_POINTS, PolicyResult, format_table
