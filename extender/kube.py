@@ -268,6 +268,18 @@ def api_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def retry_after_s(exc: BaseException) -> int | None:
+    """The seconds an API error's ``Retry-After`` header asks for, on a 429 or a 5xx (as client-go
+    reads it: a whole number of seconds, nothing else), else None. kube-apiserver's priority and
+    fairness sheds load with 429 and ``Retry-After``; coming back sooner only adds to the load."""
+    if not isinstance(exc, ApiException) or not (exc.status == 429 or (exc.status or 0) >= 500):
+        return None
+    value = (exc.headers or {}).get("Retry-After")
+    if value is None or not str(value).strip().isdigit():
+        return None
+    return int(str(value).strip())
+
+
 def resource_expired(exc: ApiException) -> bool:
     """The Status's reason is ``Expired`` (:func:`stowage.kubelist.expired`). The HTTP reason
     phrase (``exc.reason``) is not it."""
@@ -635,6 +647,11 @@ class KubeFeeder:
             if first_short:
                 st.short_said = True
         delay = self.backoff.delay(n)
+        asked = retry_after_s(exc)
+        if asked is not None:
+            # No sooner than the server asks; no later than the back-off's ceiling, whatever a
+            # peer writes there (the stream's failing time, and so /readyz, counts on meanwhile).
+            delay = max(delay, min(float(asked), self.backoff.max_s))
         if isinstance(exc, ShortWatch):
             # Said once per failure streak: the server may do it to every watch, for hours.
             log.log(logging.WARNING if first_short else logging.DEBUG,

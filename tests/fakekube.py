@@ -87,9 +87,10 @@ CONTINUE_EXPIRED = ("The provided continue parameter is too old to display a con
 class ApiError(Exception):
     """An error answer: HTTP status + Kubernetes Status reason."""
 
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.code, self.reason, self.message = code, reason, message
+        self.headers = headers or {}
 
 
 def status_obj(code: int, reason: str, message: str) -> Obj:
@@ -207,6 +208,7 @@ class _Fault:
     path_re: re.Pattern | None
     method: str | None
     reason: str | None = None   # the Status's reason (None: InternalError for 5xx, else Injected)
+    headers: dict[str, str] | None = None  # sent with the error (e.g. Retry-After)
 
 
 def kubeconfig_file(directory: Any, server: str) -> str:
@@ -454,11 +456,12 @@ class FakeKube:
             self._cond.notify_all()
 
     def fail_next(self, n: int = 1, status: int = 500, path: str | None = None, method: str | None = None,
-                  reason: str | None = None) -> None:
+                  reason: str | None = None, headers: dict[str, str] | None = None) -> None:
         """The next ``n`` requests whose path matches the regex ``path`` (and ``method``) fail with
-        ``status``, and a Status of that ``reason`` (e.g. 410 ``Gone``, not ``Expired``)."""
+        ``status``, and a Status of that ``reason`` (e.g. 410 ``Gone``, not ``Expired``), sent with
+        ``headers`` (e.g. ``Retry-After``, as kube-apiserver's priority and fairness does with 429)."""
         with self._cond:
-            self._faults.append(_Fault(n, status, re.compile(path) if path else None, method, reason))
+            self._faults.append(_Fault(n, status, re.compile(path) if path else None, method, reason, headers))
 
     def error_watches(self, kind: str, code: int = 500, reason: str = "InternalError",
                       message: str = "Internal error occurred: unable to transform key") -> None:
@@ -756,9 +759,11 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     # -------------------------------------------------------------- plumbing
-    def _send_json(self, code: int, obj: Obj) -> None:
+    def _send_json(self, code: int, obj: Obj, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(obj).encode()
         self.send_response(code)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -787,14 +792,14 @@ class _Handler(BaseHTTPRequestHandler):
             if fault is not None:
                 reason = fault.reason if fault.reason is not None else \
                     "InternalError" if fault.status >= 500 else "Injected"
-                raise ApiError(fault.status, reason, f"injected failure ({fault.status})")
+                raise ApiError(fault.status, reason, f"injected failure ({fault.status})", fault.headers)
             for rx, route in _PATHS:
                 m = rx.match(parts.path)
                 if m:
                     return self._route(route, method, m.groups(), q, body)
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({parts.path})")
         except ApiError as e:
-            self._send_json(e.code, status_obj(e.code, e.reason, e.message))
+            self._send_json(e.code, status_obj(e.code, e.reason, e.message), e.headers)
         except (BrokenPipeError, ConnectionResetError):
             pass
 

@@ -654,3 +654,36 @@ def test_learning_makes_of_the_learn_copy_what_it_makes_of_the_pod(i):
         whole.forget_learned("u1")                     # the shape each remembered for the uid
         copied.forget_learned("u1")
         assert list(copied.departed_snapshot().items()) == list(whole.departed_snapshot().items())
+
+
+def _retry_delays(caplog: pytest.LogCaptureFixture, kind: str) -> list[float]:
+    """The delays the feeder said it would wait after each failed request of ``kind``."""
+    import re
+    return [float(m.group(1)) for r in caplog.records
+            if r.getMessage().startswith(f"{kind} ") and (m := re.search(r"retrying in ([0-9.]+)s", r.getMessage()))]
+
+
+@pytest.mark.parametrize("retry_after, waits", [
+    ("2", 2.0),          # the API server's priority and fairness shed the request: wait as it asks
+    ("100000", 3.0),     # a peer asking for a day: held to the back-off's ceiling (backoff_max_s)
+    ("soon", None),      # not a number of seconds: the usual back-off
+])
+def test_a_429_is_retried_no_sooner_than_its_retry_after_says(kube, feeders, caplog, retry_after, waits):
+    """kube-apiserver sheds load with 429 and ``Retry-After`` (API priority and fairness), and
+    client-go waits that long before it asks again; a feeder that came back after its own few
+    milliseconds only added to the load it was asked to take away."""
+    kube.create_node(inv_node("n1", [80]))
+    kube.fail_next(1, status=429, path="^/api/v1/nodes$", method="GET", reason="TooManyRequests",
+                   headers={"Retry-After": retry_after})
+    f = new_feeder(kube, backoff_max_s=3.0)
+    feeders.append(f)
+    with caplog.at_level(logging.WARNING, logger="stowage.kube"):
+        f.start()
+        kube.wait_for(lambda: _retry_delays(caplog, "nodes"))
+    [delay] = _retry_delays(caplog, "nodes")
+    if waits is None:
+        assert delay < 0.01   # backoff_base_s (0.01), jittered
+    else:
+        assert delay == waits
+    assert "429" in caplog.text
+    kube.wait_for(lambda: f.ready()[0])
