@@ -247,6 +247,11 @@ class UnusableEvent(ValueError):
 _EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
 
 
+class WatchOverran(Exception):
+    """A watch still open ``watch_overrun_s`` after the ``timeoutSeconds`` it was asked to end at:
+    cut, counted as a failure, and re-opened from the last resourceVersion."""
+
+
 class ShortWatch(Exception):
     """The API server ended a watch cleanly, at once, without an event: taken as a failure (backed
     off), as client-go's reflector does, rather than as the clean end of a working stream."""
@@ -401,6 +406,10 @@ class KubeFeeder:
     ``short_watch_s``: a watch the server ends cleanly sooner than this, without an event, is a
     failure (client-go's "very short watch"), so a server that closes every watch at once is not
     asked again straight away, every time.
+    ``watch_overrun_s``: how long past its server-side timeout a watch may stay open before it is
+    cut and re-opened (a failure): a peer that sends a byte now and then, never a whole event,
+    passes every read timeout and would otherwise hold the watch, and freeze the model, for as
+    long as it went on.
     ``page_size``: objects per list request (client-go's 500): a list's peak memory is a page's,
     not the cluster's. ``page_bytes``: the JSON one list response may take before it is asked
     for again with fewer objects (:class:`~stowage.kubelist.PageSizer`).
@@ -417,7 +426,7 @@ class KubeFeeder:
                  backoff_max_s: float = 30.0, request_timeout_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
                  trust: RecordTrust | None = None, open_grace_s: float = 5.0,
-                 short_watch_s: float = 1.0, page_size: int = LIST_PAGE_SIZE, page_bytes: int = LIST_PAGE_BYTES,
+                 short_watch_s: float = 1.0, watch_overrun_s: float = 30.0, page_size: int = LIST_PAGE_SIZE, page_bytes: int = LIST_PAGE_BYTES,
                  pending_entries: int = PENDING_ENTRIES, pending_bytes: int = PENDING_BYTES,
                  list_learn_bytes: int = LIST_LEARN_BYTES, list_learn_flag: str = "") -> None:
         self.model = model
@@ -440,6 +449,7 @@ class KubeFeeder:
         self.stale_after_s = stale_after_s
         self.open_grace_s = open_grace_s
         self.short_watch_s = short_watch_s
+        self.watch_overrun_s = watch_overrun_s
         self.request_timeout_s = request_timeout_s
         self.clock = clock
         self.rng = rng or random.Random()
@@ -634,7 +644,7 @@ class KubeFeeder:
                     break
 
     def _failed(self, st: StreamState, exc: BaseException) -> float:
-        msg = str(exc) if isinstance(exc, ShortWatch) else api_message(exc)
+        msg = str(exc) if isinstance(exc, (ShortWatch, WatchOverran)) else api_message(exc)
         now = self.clock()
         with self._lock:
             st.failures += 1
@@ -877,6 +887,17 @@ class KubeFeeder:
         started = time.monotonic()
         seen = 0
         ended = False
+        # The read timeout ends a watch whose peer sends nothing; this ends one whose peer sends
+        # bytes that make no event (each read succeeds): asked to end after ``timeout``, a watch
+        # still open ``watch_overrun_s`` later is cut (its socket shut down under the reader).
+        overran = threading.Event()
+
+        def cut() -> None:
+            overran.set()
+            w.stop()
+        limit = threading.Timer(timeout + self.watch_overrun_s, cut)
+        limit.daemon = True
+        limit.start()
         try:
             for ev in w.stream(fn, resource_version=st.rv, timeout_seconds=timeout, allow_watch_bookmarks=True,
                                _request_timeout=(self.request_timeout_s, timeout + 30)):
@@ -889,7 +910,12 @@ class KubeFeeder:
             if exc.status == 410:
                 raise Gone(api_message(exc)) from exc
             raise
+        except Exception:
+            if overran.is_set():
+                raise self._overran(timeout) from None
+            raise
         finally:
+            limit.cancel()
             self._watches.pop(st.kind, None)
             lasted = time.monotonic() - started
             short = ended and seen == 0 and lasted < self.short_watch_s
@@ -899,6 +925,8 @@ class KubeFeeder:
                 st.open_since = None
         if self._stop.is_set():
             return
+        if overran.is_set():
+            raise self._overran(timeout)
         if short:
             raise ShortWatch(f"the API server ended the watch cleanly after {lasted:.2f}s without an event "
                              f"(a very short watch)")
@@ -911,6 +939,11 @@ class KubeFeeder:
             # loop. client-go is held to 5 requests a second by its client's rate limiter; this is
             # one watch a kind per short_watch_s at most, while it goes on.
             self._stop.wait(self.short_watch_s - lasted)
+
+    def _overran(self, timeout: int) -> WatchOverran:
+        return WatchOverran(f"the watch was still open {self.watch_overrun_s:g}s after the timeoutSeconds={timeout} it "
+                            f"was asked to end at (the API server, or a proxy before it, kept it open without "
+                            f"whole events); it was cut and is re-opened")
 
     def _event(self, st: StreamState, type_: str | None, obj: Any) -> None:
         """Apply one watch event. An event that cannot be applied as a whole (a type other than

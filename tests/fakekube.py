@@ -256,6 +256,7 @@ class FakeKube:
         self._watch_errors: dict[str, Obj] = {}   # kind -> Status every new watch of it ends with
         self._watch_ends: set[str] = set()        # kinds whose new watches end at once, cleanly, with no event
         self._watch_raw: dict[str, tuple[list[bytes], bool]] = {}   # kind -> (raw chunks first, end after them)
+        self._watch_trickle: dict[str, float] = {}   # kind -> seconds between the bytes of a line that never ends
         self._closed = False
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -486,8 +487,18 @@ class FakeKube:
         with self._cond:
             self._watch_raw[kind] = (list(chunks), end)
 
+    def trickle_watches(self, kind: str, every_s: float = 0.05) -> None:
+        """Every new watch of ``kind`` is accepted (HTTP 200), then sends one space every
+        ``every_s``, never a newline, whatever its ``timeoutSeconds`` (a peer that keeps a
+        connection alive with bytes that are no event: each read succeeds, so no read timeout
+        ever fires), until the client closes it. Until :meth:`clear_faults` (then the watches
+        open meanwhile end cleanly)."""
+        with self._cond:
+            self._watch_trickle[kind] = every_s
+
     def clear_faults(self) -> None:
         with self._cond:
+            self._watch_trickle.clear()
             self._faults.clear()
             self._watch_errors.clear()
             self._watch_ends.clear()
@@ -877,6 +888,14 @@ class _Handler(BaseHTTPRequestHandler):
                 raw, end = kube._watch_raw.get(kind, ([], False))
             for data in raw:
                 write_raw(data)
+            with kube._cond:
+                trickle = kube._watch_trickle.get(kind)
+            while trickle is not None:
+                write_raw(b" ")
+                time.sleep(trickle)
+                with kube._cond:
+                    trickle = kube._watch_trickle.get(kind)
+                end = True
             keep = True if end else kube._watch_events(kind, ns, q, write)
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()

@@ -687,3 +687,23 @@ def test_a_429_is_retried_no_sooner_than_its_retry_after_says(kube, feeders, cap
         assert delay == waits
     assert "429" in caplog.text
     kube.wait_for(lambda: f.ready()[0])
+
+
+def test_a_watch_kept_open_past_its_timeout_by_bytes_that_are_no_event_is_cut_and_reopened(kube, feeders):
+    """A peer that keeps a watch alive with a byte now and then, never a whole event, passes every
+    read timeout: before, the watch thread waited on it for as long as it went on, the model
+    froze, and /readyz said so after the silence limit, but nothing re-opened the watch. A
+    watch is asked to end after ``timeoutSeconds``; one still open ``watch_overrun_s`` later is
+    cut, counted as a failure, and re-opened from the last resourceVersion."""
+    kube.create_node(inv_node("n1", [80]))
+    f = started(kube, feeders, watch_timeout_s=1)
+    f.watch_overrun_s = 0.5          # set after construction: the test means the behaviour, not the parameter
+    kube.trickle_watches("nodes", every_s=0.05)
+    kube.drop_watches("nodes")       # the open watch ends; the next ones trickle
+    st = f.streams[NODES]
+    kube.wait_for(lambda: st.errors >= 2, timeout=30)
+    assert "timeoutSeconds" in st.last_error
+    kube.clear_faults()
+    kube.create_node(inv_node("n2", [24]))
+    kube.wait_for(lambda: "n2" in f.model.index, timeout=30)
+    kube.wait_for(lambda: f.ready()[0])
