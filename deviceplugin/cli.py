@@ -73,7 +73,7 @@ def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("stowage.deviceplugin")
     ignored, disabled = ignored_xids   # read while parsing (gpunode.health.ignored_xids_option)
-    from .server import DevicePlugin, MessageTooLarge, PluginConfig  # grpc + stubs: only when actually running
+    from .server import DevicePlugin, MessageTooLarge, PluginConfig, PluginDirUnusable  # grpc + stubs: only when actually running
     load_trust(record_key_file, memory_unit_mib, scheduler_names)   # an unusable key file: here, one line
 
     core_api = None
@@ -100,6 +100,8 @@ def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple
         plugin.start()
     except MessageTooLarge as exc:   # the kubelet would silently advertise nothing: refuse, saying why
         raise click.BadParameter(str(exc), param_hint="--memory-unit-mib") from None
+    except PluginDirUnusable as exc:   # before NVML is opened or anything served
+        raise click.ClickException(str(exc)) from None
     if metrics_port and plugin.reconciler is not None:
         serve_metrics(plugin.reconciler.registry, metrics_port)
         log.info("metrics on :%d/metrics", metrics_port)

@@ -97,6 +97,12 @@ MAX_STEERED = 16
 KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
+class PluginDirUnusable(RuntimeError):
+    """The device-plugin directory (``--plugin-dir``) does not exist and cannot be created. The
+    kubelet makes it when it starts, so this is a flag or a mount to fix, not a wait: the plugin
+    exits saying so (once running, a directory that vanishes is waited for instead)."""
+
+
 class MessageTooLarge(ValueError):
     """The device list of a resource would not fit one kubelet message; ``smallest_unit_mib`` would."""
 
@@ -620,7 +626,11 @@ class DevicePlugin:
     def start(self) -> None:
         cfg = self.cfg
         trust = cfg.trust()   # the key file first: a plugin that cannot read it must not start serving
-        Path(cfg.plugin_dir).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(cfg.plugin_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:   # a file in its way, a read-only mount: the operator's flag, said as such
+            raise PluginDirUnusable(f"cannot create the device-plugin directory {cfg.plugin_dir} (--plugin-dir): "
+                                    f"{exc.strerror or exc}") from None
         cards = self._discover()
         try:
             check_message_sizes(cards, cfg.resources, cfg.memory_unit_mib)   # before serving anything

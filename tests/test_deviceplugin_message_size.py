@@ -93,3 +93,26 @@ def test_cli_exits_with_a_usage_error_naming_the_unit():
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--memory-unit-mib" in proc.stderr and "smallest unit that fits" in proc.stderr, proc.stderr
     assert not os.path.exists(os.path.join(base, "dp", "stowage-gpu-memory.sock"))   # never served
+
+
+def test_cli_says_in_one_line_when_the_plugin_dir_cannot_be_made():
+    """A --plugin-dir that cannot be created (a file in its way, a read-only mount) ended the
+    plugin with a traceback; an operator's DaemonSet then crash-looped without saying which flag."""
+    base = short_tmpdir()
+    blocker = os.path.join(base, "not-a-dir")
+    open(blocker, "w").close()
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{ROOT!r}, {os.path.join(ROOT, 'tests')!r}]
+        from fakenvml import FakeNvml
+        import test_deviceplugin_message_size as t
+        FakeNvml(t._fake_h200()).install()
+        from deviceplugin.cli import main
+        main(["--plugin-dir", {os.path.join(blocker, "dp")!r}, "--no-kube", "--dev-root", {base!r},
+              "--pod-resources-socket", ""])
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("Error:")]
+    assert "--plugin-dir" in line and os.path.join(blocker, "dp") in line and "Not a directory" in line, line
