@@ -28,7 +28,7 @@ import click
 import requests
 from tqdm import tqdm
 
-from stowage.resources import RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, fmt_mib
+from stowage.resources import RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, fmt_cards, fmt_mib
 
 from .simcluster import BUILTIN, SimCluster, SimClusterError, describe, load_cluster, node_objects
 
@@ -353,7 +353,7 @@ def demo(cluster_file: str | None, pods: int, seed: int, full_nodes: bool, threa
                 o = sched.schedule(p)
                 outcomes.append(o)
                 if not quiet:
-                    where = (f"-> {o.node} card{'s' if len(o.cards) > 1 else ''} {','.join(map(str, o.cards))}"
+                    where = (f"-> {o.node} {fmt_cards(o.cards)}"
                              if not o.why else f"not scheduled: {o.why}")
                     bar.write(f"{NAMESPACE}/{p.name:<10} {p.what:<44} {where}")
                 bar.update()

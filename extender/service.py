@@ -51,7 +51,7 @@ from packing.pod_policy import PACK, SPREAD, PodPolicy, PolicyError, parse_polic
 from packing.registry import placer_for
 from packing.stranded import typical_one_gpu_host_request, stranded_whole_cards
 from stowage.allocation import AllocationRecord, CardShare
-from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError, pod_request
+from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError, fmt_cards, pod_request
 
 from .bounds import BoundUse
 from .errors import BindError, BindOutcomeUnknown  # noqa: F401  (BindError re-exported: binders raise it)
@@ -903,7 +903,7 @@ class ExtenderService:
         if record is None:
             log.info("bound %s -> %s (no GPU)", key, node)
         else:
-            log.info("bound %s -> %s cards %s%s", key, node, ",".join(str(c.index) for c in record.cards),
+            log.info("bound %s -> %s %s%s", key, node, fmt_cards(c.index for c in record.cards),
                      f" ({what})" if what else " (already held)")
         return ""
 

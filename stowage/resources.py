@@ -219,6 +219,13 @@ def fmt_mib(mib: float) -> str:
     return f"{mib:.4g} MiB"
 
 
+def fmt_cards(indices: Iterable[int]) -> str:
+    """Card indices as a person reads them: 'card 0', 'cards 0,1'. A bare "cards 0" reads as a
+    count (no cards?) as easily as card number 0."""
+    idx = [str(k) for k in indices]
+    return f"card{'s' if len(idx) != 1 else ''} {','.join(idx)}"
+
+
 def container_requests(container: Mapping[str, Any]) -> dict[str, Any]:
     """Requests of one container, falling back to limits (extended resources: requests == limits).
     Resources that are not objects are refused by name (no API server stores them, but anything

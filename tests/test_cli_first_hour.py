@@ -121,3 +121,29 @@ def test_every_option_of_every_subcommand_says_what_it_does():
         cmd = getattr(importlib.import_module(module), attr)
         silent += [f"{name} {p.opts[0]}" for p in cmd.params if isinstance(p, click.Option) and not p.help]
     assert silent == []
+
+
+@pytest.mark.parametrize("gpus,gpu_memory,cards", [
+    (1, 0, "card 0 (1 whole GPU)"),
+    (2, 0, "cards 0,1 (2 whole GPUs)"),
+    (0, 20, "card 0 (20 GiB of one GPU)"),
+])
+def test_the_bind_log_line_says_card_or_cards(caplog, gpus, gpu_memory, cards):
+    """The extender's one line per bind read "bound default/p -> n cards 0": zero cards, or card
+    0? One card is "card 0", several "cards 0,1", with what the pod asked for beside them."""
+    import logging
+
+    from extender.service import ExtenderService
+    from extender.wire import BindingArgs
+    from fakekube import make_pod
+    from packing.model import ClusterModel
+    from planning_clusters import add_node
+
+    m = ClusterModel()
+    add_node(m, "n", 4, 80, "A100")
+    svc = ExtenderService(m)
+    svc.pod_info(make_pod("p", gpus=gpus, gpu_memory=gpu_memory, uid="uid-p"))
+    with caplog.at_level(logging.INFO, logger="stowage.extender"):
+        assert svc.bind(BindingArgs("p", "default", "uid-p", "n")) == ""
+    assert f"bound default/p -> n {cards}" in [r.getMessage() for r in caplog.records]
+
