@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from stowage.clickcheck import after_parsing
+from stowage.resources import fmt_cards
 from stowage_ops.cluster_source import (LearnFrom, LiveFacts, OperatorCommand, Source, cluster_options,
                                         learn_options, load, output_option, say, shapes_option)
 from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, Learned, PreemptPlan, Shape,
@@ -47,7 +48,7 @@ def _drain_text(plan: DrainPlan, nodes_total: int) -> str:
         if not d.moves:
             rows.append([d.node, d.gpus, "(already empty)", "", ""])
         for m in d.moves:
-            rows.append([d.node, d.gpus, m.pod, m.shape, f"{m.target} cards {','.join(map(str, m.target_cards))}"])
+            rows.append([d.node, d.gpus, m.pod, m.shape, f"{m.target} {fmt_cards(m.target_cards)}"])
     if rows:
         lines.append(render(["NODE", "GPUS", "MOVE POD", "SHAPE", "TO"], rows, indent="  "))
     if plan.kept:

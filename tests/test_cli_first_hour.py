@@ -147,3 +147,15 @@ def test_the_bind_log_line_says_card_or_cards(caplog, gpus, gpu_memory, cards):
         assert svc.bind(BindingArgs("p", "default", "uid-p", "n")) == ""
     assert f"bound default/p -> n {cards}" in [r.getMessage() for r in caplog.records]
 
+
+
+def test_plan_drain_says_card_or_cards():
+    """`plan --drain` moved a pod "TO a10-05 cards 2": two cards, or card 2? As the bind log."""
+    import re
+
+    out = CliRunner().invoke(main, ["plan", "--simulated", "--fill", "80", "--drain"]).output
+    targets = re.findall(r"(\S+ cards? [\d,]+)$", out, re.M)
+    assert targets, out
+    for t in targets:
+        word, idx = t.split()[1:]
+        assert word == ("card" if len(idx.split(",")) == 1 else "cards"), t
