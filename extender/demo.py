@@ -318,7 +318,8 @@ def summary(state: dict, outcomes: list[Outcome], elapsed: float, requests_sent:
               help="Send full v1.Node objects (nodeCacheCapable: false) instead of node names.")
 @click.option("--threads", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Request threads of the extender's worker.")
-@click.option("--quiet", is_flag=True, help="Do not print one line per pod.")
+@click.option("--quiet", is_flag=True,
+              help="Do not print one line per pod (a terminal still shows a progress bar on standard error).")
 @click.option("--startup-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
               help="Seconds to wait for the extender to answer /readyz.")
 def demo(cluster_file: str | None, pods: int, seed: int, full_nodes: bool, threads: int, quiet: bool,
@@ -348,7 +349,9 @@ def demo(cluster_file: str | None, pods: int, seed: int, full_nodes: bool, threa
                               random.Random(seed))
         outcomes: list[Outcome] = []
         t0 = time.monotonic()
-        with tqdm(total=len(workload), unit="pod", disable=quiet or None, leave=False) as bar:
+        # The bar goes to standard error, and only on a terminal (disable=None); --quiet drops the
+        # per-pod lines, not the sign that a long run is moving.
+        with tqdm(total=len(workload), unit="pod", disable=None, leave=False) as bar:
             for p in workload:
                 o = sched.schedule(p)
                 outcomes.append(o)

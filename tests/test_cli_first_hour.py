@@ -159,3 +159,51 @@ def test_plan_drain_says_card_or_cards():
     for t in targets:
         word, idx = t.split()[1:]
         assert word == ("card" if len(idx.split(",")) == 1 else "cards"), t
+
+
+def _run_on_a_terminal(args: list[str], tmp_path) -> tuple[int, str, str]:
+    """Run ``stowage ARGS`` with standard error on a pseudo-terminal (stdout a pipe, as in
+    ``stowage demo > out.txt``): (exit status, stdout, what the terminal showed)."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+    from pathlib import Path
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))   # a new pty is 0 columns wide
+    p = subprocess.Popen([sys.executable, "-m", "stowage.cli", *args], stdout=subprocess.PIPE, stderr=slave,
+                         cwd=Path(__file__).resolve().parent.parent, env={**os.environ, "TMPDIR": str(tmp_path)})
+    os.close(slave)
+    shown = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:   # EIO: every process holding the terminal has closed it
+                break
+            if not chunk:
+                break
+            shown += chunk
+        out = p.stdout.read()
+        status = p.wait(timeout=120)
+    finally:
+        os.close(master)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return status, out.decode(), shown.decode(errors="replace")
+
+
+def test_demo_quiet_still_shows_progress_on_a_terminal(tmp_path):
+    """`stowage demo --quiet --pods 5000` printed nothing at all until the end: --quiet dropped the
+    progress bar with the per-pod lines. It drops only the lines; the bar stays on a terminal
+    (standard error), and a file or pipe gets neither, as before."""
+    status, out, shown = _run_on_a_terminal(["demo", "--pods", "20", "--quiet"], tmp_path)
+    assert status == 0, out + shown
+    assert "/20 [" in shown, shown                  # tqdm's "  5/20 [00:00<00:00, ...pod/s]"
+    assert not any(ln.startswith("demo/") for ln in (out + shown).splitlines())
+    assert "pods placed" in out
