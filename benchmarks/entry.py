@@ -35,11 +35,18 @@ def run_command(main: Callable[[], "int | None"], prog: str, note: str = "") -> 
     sys.exit(status)
 
 
-def ignore_sigint() -> None:
-    """Pool initializer: a worker leaves Ctrl-C to the parent, which stops the pool."""
+def ignore_sigint(initializer: Callable[..., Any] | None = None, initargs: tuple = ()) -> None:
+    """Pool initializer: a worker leaves Ctrl-C to the parent, which stops the pool; then the
+    pool's own ``initializer(*initargs)``, if it has one."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if initializer is not None:
+        initializer(*initargs)
 
 
-def worker_pool(processes: int, method: str = "fork", **kwargs: Any) -> multiprocessing.pool.Pool:
-    """A process pool whose workers ignore Ctrl-C (:func:`ignore_sigint`); use it in a ``with``."""
-    return mp.get_context(method).Pool(processes, initializer=ignore_sigint, **kwargs)
+def worker_pool(processes: int, method: str = "fork", initializer: Callable[..., Any] | None = None,
+                initargs: tuple = (), **kwargs: Any) -> multiprocessing.pool.Pool:
+    """A process pool whose workers ignore Ctrl-C (:func:`ignore_sigint`), then run
+    ``initializer(*initargs)`` if given: a pool with set-up of its own leaves Ctrl-C to the parent
+    too (binpack.real's, passed to ``Pool`` itself, once replaced this one). Use it in a ``with``."""
+    return mp.get_context(method).Pool(processes, initializer=ignore_sigint, initargs=(initializer, initargs),
+                                       **kwargs)

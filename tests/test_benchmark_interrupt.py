@@ -45,6 +45,25 @@ def test_pool_workers_leave_ctrl_c_to_the_parent():
     assert handlers == [signal.SIG_IGN] * 2
 
 
+_GIVEN: tuple = ()
+
+
+def _remember(*args: object) -> None:
+    global _GIVEN
+    _GIVEN = args
+
+
+def _worker_state(_: object) -> tuple:
+    return signal.getsignal(signal.SIGINT), _GIVEN
+
+
+def test_a_pool_with_its_own_initializer_still_leaves_ctrl_c_to_the_parent():
+    """A benchmark whose workers need set-up of their own (binpack.real: a slot each, SIGTERM
+    handling) gets both: its initializer runs after the one that ignores Ctrl-C."""
+    with worker_pool(2, initializer=_remember, initargs=("slot", 3)) as pool:
+        assert pool.map(_worker_state, range(2)) == [(signal.SIG_IGN, ("slot", 3))] * 2
+
+
 @pytest.mark.skipif(not (DATA / "openb_pod_list_default.csv").is_file(), reason="openb trace not present")
 def test_ctrl_c_during_a_replay_is_one_line_and_status_130(tmp_path):
     """End to end, as a terminal does it: SIGINT to the whole process group once the run started
@@ -66,3 +85,58 @@ def test_ctrl_c_during_a_replay_is_one_line_and_status_130(tmp_path):
             os.killpg(p.pid, signal.SIGKILL)
     assert "Traceback" not in rest and "interrupted (Ctrl-C)" in rest
     assert not (tmp_path / "o").exists()
+
+
+# The real-cluster benchmark, without a cluster: its pool (run_tasks) runs this stand-in for one
+# replay, which holds its "control plane" until it is stopped, as replay_real does (Cluster.__exit__).
+REAL_WITHOUT_A_CLUSTER = """
+import sys, time
+import benchmarks.binpack.real as real
+from benchmarks.entry import NOT_WRITTEN, run_command
+
+def replay_real(nodes, pods, mode, seed, opts, *, limit=None, until_pct=None):
+    opts.work_dir.mkdir(parents=True)          # slotK: each worker its own, from _init_worker's slot
+    try:
+        print(f"replaying {mode}", file=sys.stderr, flush=True)
+        time.sleep(300)
+    finally:
+        (opts.work_dir / "stopped").write_text(mode)
+
+real.replay_real = replay_real                 # the pool's workers are forked: they run it too
+real.missing_for_control_plane = lambda: []
+run_command(real.main, "python -m benchmarks.binpack.real", NOT_WRITTEN)
+"""
+
+
+def test_ctrl_c_during_binpack_real_is_one_line_and_each_replay_stops(tmp_path):
+    """binpack.real's pool kept its own initializer (a slot per worker, SIGTERM unwinds), so its
+    workers took Ctrl-C themselves: a traceback per worker. Now they leave it to the parent, whose
+    pool stops them with SIGTERM; each still unwinds its replay (stops its control plane)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "openb_node_list_gpu_node.csv").write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},64000,262144,8,V100M32\n" for i in range(4)))
+    (data / "openb_pod_list_default.csv").write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + "".join(f"p{i},1000,1024,1,1000\n" for i in range(20)))
+    work = tmp_path / "work"
+    p = subprocess.Popen([sys.executable, "-c", REAL_WITHOUT_A_CLUSTER, "--data-dir", str(data), "--seeds", "42",
+                          "--jobs", "2", "--burst", "0", "--no-progress", "--work-dir", str(work),
+                          "--out", str(tmp_path / "o")],
+                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    seen = []
+    try:
+        while sum("replaying" in ln for ln in seen) < 2:    # both workers are in a replay
+            seen.append(p.stderr.readline())
+            assert seen[-1], "".join(seen)
+        os.killpg(p.pid, signal.SIGINT)
+        rest = p.stderr.read()
+        assert p.wait(timeout=60) == 130, rest
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert "Traceback" not in rest, rest
+    assert [ln for ln in rest.splitlines() if ln.strip()] == [
+        "python -m benchmarks.binpack.real: interrupted (Ctrl-C); no results written (no run had finished)"]
+    assert sorted((work / s / "stopped").read_text() for s in ("slot0", "slot1")) == ["plain", "stowage"]

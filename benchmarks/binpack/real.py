@@ -68,7 +68,7 @@ from extender.split import DECIDER_NAME, HTTP_WORKER_NAME
 from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
 from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
 
-from ..entry import NOT_WRITTEN, run_command
+from ..entry import INTERRUPTED_STATUS, NOT_WRITTEN, run_command, worker_pool
 from ..cliargs import CheckedParser, HelpFormatter, name_list, parse_seeds, positive_number, whole_number
 from ..progress import progress_bar
 from .cli import load_replay
@@ -79,6 +79,7 @@ from .trace import DEFAULT_TRACE, Nodes, Pods, TraceError, data_dir, trace_name
 
 log = logging.getLogger("binpack.real")
 
+PROG = "python -m benchmarks.binpack.real"
 MODES = ("stowage", "plain")
 # A burst-only mode (--burst-floor): kube-scheduler with the do-nothing extender of
 # benchmarks/latency/floor.py; its pods are the stowage mode's.
@@ -892,18 +893,31 @@ class Report:
 _SLOT = 0
 
 
-def _exit_on_sigterm() -> None:
+def _exit_on_sigterm(in_worker: bool = False) -> None:
     """SIGTERM unwinds like Ctrl-C (each run's control plane is stopped on the way out), also in a
-    background job, where SIGINT is ignored."""
+    background job, where SIGINT is ignored.
+
+    In the command's own process it is a KeyboardInterrupt, which :func:`main` reports in one
+    line. In a pool worker it comes from the pool's terminate once the parent stops (a worker
+    leaves Ctrl-C to the parent, :func:`~benchmarks.entry.worker_pool`): there it is a SystemExit,
+    on which a worker process ends without a word, where any other exception gets
+    multiprocessing's "Process ForkPoolWorker-N:" and a traceback. Only the first SIGTERM counts:
+    a second (``kill`` of the whole process group, then the pool's terminate) would cut the
+    clean-up short and leave a control plane running."""
     def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if in_worker:
+            raise SystemExit(128 + signum)
         raise KeyboardInterrupt(f"signal {signum}")
     signal.signal(signal.SIGTERM, handler)
 
 
 def _init_worker(slots: Any) -> None:
+    """A worker's own set-up, after :func:`~benchmarks.entry.worker_pool`'s (Ctrl-C is the
+    parent's): its slot (work dir and ports), and SIGTERM to unwind its replay."""
     global _SLOT
     _SLOT = slots.get()
-    _exit_on_sigterm()
+    _exit_on_sigterm(in_worker=True)
 
 
 def _task(job: tuple) -> RealRun:
@@ -921,11 +935,10 @@ def run_tasks(nodes: Nodes, pods: Pods, tasks: list[tuple[str, int]], opts: RunO
         for mode, seed in tasks:
             yield replay_real(nodes, pods, mode, seed, opts, limit=limit, until_pct=until)
         return
-    ctx = mp.get_context("fork")
-    slots = ctx.Queue()
+    slots = mp.get_context("fork").Queue()
     for k in range(jobs):
         slots.put(k)
-    with ctx.Pool(jobs, initializer=_init_worker, initargs=(slots,), maxtasksperchild=None) as pool:
+    with worker_pool(jobs, initializer=_init_worker, initargs=(slots,)) as pool:
         yield from pool.imap_unordered(_task, [(nodes, pods, m, s, opts, limit, until) for m, s in tasks])
 
 
@@ -942,7 +955,7 @@ def _burst_to_time(args: argparse.Namespace) -> str | None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = CheckedParser(
-        prog="python -m benchmarks.binpack.real",
+        prog=PROG,
         formatter_class=HelpFormatter, checks=[_burst_to_time],
         description="Replay an openb trace through a real kube-apiserver + kube-scheduler v1.28.7 "
                     "(../shared/k8s), with the extender as deployed and with plain kube-scheduler, "
@@ -1132,9 +1145,11 @@ def main(argv: list[str] | None = None) -> int:
                 for f in r.first_failures[:3]:
                     log.info("  e.g. failed %s", f)
                 report.write(runs, sims, bursts)  # after every run: a cut-short measurement keeps what it has
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt:   # Ctrl-C, or SIGTERM (_exit_on_sigterm); each replay has stopped its control plane
+        wrote = (f"the finished runs are in {', '.join(map(str, report.outs))}" if runs or bursts
+                 else "no results written (no run had finished)")
+        print(f"\n{PROG}: interrupted (Ctrl-C); {wrote}", file=sys.stderr, flush=True)
+        return INTERRUPTED_STATUS
     except Exception:
         log.exception("the run failed; logs of the peers are in %s", work)
         return 1
@@ -1146,4 +1161,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    run_command(main, "python -m benchmarks.binpack.real", NOT_WRITTEN)
+    run_command(main, PROG, NOT_WRITTEN)
