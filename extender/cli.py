@@ -1,6 +1,6 @@
 """`stowage extender`: serve filter/prioritize/bind for kube-scheduler under gunicorn.
 
-Two ways to feed the model: ``--simulated FILE|builtin`` (an embedded cluster, no Kubernetes;
+Two ways to feed the model: ``--simulated [FILE]`` (an embedded cluster, no Kubernetes;
 what `stowage demo` runs) or ``--kubeconfig FILE`` / ``--in-cluster`` (list+watch of nodes and
 pods through the Kubernetes API, binding through ``pods/binding``).
 """
@@ -35,7 +35,7 @@ from .pending_pods import PENDING_BYTES
 from packing.model import ClusterModel
 from packing.pod_policy import PACK, SPREAD, PodPolicy
 from .service import FILTER_KEEPS, FILTER_KEEPS_BEST, POD_CACHE_BYTES, ExtenderService
-from .simcluster import SimCluster, SimClusterError, describe, load_cluster
+from .simcluster import BUILTIN, SimCluster, SimClusterError, describe, load_cluster
 
 log = logging.getLogger("stowage.extender")
 
@@ -296,7 +296,7 @@ def _check_serve(ctx: click.Context) -> None:
             "tlsConfig), or --allow-unauthenticated if you really mean it", ctx)
     simulated, kube = bool(p.get("simulated")), bool(p.get("kubeconfig") or p.get("in_cluster"))
     if simulated + kube != 1:
-        raise click.UsageError("choose one model source: --simulated FILE|builtin, or --kubeconfig FILE / "
+        raise click.UsageError("choose one model source: --simulated [FILE], or --kubeconfig FILE / "
                                "--in-cluster", ctx)
     if p.get("kubeconfig") and p.get("in_cluster"):
         raise click.UsageError("--kubeconfig and --in-cluster are exclusive", ctx)
@@ -338,8 +338,10 @@ def _learned_configmap(ctx: click.Context, param: click.Parameter, value: str) -
               help="Request threads per worker process.")
 @click.option("--url-prefix", default="", show_default=True,
               help="Path prefix of the verbs, e.g. /stowage for /stowage/filter (the scheduler's urlPrefix path).")
-@click.option("--simulated", metavar="FILE|builtin",
-              help="Feed the model from a simulated cluster file (or the built-in one) instead of Kubernetes.")
+@click.option("--simulated", is_flag=False, flag_value=BUILTIN, default=None, metavar="[FILE]",
+              help="Feed the model from the built-in simulated cluster, or the cluster described in FILE "
+                   "(YAML), instead of Kubernetes (as stowage inspect/plan --simulated; --simulated builtin "
+                   "names the built-in one too).")
 @click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False),
               help="Kubeconfig for the API server (kube mode).")
 @click.option("--in-cluster", is_flag=True, help="Use the pod's service account (kube mode).")

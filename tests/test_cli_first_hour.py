@@ -207,3 +207,23 @@ def test_demo_quiet_still_shows_progress_on_a_terminal(tmp_path):
     assert "/20 [" in shown, shown                  # tqdm's "  5/20 [00:00<00:00, ...pod/s]"
     assert not any(ln.startswith("demo/") for ln in (out + shown).splitlines())
     assert "pods placed" in out
+
+
+@pytest.mark.parametrize("args,simulated", [
+    (["--simulated"], "builtin"),
+    (["--simulated", "--bind", "127.0.0.1:9999"], "builtin"),
+    (["--simulated", "builtin"], "builtin"),
+    (["--simulated", "my-cluster.yaml"], "my-cluster.yaml"),
+])
+def test_simulated_reads_the_same_on_every_command(args, simulated):
+    """`stowage inspect --simulated` and `stowage plan --simulated` mean the built-in cluster;
+    `stowage extender --simulated` said "requires an argument", and `--simulated --bind ADDR`
+    took "--bind" for a file name. The extender now reads it as they do (a FILE still wins)."""
+    from stowage_ops.inspect_cmd import inspect
+    from stowage_ops.plan_cmd import plan
+
+    assert extender_cli.serve.make_context("extender", list(args)).params["simulated"] == simulated
+    for cmd in (inspect, plan):
+        extra = [a for a in args if a not in ("--bind", "127.0.0.1:9999")]
+        assert cmd.make_context(cmd.name, [*extra, "--shape", "1"] if cmd is plan else extra
+                                ).params["simulated"] == simulated
