@@ -85,11 +85,12 @@ def calibration(results: list[PolicyResult], pub: dict) -> list[tuple[str, str, 
     return out
 
 
-def format_table(results: list[PolicyResult], pub: dict) -> str:
-    """One block per trace: allocation % (unallocated %) per policy, published figure beside."""
+def format_table(results: list[PolicyResult], pub: dict, note: str = "[published]") -> str:
+    """One block per trace: allocation % (unallocated %) per policy, published figure beside;
+    ``note`` ends each block's heading (what the brackets hold, or why there are none)."""
     lines = []
     for trace in dict.fromkeys(r.trace for r in results):
-        lines.append(f"\n== trace {trace}: GPU allocation % (unallocated %) at arrived %; [published] ==")
+        lines.append(f"\n== trace {trace}: GPU allocation % (unallocated %) at arrived %; {note} ==")
         head = f"{'policy':<18}" + "".join(f"{p:>24}" for p in TABLE_POINTS) + f"{'runtime':>10}"
         lines.append(head)
         for r in sorted((r for r in results if r.trace == trace), key=lambda r: -r.at(100)):
