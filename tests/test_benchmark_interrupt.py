@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.entry import run_command, worker_pool
+from tiny_trace import write_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("STOWAGE_OPENB", ROOT.parent / "shared" / "openb"))
@@ -112,12 +113,7 @@ def test_ctrl_c_during_binpack_real_is_one_line_and_each_replay_stops(tmp_path):
     """binpack.real's pool kept its own initializer (a slot per worker, SIGTERM unwinds), so its
     workers took Ctrl-C themselves: a traceback per worker. Now they leave it to the parent, whose
     pool stops them with SIGTERM; each still unwinds its replay (stops its control plane)."""
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "openb_node_list_gpu_node.csv").write_text(
-        "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},64000,262144,8,V100M32\n" for i in range(4)))
-    (data / "openb_pod_list_default.csv").write_text(
-        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + "".join(f"p{i},1000,1024,1,1000\n" for i in range(20)))
+    data = write_trace(tmp_path / "data", nodes=4, pods=20)
     work = tmp_path / "work"
     p = subprocess.Popen([sys.executable, "-c", REAL_WITHOUT_A_CLUSTER, "--data-dir", str(data), "--seeds", "42",
                           "--jobs", "2", "--burst", "0", "--no-progress", "--work-dir", str(work),

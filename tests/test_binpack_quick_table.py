@@ -8,6 +8,7 @@ import csv
 import pytest
 
 from benchmarks.binpack.cli import main
+from tiny_trace import write_trace
 
 PUBLISHED = 12.34   # a figure no replay of this cluster gives
 
@@ -15,12 +16,7 @@ PUBLISHED = 12.34   # a figure no replay of this cluster gives
 @pytest.fixture
 def data(tmp_path):
     """A 12-node trace (2 nodes under --quick) and a published figure for fgd at every point."""
-    d = tmp_path / "data"
-    d.mkdir()
-    (d / "openb_node_list_gpu_node.csv").write_text(
-        "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},64000,262144,8,V100M32\n" for i in range(12)))
-    (d / "openb_pod_list_default.csv").write_text(
-        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + "".join(f"p{i},1000,1024,1,500\n" for i in range(60)))
+    d = write_trace(tmp_path / "data", nodes=12, pods=60, gpu_milli=500)
     (d / "published_fgd_results.csv").write_text(
         "workload,policy,arrived_pct,alloc_median\n"
         + "".join(f"default,06-FGD,{pct},{PUBLISHED}\n" for pct in (90, 95, 100, 110, 120, 130)))
