@@ -91,14 +91,14 @@ def test_ctrl_c_during_a_replay_is_one_line_and_status_130(tmp_path):
 # The real-cluster benchmark, without a cluster: its pool (run_tasks) runs this stand-in for one
 # replay, which holds its "control plane" until it is stopped, as replay_real does (Cluster.__exit__).
 REAL_WITHOUT_A_CLUSTER = """
-import sys, time
+import os, sys, time
 import benchmarks.binpack.real as real
 from benchmarks.entry import NOT_WRITTEN, run_command
 
 def replay_real(nodes, pods, mode, seed, opts, *, limit=None, until_pct=None):
     opts.work_dir.mkdir(parents=True)          # slotK: each worker its own, from _init_worker's slot
     try:
-        print(f"replaying {mode}", file=sys.stderr, flush=True)
+        os.write(2, f"replaying {mode}\\n".encode())   # one write: print's two interleave between workers
         time.sleep(300)
     finally:
         (opts.work_dir / "stopped").write_text(mode)
@@ -123,7 +123,7 @@ def test_ctrl_c_during_binpack_real_is_one_line_and_each_replay_stops(tmp_path):
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     try:
-        while sum("replaying" in ln for ln in seen) < 2:    # both workers are in a replay
+        while "".join(seen).count("replaying") < 2:    # both workers are in a replay
             seen.append(p.stderr.readline())
             assert seen[-1], "".join(seen)
         os.killpg(p.pid, signal.SIGINT)
