@@ -49,8 +49,8 @@ from kubernetes.client.exceptions import ApiException
 from orjson import loads as _loads
 
 from stowage.allocation import AllocationRecord, RecordTrust
-from stowage.kubelist import (LIST_PAGE_BYTES, LIST_PAGE_SIZE, ListLoop, PageSizer, byte_size, expired,
-                               list_in_pages, status_of)
+from stowage.kubelist import (LIST_PAGE_BYTES, LIST_PAGE_SIZE, OBJECT_BYTES, ListLoop, PageSizer, byte_size,
+                               expired, list_in_pages, status_of)
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request
 
 from .errors import KubeConfigError
@@ -102,9 +102,10 @@ def creation_order(obj: Mapping[str, Any]) -> tuple[str, str, str]:
 
 
 # The most one watch event's line may take (JSON bytes) before the stream is abandoned
-# (:func:`watch_lines`): the bound of a list page's JSON (one event holds one object, ~3 MiB of JSON
-# at most for what etcd stores), never reached by a real API server's event.
-WATCH_EVENT_BYTES = LIST_PAGE_BYTES
+# (:func:`watch_lines`): one event holds one object, so the bound of one object, as a list page of
+# one object has it (stowage.kubelist.OBJECT_BYTES: what etcd stores is served as 9 MiB of JSON at
+# most), never reached by a real API server's event.
+WATCH_EVENT_BYTES = OBJECT_BYTES
 # Bytes asked of a watch body per read: an HTTP chunk is read in pieces of this size, not whole
 # (a peer may declare one chunk of any size), and a stream that is not chunked gives its events in
 # pieces of this size rather than only at its end. A chunk smaller than this comes as it is.
@@ -724,7 +725,10 @@ class KubeFeeder:
         A page whose body passes ``page_bytes`` is abandoned unread and asked for again, from the
         same ``continue`` token (the same snapshot), with an eighth of the objects, down to one
         (:class:`~stowage.kubelist.PageSizer`): a pod author's giant pods cost small pages, not the
-        component. The first page asked again is a new list (nothing was applied yet).
+        component. The first page asked again is a new list (nothing was applied yet). A page of
+        one object past :data:`~stowage.kubelist.OBJECT_BYTES` (no API server serves one; a peer
+        that lies could send gigabytes) is abandoned unread and fails the list
+        (:class:`~stowage.kubelist.ObjectTooBig`): the feed backs off and lists again.
 
         The API server serves every page of one list from the same snapshot (the first page's
         resourceVersion; no resourceVersion is sent, so the snapshot is current). When that

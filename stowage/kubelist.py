@@ -8,8 +8,12 @@ a component to ~1 GB (measured; the extender's limit is 1 GiB, the device plugin
 a few dozen pods made it crash on every list, for ever. Here a page's body is read in chunks and
 abandoned (its connection closed, the rest never read) once it passes ``page_bytes``; the same
 page (same ``continue`` token, same snapshot) is then asked for again with fewer objects, down to
-one, which is always read whole: one object is what etcd bounds. Pages of ordinary objects
-never come near the bound (500 ordinary pods are 3-8 MiB of JSON), so nothing changes for them.
+one. A page of one object is bounded too, by what one object may take (:data:`OBJECT_BYTES`,
+16 MiB; etcd bounds what a real API server stores): the peer need not be one (a proxy, a server
+that lies), and a one-object page read whole could be gigabytes. Past it the list fails
+(:class:`ObjectTooBig`), and is asked for again after a back-off like any failed list. Pages of
+ordinary objects never come near either bound (500 ordinary pods are 3-8 MiB of JSON), so
+nothing changes for them.
 
 The paging itself (``continue`` tokens, a snapshot that expires, a server that loops) is here
 too, once for the extender's feed and the device plugin (:func:`list_in_pages`). It imports
@@ -29,10 +33,19 @@ from orjson import loads
 # extender's RSS up by ~2 GiB, over its 1 GiB limit; docs/kube.md).
 LIST_PAGE_SIZE = 500
 # JSON bytes of one list response past which it is abandoned and asked for again with fewer
-# objects (a page of one object is always read whole). 16 MiB parses to at most ~130 MB of
-# Python objects (measured: ~8x for container-heavy pods), well within every component's memory
-# limit, and is 2-5x what 500 ordinary pods take.
+# objects (a page of one object is bounded by OBJECT_BYTES instead). 16 MiB parses to at most
+# ~130 MB of Python objects (measured: ~8x for container-heavy pods), well within every
+# component's memory limit, and is 2-5x what 500 ordinary pods take.
 LIST_PAGE_BYTES = 16 << 20
+# JSON bytes one object may take: a page of one object (read up to this, or up to the page bound
+# where that is larger: never less than a page of more) and one watch event (extender.kube's
+# WATCH_EVENT_BYTES). What a real API server serves stays under it: etcd refuses a write past
+# 1.5 MiB (its default --max-request-bytes); kube-apiserver v1.28.7 (measured) serves a pod of
+# 20,000 minimal containers that fits as ~3 MiB of JSON, and one whose env value is 1.5 million
+# '<' as 9.0 MiB (Go's encoding/json writes '<', '>', '&' and control characters as six bytes,
+# \u003c). Past it the peer is no API server (a proxy, one that lies) and the list fails rather
+# than read on: a page of one object read whole may be any size.
+OBJECT_BYTES = 16 << 20
 # How often one list starts again from its first page after its snapshot expired (410 Expired)
 # before it fails instead (:func:`list_in_pages`).
 EXPIRED_RESTARTS = 3
@@ -54,6 +67,13 @@ class ListLoop(RuntimeError):
     def twice(cls, kind: str, key: str) -> "ListLoop":
         return cls(f"{kind} list: {key} listed twice (the API server, or a proxy before it, served a page "
                    "again: is the continue parameter passed on?); the list is abandoned")
+
+
+class ObjectTooBig(RuntimeError):
+    """A page of one object passed :data:`OBJECT_BYTES` (or the page bound, if larger) before it
+    was read to the end: no API server serves such an object (etcd bounds what it stores), and
+    with fewer objects there is nothing left to ask for. The list fails, its response closed
+    unread; the caller backs off and lists again, as after any failed list."""
 
 
 class PageTooBig(Exception):
@@ -92,30 +112,26 @@ def byte_size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
-def read_page(resp: Any, max_bytes: int | None) -> tuple[Any, int]:
+def read_page(resp: Any, max_bytes: int) -> tuple[Any, int]:
     """The body of an unread (``_preload_content=False``) response, parsed, and its size in bytes.
 
-    ``max_bytes`` None: read whole. Else read in chunks, and past ``max_bytes`` close the response
-    (its connection is not reused: the rest of the body is never read) and raise
-    :class:`PageTooBig` (``limit`` left 0 for the caller to fill in). Either way the connection goes
-    back to the pool (a closed one is opened again on next use)."""
+    Read in chunks, and past ``max_bytes`` the response is closed (its connection is not reused:
+    the rest of the body is never read) and :class:`PageTooBig` raised (``limit`` left 0 for the
+    caller to fill in). Either way the connection goes back to the pool (a closed one is opened
+    again on next use). No page is read whole: its peer decides how long a body is."""
     try:
-        if max_bytes is None:
-            data: bytes | bytearray = resp.data
-        else:
-            buf = bytearray()
-            while True:
-                chunk = resp.read(_CHUNK)
-                if not chunk:
-                    break
-                buf += chunk
-                if len(buf) > max_bytes:
-                    resp.close()
-                    raise PageTooBig(0, len(buf), max_bytes)
-            data = buf
+        buf = bytearray()
+        while True:
+            chunk = resp.read(_CHUNK)
+            if not chunk:
+                break
+            buf += chunk
+            if len(buf) > max_bytes:
+                resp.close()
+                raise PageTooBig(0, len(buf), max_bytes)
     finally:
         resp.release_conn()
-    return loads(data), len(data)
+    return loads(buf), len(buf)
 
 
 @dataclass
@@ -125,26 +141,33 @@ class PageSizer:
     Starts at ``page_size``; a page too big asks again for an eighth (at least one), and a page
     that took under a quarter of ``page_bytes`` lets the next one ask for twice as many, up to
     ``page_size`` again: a few big objects among many small ones cost a few small pages, not a
-    small page size for the rest of the list."""
+    small page size for the rest of the list. A page of one object may take ``object_bytes``, or
+    ``page_bytes`` where that is larger (one object is never refused where a page of more would
+    have been read); past that, no smaller page is left to ask for (:class:`ObjectTooBig`)."""
 
     page_size: int = LIST_PAGE_SIZE
     page_bytes: int = LIST_PAGE_BYTES
+    object_bytes: int = OBJECT_BYTES
     limit: int = field(init=False)
 
     def __post_init__(self) -> None:
-        if int(self.page_size) < 1:
-            raise ValueError(f"page_size must be at least 1, not {self.page_size!r}")
-        if int(self.page_bytes) < 1:
-            raise ValueError(f"page_bytes must be at least 1, not {self.page_bytes!r}")
+        for name in ("page_size", "page_bytes", "object_bytes"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)!r}")
         self.limit = int(self.page_size)
 
-    def max_bytes(self) -> int | None:
-        """The bound for the page asked for now; None (read whole) for a page of one object."""
-        return None if self.limit <= 1 else int(self.page_bytes)
+    def max_bytes(self) -> int:
+        """The bound for the page asked for now: ``page_bytes``, or for a page of one object the
+        larger of ``page_bytes`` and ``object_bytes``."""
+        if self.limit <= 1:
+            return max(int(self.page_bytes), int(self.object_bytes))
+        return int(self.page_bytes)
 
     def read(self, resp: Any) -> Any:
         """:func:`read_page` of the page asked for now, adjusting the next page's size: raises
-        :class:`PageTooBig` (with this page's limit) after shrinking it."""
+        :class:`PageTooBig` (with this page's limit) after shrinking it; a page of one object
+        too big raises it with ``limit`` 1 (nothing smaller to ask for: :func:`list_in_pages`
+        fails the list)."""
         try:
             doc, size = read_page(resp, self.max_bytes())
         except PageTooBig as big:
@@ -165,7 +188,9 @@ def list_in_pages(call: Callable[[int, str], Any], sizer: PageSizer, what: str, 
     and errors (``"pods list"``), ``kind`` its objects (``"pods"``).
 
     - A page past ``sizer.page_bytes`` is abandoned unread and asked for again from the same
-      ``continue`` token (the same snapshot) with fewer objects (:class:`PageSizer`).
+      ``continue`` token (the same snapshot) with fewer objects (:class:`PageSizer`). A page of
+      one object past its bound (:data:`OBJECT_BYTES`) is abandoned unread and fails the list
+      (:class:`ObjectTooBig`): no real API server serves it, and asked again it comes again.
     - A continued page answered with the Status reason ``Expired`` (the snapshot was compacted):
       ``restart`` is called (forget what the pages so far gathered) and the list starts again
       from its first page, in pages (client-go's pager lists everything in one request there:
@@ -180,6 +205,11 @@ def list_in_pages(call: Callable[[int, str], Any], sizer: PageSizer, what: str, 
         try:
             doc = sizer.read(call(sizer.limit, cont))
         except PageTooBig as big:
+            if big.limit <= 1:
+                raise ObjectTooBig(f"{what}: a page of 1 object passed {byte_size(big.bound)} of JSON, the bound of "
+                                   f"one object (etcd bounds what an API server stores; is a proxy or another peer "
+                                   f"answering?), after {count} {kind} in {requests} requests; the list is "
+                                   f"abandoned unread") from None
             log.warning("%s: a page of %d objects passed %s of JSON before it was read to the end; asking for %d "
                         "from the same point instead (big objects: e.g. pods of very many containers)", what,
                         big.limit, byte_size(big.bound), sizer.limit)

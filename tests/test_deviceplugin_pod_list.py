@@ -14,8 +14,10 @@ import logging
 import kubernetes
 
 import pytest
+from dp_harness import bind_pod, container, record, rig
 from extender_kube_helpers import FakeKube, kube  # noqa: F401
 from fakekube import make_pod
+from fakekubelet import AdmissionError
 
 from deviceplugin import allocator
 from deviceplugin.corrections import bind_order
@@ -141,6 +143,41 @@ def test_the_node_pods_are_listed_in_pages_bounded_by_bytes_and_kept_slim(kube: 
     assert again == names
     second = [int(q["limit"]) for q in kube.list_requests("pods")][n:]
     assert second[0] < 500 and len(second) <= len(first)        # starts where the last list ended
+
+
+def test_a_single_pod_past_the_object_bound_fails_the_list_of_the_node_pods(kube: FakeKube):
+    """A page of one pod was read whole, whatever its size: a peer that is not a real API server
+    could hand the plugin gigabytes of one "pod" (its limit is 256 MiB). Now one object is read up
+    to 16 MiB of JSON, then the list fails (the Allocate is refused UNAVAILABLE, a reconciliation
+    round is skipped; both ask again next time), and lists work again once it is gone."""
+    kube.create_pod(make_pod("small", gpus=1, node=NODE, phase="Running"), emit=False)
+    huge = make_pod("huge", gpus=1, node=NODE, phase="Running")
+    huge["metadata"]["annotations"]["example.com/blob"] = "x" * (17 << 20)
+    kube.create_pod(huge, emit=False)
+    lister = PodLister(kubernetes.client.CoreV1Api(kube.api_client()), NODE, page_bytes=64 << 10)
+    with pytest.raises(Exception, match="pods of node gpu-a: a page of 1 object passed 16 MiB of JSON"):
+        lister.pods()
+    assert [int(q["limit"]) for q in kube.list_requests("pods")][-1] == 1
+    kube.delete_pod("default", "huge", emit=False)
+    assert [p["metadata"]["name"] for p in lister.pods()] == ["small"]
+
+
+def test_an_allocate_while_a_pod_past_the_object_bound_is_listed_is_refused_unavailable(monkeypatch):
+    """The plugin's own callers of the list: the kubelet's call is answered UNAVAILABLE with what
+    the list said (the kubelet retries the pod), the plugin goes on, and the next call after the
+    object is gone is answered as any (the pod admitted again, as the kubelet retries it)."""
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        huge = make_pod("huge", node="gpu-node-1", phase="Running")
+        huge["metadata"]["annotations"]["example.com/blob"] = "x" * (17 << 20)
+        r.kube.create_pod(huge, emit=False)
+        pod = bind_pod(r, "p", [container("main", gpus=1)], record([(0, r.uuid(0))], whole=True),
+                       "2024-01-01T00:00:01Z")
+        with pytest.raises(AdmissionError) as exc:
+            r.kubelet.admit(pod)
+        assert "UNAVAILABLE" in str(exc.value) and "a page of 1 object passed 16 MiB of JSON" in str(exc.value)
+        r.kube.delete_pod("default", "huge", emit=False)
+        assert r.kubelet.admit(pod)["main"]["nvidia.com/gpu"].envs["NVIDIA_VISIBLE_DEVICES"] == r.uuid(0)
 
 
 def test_an_expired_list_of_the_node_pods_starts_again(kube: FakeKube):

@@ -447,9 +447,10 @@ def test_a_page_past_its_bytes_is_asked_again_smaller_from_the_same_point(kube, 
                in r.getMessage() for r in caplog.records)
 
 
-def test_a_single_object_past_the_bound_is_read_whole(kube):
-    """One object is what etcd bounds (~1.5 MiB stored): a page of one is read whatever its size,
-    so a list always ends."""
+def test_a_single_object_past_the_page_bound_is_read_whole(kube):
+    """One object is what etcd bounds (~1.5 MiB stored): a page of one is read up to the bound of
+    one object (16 MiB of JSON), whatever the page bound, so a list of what an API server stores
+    always ends."""
     pods = cluster(kube, 3)
     _fatten(kube, pods[1], 64)
     f = new_feeder(kube, page_size=4, page_bytes=16 << 10)
@@ -459,6 +460,37 @@ def test_a_single_object_past_the_bound_is_read_whole(kube):
     assert sorted(shown) == sorted(p["metadata"]["uid"] for p in pods)
     # 3 pods, the middle one fat: all 3 too big -> 1 (small: grows) -> 2 (fat + 1: too big) -> 1, 1
     assert [int(q["limit"]) for q in kube.list_requests(PODS)] == [4, 1, 2, 1, 1]
+
+
+def test_a_single_object_past_the_object_bound_fails_the_list_unread_and_the_feed_backs_off(kube, feeders,
+                                                                                           monkeypatch):
+    """A page of one object was read whole, whatever its size ("one object is what etcd bounds"),
+    but the peer need not be a real API server (a proxy, one that lies): a one-object page of
+    2 GiB was read into memory. Now it is read up to 16 MiB (the bound of one object, as of one
+    watch event), then abandoned unread: the list fails with an error that says so, and the feed
+    backs off and lists again like after any failed list, until the object is gone."""
+    pods = cluster(kube, 3)
+    _fatten(kube, pods[1], 17 << 10)                # 17 MiB of JSON in one pod: no API server serves that
+    sizes = _parsed_sizes(monkeypatch)
+    f = new_feeder(kube, page_size=4, page_bytes=16 << 10)
+    _bounded(f)
+    with pytest.raises(Exception, match="a page of 1 object passed 16 MiB of JSON") as exc:
+        f.sync_once()
+    assert "the bound of one object" in str(exc.value)
+    assert all(size < 16 << 20 for size in sizes)                  # nothing past the bound was parsed
+    assert not f.streams[PODS].synced and f.streams[PODS].rv == ""
+
+    f = new_feeder(kube, page_size=4, page_bytes=16 << 10)
+    feeders.append(f)
+    f.start()
+    st = f.streams[PODS]
+    kube.wait_for(lambda: st.errors >= 2)                           # failed, backed off, listed again
+    ok, why = f.ready()
+    assert not ok and "a page of 1 object passed 16 MiB" in why
+    m = pods[1]["metadata"]
+    kube.delete_pod(m["namespace"], m["name"], emit=False)
+    kube.wait_for(lambda: f.ready()[0])
+    assert st.synced and st.lists >= 1
 
 
 def test_a_list_whose_snapshot_keeps_expiring_fails_after_three_new_starts(kube):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from stowage.kubelist import PageSizer, PageTooBig, byte_size, read_page
+from stowage.kubelist import OBJECT_BYTES, PageSizer, PageTooBig, byte_size, read_page
 
 
 class Resp:
@@ -50,10 +50,21 @@ def test_a_page_past_its_bound_is_closed_unread_and_its_connection_released():
     assert r.body.tell() < len(r.data)
 
 
-def test_no_bound_reads_the_whole_body():
-    r = Resp(page(8, 1 << 20))
-    doc, size = read_page(r, None)
-    assert len(doc["items"]) == 8 and r.released
+def test_a_page_of_one_object_is_bounded_by_the_bound_of_one_object_or_the_page_bound_if_larger():
+    """A page of one object is read past the page bound (etcd bounds one object; asked again, it
+    would come again), but no further than one object may take: a peer that is no API server
+    decides how long a body is."""
+    assert OBJECT_BYTES == 16 << 20
+    s = PageSizer(1, 1 << 20, object_bytes=2 << 20)
+    assert s.max_bytes() == 2 << 20
+    s.read(Resp(page(1, (2 << 20) - 100)))          # big and alone, within one object's bound: read
+    r = Resp(page(1, 64 << 20))
+    with pytest.raises(PageTooBig) as exc:
+        s.read(r)
+    assert exc.value.limit == 1 and exc.value.bound == 2 << 20 and s.limit == 1
+    assert r.closed and r.released and r.reads <= 3 and exc.value.read <= 3 << 20   # not read on
+    assert PageSizer(1, 8 << 20, object_bytes=2 << 20).max_bytes() == 8 << 20      # never below a page's
+    assert PageSizer(2, 1 << 20, object_bytes=2 << 20).max_bytes() == 1 << 20
 
 
 def test_the_sizer_shrinks_by_eight_to_one_and_grows_back_by_two_to_the_page_size():
@@ -65,7 +76,7 @@ def test_the_sizer_shrinks_by_eight_to_one_and_grows_back_by_two_to_the_page_siz
         assert exc.value.limit == limits[-1]
         limits.append(s.limit)
     assert limits == [500, 62, 7, 1]
-    assert s.max_bytes() is None                    # one object: read whole, however big
+    assert s.max_bytes() == OBJECT_BYTES            # one object: read up to one object's bound
     s.read(Resp(page(1, 3 << 20)))                  # big and alone: read, no growth
     assert s.limit == 1
     grown = []
@@ -75,10 +86,10 @@ def test_the_sizer_shrinks_by_eight_to_one_and_grows_back_by_two_to_the_page_siz
     assert grown[:4] == [2, 4, 8, 16] and grown[-1] == 500 and max(grown) == 500
 
 
-@pytest.mark.parametrize("size,bound", [(0, 1), (1, 0), (-1, 5)])
-def test_a_sizer_needs_one_object_and_one_byte_at_least(size, bound):
+@pytest.mark.parametrize("size,bound,one", [(0, 1, 1), (1, 0, 1), (-1, 5, 1), (1, 1, 0)])
+def test_a_sizer_needs_one_object_and_one_byte_at_least(size, bound, one):
     with pytest.raises(ValueError, match="at least 1"):
-        PageSizer(size, bound)
+        PageSizer(size, bound, one)
 
 
 def test_byte_sizes_read_well_in_logs():
