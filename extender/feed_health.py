@@ -42,7 +42,7 @@ class FeedHealth(TypedDict):
     stale_after_s: float
     silent_after_s: float      # how long a stream not failing may be silent before /readyz calls it stale
     node_errors: int           # nodes whose GPU inventory cannot be read (no schedulable cards)
-    pod_errors: int            # pods whose allocation record cannot be read or is not trusted
+    pod_errors: int            # pods whose allocation record cannot be read or is not trusted, or under a held uid
     unrecorded_gpu_pods: int   # GPU pods bound without Stowage's record (their cards not counted)
 
 
@@ -95,7 +95,8 @@ _COUNTS = (
     ("pod_errors", "Pods whose stowage.io/allocation record cannot be read or is not honoured now (malformed, or "
                    "not what the extender writes for that pod: e.g. unsigned under --record-key-file): their "
                    "cards are not counted (an earlier valid record is kept), so they may be given to another "
-                   "pod. Names and why: the extender's log. Alert on > 0."),
+                   "pod; and objects that came with the uid of another pod the model holds (a peer that lies), "
+                   "ignored. Names and why: the extender's log. Alert on > 0."),
     ("unrecorded_gpu_pods", "GPU pods bound without Stowage's allocation record now (by another scheduler, or "
                             "by hand): Stowage does not count their cards and may give them to other pods. Names: "
                             "the extender's log and stowage inspect (unrecordedGpuPods). Alert on > 0."),

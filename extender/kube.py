@@ -382,6 +382,7 @@ class PodListing:
     """What a pod list gathers across its pages until its last one (:meth:`KubeFeeder._relist`)."""
 
     seen: set[str] = field(default_factory=set)      # uids listed
+    clashed: set[str] = field(default_factory=set)   # uids the model holds that came under another name
     pending: set[str] = field(default_factory=set)   # ns/name of the pending pods it wrote for bind
     # (creation_order, packed pod_for_learn copy) of each pod, for on_pod_seen at the end
     learn: list[tuple[tuple[str, str, str], bytes]] = field(default_factory=list)
@@ -390,6 +391,7 @@ class PodListing:
     def clear(self) -> None:
         """Start again (the list is read again from its first object)."""
         self.seen.clear()
+        self.clashed.clear()
         self.pending.clear()
         self.learn.clear()
         self.learn_bytes = 0
@@ -464,6 +466,7 @@ class KubeFeeder:
         self.node_errors: dict[str, str] = {}    # node -> why its inventory could not be read
         self._records: dict[str, AllocationRecord] = {}  # uid -> record applied from its annotation
         self._pod_errors: dict[str, str] = {}    # uid -> malformed-annotation message (logged once)
+        self._uid_clashes: dict[str, str] = {}   # held uid -> why an object of another name under it is ignored
         self._unrecorded: dict[str, str] = {}    # uid -> node: GPU pods bound without our record
         # ns/name -> pending pod of Stowage's schedulers, only what bind reads (pod_for_bind): for
         # get_pod at bind and pending_uid at requeue. Small whatever the pod's annotations and
@@ -561,6 +564,8 @@ class KubeFeeder:
             out: dict[str, Any] = {k: dict(vars(st)) for k, st in self.streams.items()}
             out["node_errors"] = dict(self.node_errors)
             out["pod_errors"] = dict(self._pod_errors)
+            for uid, why in self._uid_clashes.items():   # (another object's error, under the holder's uid)
+                out["pod_errors"][uid] = f"{out['pod_errors'][uid]}; {why}" if uid in out["pod_errors"] else why
             out["unrecorded_gpu_pods"] = dict(self._unrecorded)
             out["bounds"] = self._bounds()
         return out
@@ -584,7 +589,8 @@ class KubeFeeder:
                     silent_s=max(0.0, now - st.last_contact) if st.synced else None)
             return FeedHealth(streams=streams, stale_after_s=self.stale_after_s, silent_after_s=self.silent_after_s,
                               node_errors=len(self.node_errors),
-                              pod_errors=len(self._pod_errors), unrecorded_gpu_pods=len(self._unrecorded))
+                              pod_errors=len(self._pod_errors) + len(self._uid_clashes),
+                              unrecorded_gpu_pods=len(self._unrecorded))
 
     def bounds(self) -> dict[str, BoundUse | ListLearnUse]:
         """What the pending pods and a list's learn copies hold against their bounds, and what
@@ -825,8 +831,9 @@ class KubeFeeder:
         """A pod list is complete: show its pods to ``on_pod_seen`` in creation order, then make
         the model match it (``before``: the allocations the model held when the list began)."""
         seen = listing.seen
-        with self._lock:   # the pending pods this list did not write are gone
-            self._pending.keep_only(listing.pending)
+        with self._lock:   # the pending pods this list did not write are gone, and so are the
+            self._pending.keep_only(listing.pending)   # objects of other names under held uids it did not list
+            self._uid_clashes = {u: why for u, why in self._uid_clashes.items() if u in listing.clashed}
         self._show_listed(listing)
         with self._lock:
             gone_known = [u for u in self._records if u not in seen]
@@ -1041,6 +1048,7 @@ class KubeFeeder:
         with self._lock:
             self._records.pop(uid, None)
             self._pod_errors.pop(uid, None)
+            self._uid_clashes.pop(uid, None)
             self._unrecorded.pop(uid, None)
         alloc = self.model.release(uid, departed=departed)
         if departed and alloc is not None and alloc.cards and self.on_cards_freed is not None:
@@ -1061,8 +1069,18 @@ class KubeFeeder:
     def _apply_pod_unsafe(self, pod: Mapping[str, Any], deleted: bool, listing: PodListing | None = None) -> None:
         """Apply one pod (a watch event, or with ``listing`` one of a list's pods: it is then
         shown to ``on_pod_seen`` when the list is complete, in creation order, and the pending
-        pods the list does not write are dropped at its end)."""
+        pods the list does not write are dropped at its end).
+
+        Everything here is keyed by uid, which is whatever the peer sends. A pod whose uid the
+        model holds under another namespace/name is that object's error only (:meth:`_uid_taken`):
+        otherwise its events would be taken for the holder's, and its DELETED free the cards of a
+        pod that still runs. (One dict lookup and one string compare per event: the burst's
+        filters wait on this thread.)"""
         v = pod_view(pod, self.trust)
+        held = self.model.allocations.get(v.uid)
+        if held is not None and held.name != v.key:
+            self._uid_taken(v, held.name, deleted, listing)
+            return
         if self.marks is not None:
             self.marks.note(pod, gone=deleted or v.terminal)
         # Only Stowage's schedulers' pods come to its bind (another scheduler's record is not
@@ -1137,6 +1155,33 @@ class KubeFeeder:
         if v.node:
             self._note_unrecorded(pod, v.uid, v.key, v.node)
             self._hold_host(v)
+
+    def _uid_taken(self, v: Any, holder: str, deleted: bool, listing: PodListing | None) -> None:
+        """Pod ``v.key`` came with the uid of pod ``holder``, which holds it in the model. A real
+        API server's uids are unique (a pod's namespace and name never change), so the peer lies
+        (a proxy, a bug): nothing of it is applied, and the holder keeps its cards (taking them
+        for the other's, or freeing them at its DELETED, would let a second pod be given cards in
+        use). It is a pod error (``status()``, ``health()``; logged once) until the other object
+        is deleted or finished, a complete list no longer has it, or the holder goes.
+
+        In a list, the uid is not taken as listed: a list holds each uid once, so if the holder
+        comes later in it, it is listed then; if not, it is gone, and its cards are freed at the
+        list's end like any pod's not listed. The other pod is then applied from its next event
+        or list, as any."""
+        if listing is not None:
+            listing.seen.discard(v.uid)
+        msg = (f"pod {v.key} came with the uid of pod {holder}, which holds it in the model (uids are unique on an "
+               f"API server: a proxy or a peer that lies?); it is ignored and {holder} keeps its cards")
+        with self._lock:
+            if deleted or v.terminal:   # the other object is gone or done: nothing of it left to count
+                self._uid_clashes.pop(v.uid, None)
+                return
+            if listing is not None:
+                listing.clashed.add(v.uid)
+            first = self._uid_clashes.get(v.uid) != msg
+            self._uid_clashes[v.uid] = msg
+        if first:
+            log.error("pod %s (uid %s): %s", v.key, v.uid, msg)
 
     def _hold_host(self, v: Any) -> None:
         """A pod bound to a node without cards in the model (no GPU, or another scheduler's GPU

@@ -12,7 +12,7 @@ import logging
 import time
 
 import pytest
-from extender_kube_helpers import feeders, inv_node, kube, make_pod, row, started  # noqa: F401
+from extender_kube_helpers import feeders, inv_node, kube, make_pod, new_feeder, row, started  # noqa: F401
 
 from extender.kube import NODES, PODS
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, encode_allocation
@@ -119,3 +119,70 @@ def test_a_node_deleted_under_its_pods_and_added_again_has_their_cards_still_hel
     kube.create_node(inv_node("n1", [80, 80]))
     kube.wait_for(lambda: "n1" in f.model.index)
     assert row(f.model, "n1")["pods"] == [0, 1] and row(f.model, "n1")["mem_free"] == [80 * GiB, 0]
+
+
+def test_an_event_of_another_name_under_a_running_pods_uid_never_frees_its_cards(kube, feeders, caplog):
+    """The feed keeps a pod's allocation by its uid, which is whatever the peer sends. An event of
+    another pod under the uid of a running one (a peer that lies, or a bug; a real API server's
+    uids are unique) took the running pod's record over, and its DELETED freed the running pod's
+    cards in the model while it still ran: a second pod could be given them. Now an object whose
+    uid the model holds under another namespace/name is that object's error only: logged once,
+    counted in the pod errors while it exists, and the pod that holds the uid keeps its cards
+    until it goes itself."""
+    kube.create_node(inv_node("n1", [80, 80]))
+    kube.create_pod(make_pod("a", gpus=1, node="n1", phase="Running", uid="same-uid",
+                             annotations={ALLOCATION_ANNOTATION: rec("n1", 0)}))
+    f = started(kube, feeders)
+    assert f.model.allocations["same-uid"].name == "default/a"
+
+    def applied(marker: str) -> None:      # events come in order: once its copy is kept, those before were applied
+        kube.create_pod(make_pod(marker))
+        kube.wait_for(lambda: f.pending_pod("default", marker) is not None)
+
+    def a_holds_card_0() -> None:
+        held = f.model.allocations.get("same-uid")
+        assert held is not None and held.name == "default/a" and held.cards == (0,)
+        assert row(f.model, "n1")["pods"] == [1, 0]
+
+    with caplog.at_level(logging.ERROR, logger="stowage.kube"):
+        kube.create_pod(make_pod("b", gpus=1, node="n1", phase="Running", uid="same-uid",
+                                 annotations={ALLOCATION_ANNOTATION: rec("n1", 1)}))
+        kube.patch_pod("default", "b", {"metadata": {"labels": {"again": "1"}}})
+        applied("m1")
+        a_holds_card_0()
+        assert f.health()["pod_errors"] == 1 and "default/b" in f.status()["pod_errors"]["same-uid"]
+        kube.delete_pod("default", "b")
+        applied("m2")
+    a_holds_card_0()
+    assert f.health()["pod_errors"] == 0                          # b is gone: nothing of it left to count
+    said = [r.getMessage() for r in caplog.records if "same-uid" in r.getMessage()]
+    assert len(said) == 1 and "default/b" in said[0] and "default/a" in said[0]   # once, not per event
+    kube.delete_pod("default", "a")            # the pod that holds the uid frees its cards when it goes
+    kube.wait_for(lambda: "same-uid" not in f.model.allocations)
+    assert row(f.model, "n1")["pods"] == [0, 0]
+
+
+def test_a_list_with_another_name_under_a_held_uid_keeps_the_holder_while_it_is_listed(kube):
+    """A list holds each uid once (a second object of one uid fails the list), so a list in which
+    another name comes first under a held uid, and then the pod that holds it, was a failed list
+    with the holder's cards freed on the way. Now the other object is that object's error and the
+    holder keeps its cards; a list that no longer holds the holder frees them at its end (it is
+    gone), and the next list applies the other pod as any."""
+    kube.create_node(inv_node("n1", [80, 80]), emit=False)
+    kube.create_pod(make_pod("a", gpus=1, node="n1", phase="Running", uid="same-uid",
+                             annotations={ALLOCATION_ANNOTATION: rec("n1", 0)}), emit=False)
+    f = new_feeder(kube)
+    f.sync_once()
+    kube.create_pod(make_pod("0-other", gpus=1, node="n1", phase="Running", uid="same-uid",
+                             annotations={ALLOCATION_ANNOTATION: rec("n1", 1)}), emit=False)
+    f.sync_once()                                # "default/0-other" is listed before "default/a"
+    held = f.model.allocations["same-uid"]
+    assert held.name == "default/a" and held.cards == (0,) and row(f.model, "n1")["pods"] == [1, 0]
+    assert f.health()["pod_errors"] == 1
+    kube.delete_pod("default", "a", emit=False)
+    f.sync_once()                                # the holder is not listed: gone, its cards free
+    assert "same-uid" not in f.model.allocations and row(f.model, "n1")["pods"] == [0, 0]
+    assert f.health()["pod_errors"] == 0
+    f.sync_once()
+    held = f.model.allocations["same-uid"]
+    assert held.name == "default/0-other" and held.cards == (1,) and row(f.model, "n1")["pods"] == [0, 1]
