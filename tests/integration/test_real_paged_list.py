@@ -192,3 +192,32 @@ def test_the_device_plugin_lists_giant_pods_of_its_node_in_bounded_pages_and_kee
     assert all(size <= bound or size < (3 << 20) + (64 << 10) for size in sizes)
     again = sorted(p["metadata"]["name"] for p in lister.pods())      # from the page size the last list ended at
     assert again == names
+
+
+def test_the_biggest_json_an_api_server_serves_for_one_pod_is_within_the_bound_of_one_object(
+        k8s: LocalK8s, pool: Pool) -> None:
+    """A page of one object is read up to ``OBJECT_BYTES`` (16 MiB), then the list fails: no API
+    server serves one that big. The biggest JSON kube-apiserver v1.28.7 serves for what etcd stores
+    (1.5 MiB): one string of '<', which Go's JSON writes as six bytes each (``\\u003c``), ~9 MiB.
+    It is past the device plugin's page bound (8 MiB), so the plugin reads it as a page of one;
+    both the feed and the plugin list it."""
+    import kubernetes
+
+    from deviceplugin.kube import NODE_PODS_PAGE_BYTES, PodLister
+    from stowage.kubelist import OBJECT_BYTES
+
+    node = f"{pool.name}-gpu"[:63]
+    k8s.core.create_namespaced_pod(pool.namespace, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "escaped", "labels": {POOL_LABEL: pool.name}},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0, "containers": [
+            {"name": "main", "image": "x", "env": [{"name": "V", "value": "<" * 1_500_000}],
+             "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}, _preload_content=False).release_conn()
+    served = len(k8s.core.read_namespaced_pod("escaped", pool.namespace, _preload_content=False).data)
+    assert NODE_PODS_PAGE_BYTES < served < OBJECT_BYTES and served > 6 * 1_500_000
+    lister = PodLister(kubernetes.client.CoreV1Api(k8s.api_client()), node, timeout_s=60)
+    assert [p["metadata"]["name"] for p in lister.pods()] == ["escaped"]
+    f = KubeFeeder(ClusterModel(), k8s.api_client(), page_bytes=4 << 20)
+    shown: list[str] = []
+    f.on_pod_seen = lambda pod: shown.append(pod["metadata"]["name"])
+    f.sync_once()
+    assert "escaped" in shown and f.streams[PODS].synced
