@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from stowage.clickcheck import check_can_listen
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES
 from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
 
@@ -95,6 +96,8 @@ def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
+    if metrics_port and core_api is not None and node_name:   # the port it will serve, before anything is served
+        check_can_listen(f"0.0.0.0:{metrics_port}", "--metrics-port", hint="another node agent on the host network? ")
     plugin = DevicePlugin(cfg)
     try:
         plugin.start()
@@ -103,7 +106,12 @@ def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple
     except PluginDirUnusable as exc:   # before NVML is opened or anything served
         raise click.ClickException(str(exc)) from None
     if metrics_port and plugin.reconciler is not None:
-        serve_metrics(plugin.reconciler.registry, metrics_port)
+        try:
+            serve_metrics(plugin.reconciler.registry, metrics_port)
+        except OSError as exc:   # taken since the check: stop serving the kubelet, say why in one line
+            plugin.stop()
+            raise click.ClickException(f"cannot listen on 0.0.0.0:{metrics_port} (--metrics-port): "
+                                       f"{exc.strerror or exc}") from None
         log.info("metrics on :%d/metrics", metrics_port)
     log.info("device plugin running for %s in %s", ", ".join(cfg.resources), plugin_dir)
     while not done.wait(1.0):

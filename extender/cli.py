@@ -6,7 +6,6 @@ pods through the Kubernetes API, binding through ``pods/binding``).
 """
 from __future__ import annotations
 
-import errno
 import ipaddress
 import logging
 import os
@@ -19,7 +18,7 @@ import click
 from flask import Flask
 
 from stowage.allocation import RecordTrust
-from stowage.clickcheck import CheckedCommand, after_parsing
+from stowage.clickcheck import CheckedCommand, after_parsing, check_can_listen, parse_host_port
 from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
@@ -81,33 +80,6 @@ class ServeConfig:
         """Which records count (kube mode), from the options every record reader shares
         (stowage/trust_options.py); an unusable key file is a bad ``--record-key-file``."""
         return load_trust(self.record_key_file, self.memory_unit_mib, self.scheduler_names)
-
-
-def parse_host_port(value: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::]:9888`` for IPv6) -> (host, port); ValueError with a clear message."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"expected HOST:PORT (e.g. 0.0.0.0:9888), got {value!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
-def check_can_listen(address: str, flag: str) -> None:
-    """Refuse, with one line naming ``flag``, a ``HOST:PORT`` this process cannot listen on.
-
-    Why before gunicorn: for --bind in use gunicorn retries for 5 seconds and prints ten error
-    lines; for --metrics-bind the worker fails with a traceback and gunicorn exits 3 ("Worker
-    failed to boot"). The socket is closed at once (SO_REUSEADDR, as gunicorn binds), so the
-    real listener still binds it; a port taken in between is still gunicorn's to report."""
-    host, port = parse_host_port(address)
-    try:
-        family, kind, proto, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                            flags=socket.AI_PASSIVE)[0]
-        with socket.socket(family, kind, proto) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(where)
-    except OSError as exc:   # socket.gaierror is one
-        hint = f" (another extender or demo? choose a free port with {flag})" if exc.errno == errno.EADDRINUSE else ""
-        raise click.ClickException(f"cannot listen on {address} ({flag}): {exc.strerror or exc}{hint}") from None
 
 
 def serve_metrics(app: Flask, bind: str) -> None:
@@ -460,7 +432,7 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
                       pending_bytes=pending_pods_mib << 20, list_learn_bytes=list_learn_mib << 20)
     for address, flag in ((bind, "--bind"), (metrics_bind, "--metrics-bind")):
         if address and not address.startswith(("unix:", "fd://")):
-            check_can_listen(address, flag)   # one line now, not gunicorn's retries or a worker's traceback
+            check_can_listen(address, flag, hint="another extender or demo? ")   # one line now, not gunicorn's retries or a worker's traceback
     set_client_timeout(client_timeout)  # the workers fork from this process and inherit it
     return_big_buffers_to_the_system()
     run_server(cfg, bind=bind, threads=threads, log_level=log_level, timeout=timeout, workers=workers, tls=tls)

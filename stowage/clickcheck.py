@@ -11,6 +11,8 @@ on the ground floor, not one per command.
 """
 from __future__ import annotations
 
+import errno
+import socket
 from typing import Any, Callable
 
 import click
@@ -46,3 +48,33 @@ class CheckedCommand(click.Command):
                 check(ctx)
         ctx.meta[_CHECKS] = True
         return rest
+
+
+def parse_host_port(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::]:9888`` for IPv6) -> (host, port); ValueError with a clear message."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT (e.g. 0.0.0.0:9888), got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def check_can_listen(address: str, flag: str, hint: str = "") -> None:
+    """Refuse, with one line naming ``flag``, a ``HOST:PORT`` this process cannot listen on
+    (``hint``: what else may hold it, said before "choose a free port").
+
+    Why before the listener: for the extender's --bind in use gunicorn retries for 5 seconds and
+    prints ten error lines; for --metrics-bind the worker fails with a traceback and gunicorn
+    exits 3 ("Worker failed to boot"); the device plugin served and registered with the kubelet,
+    then died on its --metrics-port with a traceback. The socket is closed at once (SO_REUSEADDR,
+    as gunicorn and the metrics server bind), so the real listener still binds it; a port taken
+    in between is still the listener's to report."""
+    host, port = parse_host_port(address)
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                            flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(where)
+    except OSError as exc:   # socket.gaierror is one
+        said = f" ({hint}choose a free port with {flag})" if exc.errno == errno.EADDRINUSE else ""
+        raise click.ClickException(f"cannot listen on {address} ({flag}): {exc.strerror or exc}{said}") from None
