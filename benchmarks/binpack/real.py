@@ -815,7 +815,7 @@ class Report:
                                             sum(x[2] for x in mine), [x[3] for x in mine]))
         lines = []
         if results:
-            lines.append(format_table(results, {}).replace("; [published]", f", median of seeds {sorted({r.seed for r in runs} | set(sims))}"))
+            lines.append(format_table(results, {}, f"median of seeds {sorted({r.seed for r in runs} | set(sims))}"))
             lines.append(format_per_seed(rows))
         if bursts:
             lines.append("\n== burst: GPU pods created at once on the cluster ==")
