@@ -310,8 +310,10 @@ def summary(state: dict, outcomes: list[Outcome], elapsed: float, requests_sent:
 
 # ----------------------------------------------------------------------------------------- CLI
 @click.command("demo")
-@click.option("--cluster", "cluster_file", metavar="FILE", default=None,
-              help="Simulated cluster YAML, or builtin (default: the built-in cluster of 36 mixed GPU nodes).")
+@click.option("--cluster", "--simulated", "cluster_file", metavar="FILE", default=None, is_flag=False,
+              flag_value=BUILTIN,
+              help="Simulated cluster YAML, or builtin (default, and a bare --simulated: the built-in cluster of 36 "
+                   "mixed GPU nodes). --simulated is the name the extender, inspect and plan give it.")
 @click.option("--pods", type=click.IntRange(1, 100_000), default=150, show_default=True, help="Pods to schedule.")
 @click.option("--seed", type=int, default=7, show_default=True, help="Seed of the workload mix.")
 @click.option("--full-nodes", is_flag=True,

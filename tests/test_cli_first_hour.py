@@ -227,3 +227,7 @@ def test_simulated_reads_the_same_on_every_command(args, simulated):
         extra = [a for a in args if a not in ("--bind", "127.0.0.1:9999")]
         assert cmd.make_context(cmd.name, [*extra, "--shape", "1"] if cmd is plan else extra
                                 ).params["simulated"] == simulated
+    # `stowage demo` calls its cluster --cluster; it takes --simulated too, as the others read it.
+    from extender.demo import demo
+    assert demo.make_context("demo", [a for a in args if a not in ("--bind", "127.0.0.1:9999")]
+                             ).params["cluster_file"] == simulated
