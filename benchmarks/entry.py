@@ -29,10 +29,21 @@ def run_command(main: Callable[[], "int | None"], prog: str, note: str = "") -> 
     write their results at the end; nothing for those that print as they go)."""
     try:
         status = main()
-    except KeyboardInterrupt:
-        print(f"\n{prog}: interrupted (Ctrl-C){'; ' + note if note else ''}", file=sys.stderr, flush=True)
-        sys.exit(INTERRUPTED_STATUS)
+    except KeyboardInterrupt as exc:
+        how, status = interruption(exc)
+        print(f"\n{prog}: interrupted ({how}){'; ' + note if note else ''}", file=sys.stderr, flush=True)
+        sys.exit(status)
     sys.exit(status)
+
+
+def interruption(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """(what stopped the command, its exit status): Ctrl-C and 130, or the signal a command
+    turned into a KeyboardInterrupt (``KeyboardInterrupt(signal.SIGTERM)``: each run's clean-up
+    unwinds the same way) by name and 128 + its number, as a shell reports it."""
+    sig = exc.args[0] if exc.args else None
+    if isinstance(sig, signal.Signals):
+        return sig.name, 128 + sig.value
+    return "Ctrl-C", INTERRUPTED_STATUS
 
 
 def ignore_sigint(initializer: Callable[..., Any] | None = None, initargs: tuple = ()) -> None:

@@ -32,6 +32,18 @@ def test_an_interrupted_command_says_so_in_one_line(capsys):
     assert capsys.readouterr().err.strip() == "x: interrupted (Ctrl-C); no results written"
 
 
+def test_a_command_stopped_by_sigterm_says_sigterm_not_ctrl_c(capsys):
+    """binpack.real unwinds SIGTERM as an interrupt (its control planes are stopped on the way
+    out); the line said "(Ctrl-C)" and the status was Ctrl-C's 130 for a `kill`."""
+    def main() -> int:
+        raise KeyboardInterrupt(signal.SIGTERM)
+
+    with pytest.raises(SystemExit) as exc:
+        run_command(main, "x")
+    assert exc.value.code == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.strip() == "x: interrupted (SIGTERM)"
+
+
 def test_a_finished_command_keeps_its_status():
     with pytest.raises(SystemExit) as exc:
         run_command(lambda: 3, "x")

@@ -68,7 +68,7 @@ from extender.split import DECIDER_NAME, HTTP_WORKER_NAME
 from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
 from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
 
-from ..entry import INTERRUPTED_STATUS, NOT_WRITTEN, run_command, worker_pool
+from ..entry import NOT_WRITTEN, interruption, run_command, worker_pool
 from ..cliargs import CheckedParser, HelpFormatter, name_list, parse_seeds, positive_number, whole_number
 from ..progress import progress_bar
 from .cli import load_replay
@@ -908,7 +908,7 @@ def _exit_on_sigterm(in_worker: bool = False) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if in_worker:
             raise SystemExit(128 + signum)
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise KeyboardInterrupt(signal.Signals(signum))
     signal.signal(signal.SIGTERM, handler)
 
 
@@ -1145,11 +1145,12 @@ def main(argv: list[str] | None = None) -> int:
                 for f in r.first_failures[:3]:
                     log.info("  e.g. failed %s", f)
                 report.write(runs, sims, bursts)  # after every run: a cut-short measurement keeps what it has
-    except KeyboardInterrupt:   # Ctrl-C, or SIGTERM (_exit_on_sigterm); each replay has stopped its control plane
+    except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM (_exit_on_sigterm); each replay has stopped its control plane
         wrote = (f"the finished runs are in {', '.join(map(str, report.outs))}" if runs or bursts
                  else "no results written (no run had finished)")
-        print(f"\n{PROG}: interrupted (Ctrl-C); {wrote}", file=sys.stderr, flush=True)
-        return INTERRUPTED_STATUS
+        how, status = interruption(exc)
+        print(f"\n{PROG}: interrupted ({how}); {wrote}", file=sys.stderr, flush=True)
+        return status
     except Exception:
         log.exception("the run failed; logs of the peers are in %s", work)
         return 1
