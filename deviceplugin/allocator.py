@@ -56,7 +56,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from stowage.allocation import AllocationError, AllocationRecord, RecordTrust
 from stowage.resources import (GPU_RESOURCES, RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, RequestError,
-                               container_requests, pod_containers, quantity_to_int)
+                               container_requests, pod_containers, quantity_to_int, shown)
 
 from gpunode.devices import DeviceTable, UnknownDevice
 from .corrections import KubeletView, bind_order as _order, share_on
@@ -279,8 +279,8 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
             # Another node's card, or one NVML has not read since this plugin started: the kubelet
             # cannot be admitting the pod onto it. As a candidate it would only make the pod being
             # admitted look unlike it (no move), or break the call on the unknown card.
-            notes.append(f"{ref}: its record names card {', '.join(unknown)}, which is not among the cards this "
-                         "plugin advertises")
+            notes.append(f"{ref}: its record names card {_unknown_cards(unknown)}, which is not among the cards "
+                         "this plugin advertises")
             continue
         clash = _held_by_others(view, ledger, live, finished, table, uid, pod_ref, rec)
         if clash:
@@ -375,6 +375,19 @@ def _held_by_others(view: KubeletView | None, ledger: Ledger, live: Mapping[str,
             return (f"its record names card {uuid}, which pod {other[0]}/{other[1]} already holds "
                     f"{'devices on' if rec.whole else 'whole'}: not honoured")
     return ""
+
+
+UNKNOWN_SHOWN = 4          # unknown cards of one record a note names
+UNKNOWN_CHARS = 64         # characters of each (a GPU or MIG UUID has 40)
+
+
+def _unknown_cards(uuids: Sequence[str]) -> str:
+    """A record's cards this plugin does not have, for a note: each quoted short (its text is the
+    pod author's, up to 256 characters, in a cluster that does not sign records), the first few.
+    Why: the note goes into the plugin's log line and the gRPC status the kubelet shows as the pod's
+    admission error; written as it was, a uuid of escape sequences and new lines reached both."""
+    more = f", ... ({len(uuids)} cards)" if len(uuids) > UNKNOWN_SHOWN else ""
+    return ", ".join(shown(u, UNKNOWN_CHARS) for u in uuids[:UNKNOWN_SHOWN]) + more
 
 
 def _explain(survey_: PodSurvey) -> str:

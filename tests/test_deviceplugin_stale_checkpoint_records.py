@@ -242,7 +242,7 @@ def test_a_record_naming_a_card_this_node_does_not_have_is_refused_saying_so(mon
         assert r.registered()
         ghost = bind_pod(r, "ghost", [container("main", gpus=1)], _unknown_card_record(), "2024-01-01T00:00:01Z")
         with pytest.raises(AdmissionError, match="FAILED_PRECONDITION: .*default/ghost: its record names card "
-                           "GPU-ffffffff-1111-2222-3333-000000000009, which is not among the cards this plugin advertises"):
+                           "'GPU-ffffffff-1111-2222-3333-000000000009', which is not among the cards this plugin advertises"):
             r.kubelet.admit(ghost)
         assert ghost["metadata"]["uid"] not in r.kubelet.allocated
 
@@ -269,6 +269,6 @@ def test_a_share_recorded_on_a_card_this_node_does_not_have_is_refused_saying_so
                          record([(0, "GPU-ffffffff-1111-2222-3333-000000000009")], whole=False, mem_mib=4096),
                          "2024-01-01T00:00:01Z")
         with pytest.raises(AdmissionError, match="FAILED_PRECONDITION: .*default/ghost: its record names card "
-                           "GPU-ffffffff-1111-2222-3333-000000000009, which is not among the cards this plugin advertises"):
+                           "'GPU-ffffffff-1111-2222-3333-000000000009', which is not among the cards this plugin advertises"):
             r.kubelet.admit(ghost)
         assert ghost["metadata"]["uid"] not in r.kubelet.allocated
