@@ -13,10 +13,17 @@ def _is_num(v: Any) -> bool:
 MAX_ALIGNED = 60   # characters: a longer cell overflows its own line instead of widening its column
 
 
+# Unicode categories that must not reach a terminal or a log line as they are: control characters
+# (escape sequences, carriage returns, new lines), format characters (a right-to-left override
+# shows the rest of its line reversed; zero-width ones hide text), lone surrogates (not encodable:
+# writing one to a UTF-8 terminal raises), line and paragraph separators.
+UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
 def printable(text: str) -> str:
-    """The cell as the terminal should get it: control characters (escape sequences, carriage
-    returns, new lines a node's owner or a pod author may have written) shown as '?'."""
-    return "".join("?" if unicodedata.category(ch) == "Cc" else ch for ch in text)
+    """The cell as the terminal should get it: the characters of :data:`UNSAFE_CATEGORIES` a node's
+    owner or a pod author may have written shown as '?'."""
+    return "".join("?" if unicodedata.category(ch) in UNSAFE_CATEGORIES else ch for ch in text)
 
 
 def render(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, indent: str = "") -> str:

@@ -66,7 +66,8 @@ output_option = click.option("--output", "-o", type=click.Choice(["table", "json
 
 def say(text: str = "", err: bool = False) -> None:
     """``click.echo`` for text that may carry what pod authors and node owners wrote: its control
-    characters (escape sequences, carriage returns) are shown as '?', its new lines kept."""
+    and format characters (escape sequences, carriage returns, bidi overrides) and lone surrogates
+    are shown as '?' (:func:`~stowage.textable.printable`), its new lines kept."""
     click.echo("\n".join(printable(line) for line in text.split("\n")), err=err)
 
 

@@ -58,3 +58,30 @@ def test_a_record_naming_a_hostile_card_is_refused_without_its_control_character
     assert not raw(details) and "y" * 100 not in details   # quoted short
     refusals = [m for m in lines.messages if "its record names card" in m]
     assert refusals and not any(raw(m) for m in refusals)
+
+
+def test_the_operators_tables_show_no_bidi_override_nor_a_lone_surrogate():
+    """`stowage inspect` / `plan` print what pod authors wrote (a learned shape's model list from
+    ``stowage.io/gpu-model``). Only control characters were made printable: a right-to-left
+    override (U+202E) reached the terminal and showed the rest of its row reversed, a line
+    separator (U+2028) passed, and a lone surrogate (JSON's ``"\\ud800"``, which the fake API
+    server serves as it was given) cannot be written to a UTF-8 terminal at all."""
+    from stowage.textable import render
+    out = render(["SHAPE", "PODS"], [["1 GPU on A100" + HOSTILE + "\ud800", 3], ["other", 1]])
+    lines = out.split("\n")
+    assert len(lines) == 3 and not any(raw(line) for line in lines) and "A100" in lines[1]
+    out.encode("utf-8")   # what a terminal (or a pipe) takes
+
+
+def test_say_writes_a_lone_surrogate_as_a_printable_character(monkeypatch):
+    """``say`` (every line of `inspect` and `plan`) raised UnicodeEncodeError on a lone surrogate:
+    a traceback instead of the command's output."""
+    import io
+    import sys
+    from stowage_ops.cluster_source import say
+    out = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out, encoding="utf-8", errors="strict"))
+    say("pod ml/p: model A100\ud800 " + HOSTILE.replace("\r\n", " ") + "\nnext line")
+    sys.stdout.flush()
+    printed = out.getvalue().decode("utf-8").split("\n")
+    assert printed[1:] == ["next line", ""] and not raw(printed[0]) and "A100" in printed[0]
