@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from stowage import logtext
 from stowage.clickcheck import check_can_listen
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES
 from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
@@ -71,7 +72,7 @@ def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple
     Stowage extender reads, and give each container exactly the card(s) the extender recorded on
     its pod. Runs until SIGTERM/SIGINT, then removes its sockets.
     """
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logtext.log_to_stderr(log_level)   # one line per message, whatever it quotes
     log = logging.getLogger("stowage.deviceplugin")
     ignored, disabled = ignored_xids   # read while parsing (gpunode.health.ignored_xids_option)
     from .server import DevicePlugin, MessageTooLarge, PluginConfig, PluginDirUnusable  # grpc + stubs: only when actually running

@@ -8,6 +8,7 @@ import threading
 import click
 
 from gpunode.health import DEFAULT_IGNORED_XIDS, ignored_xids_option
+from stowage import logtext
 
 from .checkpoint import DEFAULT_CHECKPOINT
 from .podlogs import DEFAULT_POD_LOGS
@@ -59,7 +60,7 @@ def main(port: int, listen_address: str, node_name: str, pod_resources_socket: s
     stowage_exporter_up{source=...} says what is missing, and the log says why (once).
     """
     ignored, disabled = ignored_xids   # read while parsing (gpunode.health.ignored_xids_option)
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logtext.log_to_stderr(log_level)   # one line per message, whatever it quotes
     log = logging.getLogger("stowage.exporter")
     from .collector import ExporterConfig  # pynvml/grpc/stubs: only when actually running
     from .server import Exporter

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import click
 from flask import Flask
 
+from stowage import logtext
 from stowage.allocation import RecordTrust
 from stowage.clickcheck import CheckedCommand, after_parsing, check_can_listen, parse_host_port
 from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
@@ -40,7 +41,6 @@ log = logging.getLogger("stowage.extender")
 
 # The pod's loopback: in the sidecar layout kube-scheduler reaches the extender there, nothing else can.
 DEFAULT_BIND = "127.0.0.1:8888"
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Options that only a kube-mode extender reads (parameter -> flag): refused with --simulated, where
 # they would be ignored without a word.
 KUBE_ONLY_OPTIONS = {"record_key_file": "--record-key-file", "scheduler_names": "--scheduler-name",
@@ -398,7 +398,7 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
       stowage extender --simulated my-cluster.yaml --bind 127.0.0.1:9999
       stowage extender --in-cluster --workers 2 --metrics-bind 0.0.0.0:9888   # as scheduler-config/ runs it
     """
-    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
+    logtext.log_to_stderr(log_level)   # one line per message, whatever it quotes
     tls = tls_files(tls_cert, tls_key, tls_client_ca)   # all or none: checked while parsing
     cluster = None
     if simulated:

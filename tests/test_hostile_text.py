@@ -85,3 +85,60 @@ def test_say_writes_a_lone_surrogate_as_a_printable_character(monkeypatch):
     sys.stdout.flush()
     printed = out.getvalue().decode("utf-8").split("\n")
     assert printed[1:] == ["next line", ""] and not raw(printed[0]) and "A100" in printed[0]
+
+
+def _formatted(logger_name: str, fmt_args: tuple) -> str:
+    """One record as the components' stderr handler writes it."""
+    from stowage.logtext import log_handler
+    record = logging.getLogger(logger_name).makeRecord(logger_name, logging.WARNING, __file__, 1, fmt_args[0],
+                                                       fmt_args[1:], None)
+    return log_handler().format(record)
+
+
+def test_a_log_line_never_carries_a_new_line_or_an_escape_sequence_of_what_it_quotes():
+    """A name a caller of the extender's port sent (``bind`` of ``PodName`` "x\\r\\n2026-12-05
+    ERROR forged"), or any other text a message quotes as it is, wrote a second, forged line
+    into the component's log and escape sequences to whoever tails it. The components' handler
+    writes each message on one line, its control characters escaped as repr() would."""
+    line = _formatted("stowage.extender", ("bind %s -> %s refused: %s", "ns/" + HOSTILE, "n0", "no"))
+    assert "\n" not in line and not raw(line)
+    assert "bind ns/GPU-x\\x1b[31m\\x1b[2J\\x1b]0;owned\\x07\\r\\n2026-12-05 ERROR forged\\u202eevil\\u2028more" \
+           " -> n0 refused: no" in line
+    assert _formatted("stowage.x", ("%s", "a\ud800b")).endswith("a\\ud800b")
+    assert _formatted("stowage.x", ("plain: %s", "GPU-1 ünïcode")).endswith("plain: GPU-1 ünïcode")   # unchanged
+
+
+def test_a_traceback_keeps_its_lines():
+    from stowage.logtext import log_handler
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        import sys
+        record = logging.getLogger("stowage.x").makeRecord("stowage.x", logging.ERROR, __file__, 1, "failed: %s",
+                                                           ("x\ny",), sys.exc_info())
+    text = log_handler().format(record)
+    first, *rest = text.split("\n")
+    assert first.endswith("failed: x\\ny") and rest[0] == "Traceback (most recent call last):" and "ValueError: boom" in text
+
+
+class _Configured(Exception):
+    """Stops a component's command right after it configured its log."""
+
+
+@pytest.mark.parametrize("module,args", [("extender.cli", ["--simulated", "builtin", "--bind", "unix:{tmp}/extender.sock"]),
+                                         ("deviceplugin.cli", ["--no-kube"]),
+                                         ("exporter.cli", ["--port", "0"])])
+def test_each_component_logs_through_the_escaping_handler(module, args, monkeypatch, tmp_path):
+    """The three components configured Python's plain handler (``logging.basicConfig``) with a
+    format of their own; each now installs :func:`stowage.logtext.log_to_stderr`'s."""
+    import importlib
+    from click.testing import CliRunner
+    import stowage.logtext
+
+    def configured(level: str) -> None:
+        raise _Configured(level)
+    monkeypatch.setattr(stowage.logtext, "log_to_stderr", configured)
+    monkeypatch.setattr(logging, "basicConfig", lambda **kw: pytest.fail(f"{module} configured logging itself"))
+    command = getattr(importlib.import_module(module), "serve" if module == "extender.cli" else "main")
+    result = CliRunner().invoke(command, [a.format(tmp=tmp_path) for a in args])
+    assert isinstance(result.exception, _Configured), result.output
