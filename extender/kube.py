@@ -49,6 +49,7 @@ from kubernetes.client.exceptions import ApiException
 from orjson import loads as _loads
 
 from stowage.allocation import AllocationRecord, RecordTrust
+from stowage.logtext import escaped
 from stowage.kubelist import (LIST_PAGE_BYTES, LIST_PAGE_SIZE, OBJECT_BYTES, ListLoop, PageSizer, byte_size,
                                expired, list_in_pages, status_of)
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request
@@ -264,12 +265,23 @@ def api_status(exc: ApiException) -> dict:
     return status_of(exc.body)
 
 
+API_MESSAGE_CHARS = 1024   # of an API server's message quoted in an error or a log line
+
+
 def api_message(exc: BaseException) -> str:
-    """The API server's own message from an ApiException (its Status body), else a short repr."""
+    """The API server's own message from an ApiException (its Status body), else a short repr.
+
+    The message is escaped (:func:`stowage.logtext.escaped`) and cut at :data:`API_MESSAGE_CHARS`:
+    it goes into bind errors, which kube-scheduler puts in the pod's FailedScheduling event, and an
+    admission webhook's denial may quote what the pod's author wrote, control characters and all,
+    at any length."""
     if isinstance(exc, ApiException):
         message = api_status(exc).get("message")
         if message:
-            return f"{message} (HTTP {exc.status})"
+            text = escaped(str(message))
+            if len(text) > API_MESSAGE_CHARS:
+                text = f"{text[:API_MESSAGE_CHARS]}... ({len(text)} characters)"
+            return f"{text} (HTTP {exc.status})"
         return f"HTTP {exc.status} {exc.reason or ''}".strip()
     return f"{type(exc).__name__}: {exc}"
 

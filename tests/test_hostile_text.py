@@ -142,3 +142,22 @@ def test_each_component_logs_through_the_escaping_handler(module, args, monkeypa
     command = getattr(importlib.import_module(module), "serve" if module == "extender.cli" else "main")
     result = CliRunner().invoke(command, [a.format(tmp=tmp_path) for a in args])
     assert isinstance(result.exception, _Configured), result.output
+
+
+def test_an_api_servers_message_reaches_a_bind_error_without_control_characters_and_bounded():
+    """A bind error carries the API server's Status message, and kube-scheduler puts the error in
+    the pod's FailedScheduling event. An admission webhook's denial may quote what the pod's
+    author wrote, control characters and all, at any length."""
+    import json
+
+    from kubernetes.client.exceptions import ApiException
+
+    from extender.kube import api_message
+
+    exc = ApiException(status=403, reason="Forbidden")
+    exc.body = json.dumps({"kind": "Status", "code": 403,
+                           "message": "admission webhook denied: " + HOSTILE * 2000}).encode()
+    said = api_message(exc)
+    assert said.startswith("admission webhook denied: GPU-x") and said.endswith("(HTTP 403)")
+    assert not raw(said), raw(said)[:5]
+    assert len(said) < 2000
