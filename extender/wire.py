@@ -141,6 +141,11 @@ def parse_extender_args(body: bytes | str | Mapping[str, Any]) -> ExtenderArgs:
     return ExtenderArgs(pod=pod, node_names=node_names, nodes=nodes, names=names)
 
 
+# The longest name of a Kubernetes object (a DNS subdomain: pods, nodes); namespaces (63) and
+# uids (36) are shorter. A bind body's names past it are no object's.
+MAX_NAME_CHARS = 253
+
+
 @dataclass(frozen=True)
 class BindingArgs:
     """An ``ExtenderBindingArgs`` body."""
@@ -166,6 +171,8 @@ def parse_binding_args(body: bytes | str | Mapping[str, Any]) -> BindingArgs:
             v = ""
         if not isinstance(v, str):
             raise WireError(f"'{name}' must be a string, got {type(v).__name__}")
+        if len(v) > MAX_NAME_CHARS:   # else quoted whole in the bind's log line, its error and a GET
+            raise WireError(f"'{name}' has {len(v)} characters; a Kubernetes name has at most {MAX_NAME_CHARS}")
         values[name] = v
     missing = [n for n in ("PodName", "Node") if not values[n]]
     if missing:

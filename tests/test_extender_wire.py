@@ -182,3 +182,18 @@ def test_unknown_nodes_fail_without_error(server, wire):
     ans = server.post("/filter", body).json()
     assert ans["Error"] == "" and ans["NodeNames"] == ["node-c"]
     assert ans["FailedNodes"] == {"ghost-1": "node unknown to Stowage", "node-a": "too few free cards for 2 GPUs: 1 free"}
+
+
+@pytest.mark.parametrize("field", ["PodName", "PodNamespace", "PodUID", "Node"])
+def test_a_bind_body_with_a_name_no_kubernetes_object_has_is_refused_in_a_short_message(field):
+    """A Kubernetes name has at most 253 characters. A bind body that is not kube-scheduler's may
+    send a name of megabytes: it went into the bind log line, the error answered and a GET of the
+    pod, whole."""
+    from extender.wire import WireError
+
+    body = {"PodName": "p", "PodNamespace": "default", "PodUID": "u", "Node": "n1", field: "x" * 100_000}
+    with pytest.raises(WireError) as err:
+        parse_binding_args(__import__("orjson").dumps(body))
+    assert field in str(err.value) and "253" in str(err.value) and len(str(err.value)) < 200
+    body[field] = "x" * 253
+    assert parse_binding_args(__import__("orjson").dumps(body))   # the longest name there is
