@@ -358,6 +358,9 @@ def pod_priority(pod: Mapping[str, Any] | None) -> int:
 
 
 def _victims_of(node: str, raw: Any, meta: bool) -> NodeVictims:
+    if len(node) > MAX_NAME_CHARS:   # else quoted whole in every error about it
+        raise WireError(f"a node name in {'NodeNameToMetaVictims' if meta else 'NodeNameToVictims'} has {len(node)} "
+                        f"characters; a Kubernetes name has at most {MAX_NAME_CHARS}")
     where = f"{'NodeNameToMetaVictims' if meta else 'NodeNameToVictims'}[{node!r}]"
     if raw is None:
         return NodeVictims([], {}, 0)
@@ -386,6 +389,9 @@ def _victims_of(node: str, raw: Any, meta: bool) -> NodeVictims:
             uid = m.get("uid") if isinstance(m, dict) else None
         if not isinstance(uid, str) or not uid:
             raise WireError(f"{where}.Pods[{j}] has no {'UID' if meta else 'metadata.uid'}")
+        if len(uid) > MAX_NAME_CHARS:
+            raise WireError(f"{where}.Pods[{j}]: a UID of {len(uid)} characters; a Kubernetes name has at most "
+                            f"{MAX_NAME_CHARS}")
         if uid in seen:
             continue  # a UID listed twice is one pod
         seen.add(uid)

@@ -345,3 +345,15 @@ def test_the_watch_moves_and_ends_a_nomination_in_kube_mode():
             assert filter_names(svc, low, ["n"]).node_names == ["n"]
         finally:
             f.stop()
+
+
+@pytest.mark.parametrize("where", ["node", "uid"])
+def test_a_preempt_body_with_a_name_no_kubernetes_object_has_is_refused_in_a_short_message(where):
+    """As for bind: a node name or victim UID of megabytes is no object's, and went whole into the
+    error answered (and the log line that quotes it)."""
+    big = "x" * 100_000
+    node, uid = (big, "u1") if where == "node" else ("n1", big)
+    body = json.dumps({"Pod": {}, "NodeNameToMetaVictims": {node: {"Pods": [{"UID": uid}], "NumPDBViolations": 0}}})
+    with pytest.raises(WireError) as err:
+        parse_preemption_args(body)
+    assert "253" in str(err.value) and len(str(err.value)) < 200, str(err.value)[:300]
