@@ -292,10 +292,8 @@ def retry_after_s(exc: BaseException) -> int | None:
     fairness sheds load with 429 and ``Retry-After``; coming back sooner only adds to the load."""
     if not isinstance(exc, ApiException) or not (exc.status == 429 or (exc.status or 0) >= 500):
         return None
-    value = (exc.headers or {}).get("Retry-After")
-    if value is None or not str(value).strip().isdigit():
-        return None
-    return int(str(value).strip())
+    value = str((exc.headers or {}).get("Retry-After") or "").strip()
+    return int(value) if value.isascii() and value.isdigit() else None   # "²" is a digit to isdigit()
 
 
 def resource_expired(exc: ApiException) -> bool:

@@ -667,6 +667,7 @@ def _retry_delays(caplog: pytest.LogCaptureFixture, kind: str) -> list[float]:
     ("2", 2.0),          # the API server's priority and fairness shed the request: wait as it asks
     ("100000", 3.0),     # a peer asking for a day: held to the back-off's ceiling (backoff_max_s)
     ("soon", None),      # not a number of seconds: the usual back-off
+    ("\u00b2", None),   # a digit to str.isdigit() ("²"), not to int(): it killed the feed's thread
 ])
 def test_a_429_is_retried_no_sooner_than_its_retry_after_says(kube, feeders, caplog, retry_after, waits):
     """kube-apiserver sheds load with 429 and ``Retry-After`` (API priority and fairness), and
