@@ -386,8 +386,7 @@ def _unknown_cards(uuids: Sequence[str]) -> str:
     pod author's, up to 256 characters, in a cluster that does not sign records), the first few.
     Why: the note goes into the plugin's log line and the gRPC status the kubelet shows as the pod's
     admission error; written as it was, a uuid of escape sequences and new lines reached both."""
-    more = f", ... ({len(uuids)} cards)" if len(uuids) > UNKNOWN_SHOWN else ""
-    return ", ".join(shown(u, UNKNOWN_CHARS) for u in uuids[:UNKNOWN_SHOWN]) + more
+    return some_ids([shown(u, UNKNOWN_CHARS) for u in uuids], UNKNOWN_SHOWN, "cards")
 
 
 def _explain(survey_: PodSurvey) -> str:
@@ -395,15 +394,16 @@ def _explain(survey_: PodSurvey) -> str:
     return "; ".join(parts) if parts else "no pod bound to this node is waiting for this resource"
 
 
-def some_ids(ids: Sequence[str], shown: int = 8) -> str:
-    """Device IDs for a message: all of them when few, else the first ``shown`` and how many.
+def some_ids(ids: Sequence[str], shown: int = 8, what: str = "devices") -> str:
+    """Device IDs (or other ``what``) for a message: all of them when few, else the first ``shown``
+    and how many.
 
     A request may carry 4 MiB of IDs (gRPC's limit): a refusal naming each one made a status message
     of a megabyte, which the caller's gRPC cannot receive (it sees RESOURCE_EXHAUSTED instead of the
     refusal), and a log line as long, per call."""
     if len(ids) <= shown:
         return ", ".join(ids)
-    return f"{', '.join(ids[:shown])}, ... ({len(ids)} devices)"
+    return f"{', '.join(ids[:shown])}, ... ({len(ids)} {what})"
 
 
 def _cards_of(table: DeviceTable, resource: str, ids: Iterable[str]) -> dict[str, str]:

@@ -146,6 +146,13 @@ def parse_extender_args(body: bytes | str | Mapping[str, Any]) -> ExtenderArgs:
 MAX_NAME_CHARS = 253
 
 
+def _check_name(what: str, value: str) -> None:
+    """A name a request sent, refused past :data:`MAX_NAME_CHARS`: no object has it, and quoted
+    whole it would go into the log line, the error answered and an API request."""
+    if len(value) > MAX_NAME_CHARS:
+        raise WireError(f"{what} has {len(value)} characters; a Kubernetes name has at most {MAX_NAME_CHARS}")
+
+
 @dataclass(frozen=True)
 class BindingArgs:
     """An ``ExtenderBindingArgs`` body."""
@@ -171,8 +178,7 @@ def parse_binding_args(body: bytes | str | Mapping[str, Any]) -> BindingArgs:
             v = ""
         if not isinstance(v, str):
             raise WireError(f"'{name}' must be a string, got {type(v).__name__}")
-        if len(v) > MAX_NAME_CHARS:   # else quoted whole in the bind's log line, its error and a GET
-            raise WireError(f"'{name}' has {len(v)} characters; a Kubernetes name has at most {MAX_NAME_CHARS}")
+        _check_name(f"'{name}'", v)
         values[name] = v
     missing = [n for n in ("PodName", "Node") if not values[n]]
     if missing:
@@ -358,9 +364,7 @@ def pod_priority(pod: Mapping[str, Any] | None) -> int:
 
 
 def _victims_of(node: str, raw: Any, meta: bool) -> NodeVictims:
-    if len(node) > MAX_NAME_CHARS:   # else quoted whole in every error about it
-        raise WireError(f"a node name in {'NodeNameToMetaVictims' if meta else 'NodeNameToVictims'} has {len(node)} "
-                        f"characters; a Kubernetes name has at most {MAX_NAME_CHARS}")
+    _check_name(f"a node name in {'NodeNameToMetaVictims' if meta else 'NodeNameToVictims'}", node)
     where = f"{'NodeNameToMetaVictims' if meta else 'NodeNameToVictims'}[{node!r}]"
     if raw is None:
         return NodeVictims([], {}, 0)
@@ -389,9 +393,7 @@ def _victims_of(node: str, raw: Any, meta: bool) -> NodeVictims:
             uid = m.get("uid") if isinstance(m, dict) else None
         if not isinstance(uid, str) or not uid:
             raise WireError(f"{where}.Pods[{j}] has no {'UID' if meta else 'metadata.uid'}")
-        if len(uid) > MAX_NAME_CHARS:
-            raise WireError(f"{where}.Pods[{j}]: a UID of {len(uid)} characters; a Kubernetes name has at most "
-                            f"{MAX_NAME_CHARS}")
+        _check_name(f"{where}.Pods[{j}]'s UID", uid)
         if uid in seen:
             continue  # a UID listed twice is one pod
         seen.add(uid)
