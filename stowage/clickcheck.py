@@ -53,7 +53,7 @@ class CheckedCommand(click.Command):
 def parse_host_port(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::]:9888`` for IPv6) -> (host, port); ValueError with a clear message."""
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ValueError(f"expected HOST:PORT (e.g. 0.0.0.0:9888), got {value!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
 

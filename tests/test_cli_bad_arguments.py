@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from stowage.cli import main
 
 
-@pytest.mark.parametrize("bind", ["nonsense", "127.0.0.1:99999", "127.0.0.1:"])
+@pytest.mark.parametrize("bind", ["nonsense", "127.0.0.1:99999", "127.0.0.1:", "127.0.0.1:\u00b2"])
 def test_a_malformed_bind_is_named_as_malformed(bind):
     r = CliRunner().invoke(main, ["extender", "--bind", bind, "--simulated", "builtin"])
     assert r.exit_code == 2 and "HOST:PORT" in r.output and "other machines" not in r.output
