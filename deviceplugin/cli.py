@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from stowage import logtext
-from stowage.clickcheck import check_can_listen
+from stowage.clickcheck import cannot_listen, check_can_listen
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES
 from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
 
@@ -97,8 +97,9 @@ def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
+    metrics_at, metrics_hint = f"0.0.0.0:{metrics_port}", "another node agent on the host network? "
     if metrics_port and core_api is not None and node_name:   # the port it will serve, before anything is served
-        check_can_listen(f"0.0.0.0:{metrics_port}", "--metrics-port", hint="another node agent on the host network? ")
+        check_can_listen(metrics_at, "--metrics-port", metrics_hint)
     plugin = DevicePlugin(cfg)
     try:
         plugin.start()
@@ -111,8 +112,7 @@ def main(node_name: str, plugin_dir: str, memory_unit_mib: int, resources: tuple
             serve_metrics(plugin.reconciler.registry, metrics_port)
         except OSError as exc:   # taken since the check: stop serving the kubelet, say why in one line
             plugin.stop()
-            raise click.ClickException(f"cannot listen on 0.0.0.0:{metrics_port} (--metrics-port): "
-                                       f"{exc.strerror or exc}") from None
+            raise cannot_listen(metrics_at, "--metrics-port", exc, metrics_hint) from None
         log.info("metrics on :%d/metrics", metrics_port)
     log.info("device plugin running for %s in %s", ", ".join(cfg.resources), plugin_dir)
     while not done.wait(1.0):

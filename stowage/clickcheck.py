@@ -76,5 +76,11 @@ def check_can_listen(address: str, flag: str, hint: str = "") -> None:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(where)
     except OSError as exc:   # socket.gaierror is one
-        said = f" ({hint}choose a free port with {flag})" if exc.errno == errno.EADDRINUSE else ""
-        raise click.ClickException(f"cannot listen on {address} ({flag}): {exc.strerror or exc}{said}") from None
+        raise cannot_listen(address, flag, exc, hint) from None
+
+
+def cannot_listen(address: str, flag: str, exc: OSError, hint: str = "") -> click.ClickException:
+    """The one line that says ``address`` (given by ``flag``) cannot be listened on, and why: by
+    :func:`check_can_listen`, and by a listener that lost the port in between."""
+    said = f" ({hint}choose a free port with {flag})" if exc.errno == errno.EADDRINUSE else ""
+    return click.ClickException(f"cannot listen on {address} ({flag}): {exc.strerror or exc}{said}")
