@@ -637,6 +637,28 @@ class KubeFeeder:
 
     # ------------------------------------------------------------------ the loops
     def _run(self, st: StreamState) -> None:
+        """The stream's thread: list, then watch, for as long as the feeder runs.
+
+        Nothing may end it but ``stop()``: a kind whose thread ended would freeze its part of the
+        model for good. So a fault in this loop's own handling of a failure (a bug: it happened,
+        with a ``Retry-After`` of odd digits) is logged with its traceback, and the stream relists
+        after the back-off's ceiling."""
+        while not self._stop.is_set():
+            try:
+                self._list_and_watch(st)
+            except Exception as exc:
+                log.exception("%s stream: internal error in the feeder's own failure handling; relisting in %gs",
+                              st.kind, self.backoff.max_s)
+                with self._lock:   # the stream counts as failing (/readyz, status) until it works again
+                    st.errors += 1
+                    st.failing_since = st.failing_since if st.failing_since is not None else self.clock()
+                    st.last_error = f"internal error: {type(exc).__name__}"
+                if self._stop.wait(self.backoff.max_s):
+                    break
+
+    def _list_and_watch(self, st: StreamState) -> None:
+        """List, then watch from the list's resourceVersion; relist on 410 Gone and every
+        ``resync_s``; back off after any other failure."""
         need_list = True
         while not self._stop.is_set():
             try:

@@ -708,3 +708,33 @@ def test_a_watch_kept_open_past_its_timeout_by_bytes_that_are_no_event_is_cut_an
     kube.create_node(inv_node("n2", [24]))
     kube.wait_for(lambda: "n2" in f.model.index, timeout=30)
     kube.wait_for(lambda: f.ready()[0])
+
+
+def test_a_fault_in_the_feeders_own_error_handling_does_not_end_its_stream(kube, feeders, caplog, monkeypatch):
+    """The stream's thread ran every failure through ``_failed``; an exception raised there (as
+    the ``Retry-After: ²`` one did) escaped the loop and ended the thread: that kind's model froze
+    for good, with /readyz false and nothing to restart it. Whatever goes wrong in the loop's own
+    handling now is logged with its traceback, and the stream relists after the back-off's
+    ceiling."""
+    import extender.kube as kube_mod
+    kube.create_node(inv_node("n1", [80]))
+    real = kube_mod.api_message
+    broken = {"left": 1}
+
+    def api_message_with_a_bug(exc: BaseException) -> str:
+        if broken["left"]:
+            broken["left"] -= 1
+            raise ValueError("a bug in the error handler")
+        return real(exc)
+
+    monkeypatch.setattr(kube_mod, "api_message", api_message_with_a_bug)
+    kube.fail_next(1, status=500, path="^/api/v1/nodes$", method="GET")
+    f = new_feeder(kube, backoff_max_s=0.2)
+    feeders.append(f)
+    with caplog.at_level(logging.ERROR, logger="stowage.kube"):
+        f.start()
+        kube.wait_for(lambda: "a bug in the error handler" in caplog.text)
+        kube.wait_for(lambda: f.ready()[0])
+    assert "Traceback" in caplog.text or any(r.exc_info for r in caplog.records)
+    kube.create_node(inv_node("n2", [24]))
+    kube.wait_for(lambda: "n2" in f.model.index)
