@@ -48,7 +48,7 @@ def create_app(service: ExtenderService, *, url_prefix: str = "", ready: ReadyFn
     (``KubeFeeder.health``), on /metrics too. Both are None with a simulated cluster (no feed).
     """
     app = Flask("stowage.extender")
-    # The verbs read their bodies with verbs.read_body (limit checked there); this bounds any
+    # The verbs read their bodies with intake.BodyReader (limit checked there); this bounds any
     # other route's body read through werkzeug (413 via the handler below).
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes + 1
     metrics = Metrics(service, feed_bounds, feed_health)

@@ -377,7 +377,7 @@ class BodyReader:
         """``(body or refusal, lane)``: release ``lane`` (:meth:`done`) once the answer is made."""
         length = environ.get("CONTENT_LENGTH") or ""
         stream = environ["wsgi.input"]
-        known = length.isdigit() and "HTTP_TRANSFER_ENCODING" not in environ
+        known = length.isascii() and length.isdigit() and "HTTP_TRANSFER_ENCODING" not in environ   # "²".isdigit()
         n = int(length) if known else -1
         if known and n > self.limit:
             return self.too_large(), None

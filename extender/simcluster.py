@@ -97,7 +97,7 @@ def _mib(value: Any, where: str) -> int:
     try:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             mib, bare = int(value), True
-        elif isinstance(value, str) and value.strip().replace(".", "", 1).isdigit():
+        elif isinstance(value, str) and value.isascii() and value.strip().replace(".", "", 1).isdigit():
             mib, bare = int(float(value)), True
         else:
             mib, bare = quantity_to_mib(value), False

@@ -57,21 +57,6 @@ def json_reply(doc: Any, status: int = 200, outcome: str = "ok") -> Reply:
     return Reply(status, encode(doc), outcome)
 
 
-def read_body(environ: dict[str, Any], limit: int) -> bytes | None:
-    """A WSGI request's body, or None when it is over ``limit`` bytes (then a known length is
-    not read at all). Read straight from the server's input: werkzeug's stream wrappers were a
-    measurable share of a small request's cost; the server (gunicorn, werkzeug's) dechunks."""
-    length = environ.get("CONTENT_LENGTH") or ""
-    stream = environ["wsgi.input"]
-    if length.isdigit() and "HTTP_TRANSFER_ENCODING" not in environ:
-        n = int(length)
-        if n > limit:
-            return None
-        return stream.read(n) if n else b""
-    data = stream.read(limit + 1)  # chunked: one byte more than allowed shows an excess
-    return data if len(data) <= limit else None
-
-
 def verb_prefix(url_prefix: str) -> str:
     """The verbs' path prefix: '' or '/x[/y]' (no trailing slash), however the flag was written."""
     return "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""

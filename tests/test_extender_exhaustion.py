@@ -279,3 +279,17 @@ def test_the_shipped_body_limit_fits_the_shipped_memory_limit_whatever_the_body_
     finally:
         http.close()
         proc.stop()
+
+
+@pytest.mark.parametrize("length", ["\u00b2", "1\u0663"])
+def test_a_content_length_of_digits_int_cannot_read_is_no_known_length(length):
+    """gunicorn refuses such a header itself (400), but the reader must not count on its host:
+    ``"²".isdigit()`` is true and ``int("²")`` raises, which was a 500 from inside the reader.
+    A length that is not ASCII digits is read as one of unknown length, within the limit."""
+    import io
+
+    from extender.intake import BodyReader
+    reader = BodyReader(limit=100)
+    body, held = reader.read({"CONTENT_LENGTH": length, "wsgi.input": io.BytesIO(b'{"Pod": {}}')})
+    reader.done(held)
+    assert body == b'{"Pod": {}}'
