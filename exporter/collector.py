@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from . import checkpoint as ckpt
 from . import podlogs
-from .attribution import MAX_NAME, CardSplit, ContainerRef, Owner, holders_by_card, nameable, split_card
+from .attribution import MAX_NAME, CardSplit, Owner, holders_by_card, nameable, split_card
 from .cgroups import ProcessGone, pod_of_pid
 from .checkpoint import PodKey, UidMap
 from .nvmlreader import CardSample, NvmlReader

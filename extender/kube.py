@@ -51,7 +51,7 @@ from orjson import loads as _loads
 from stowage.allocation import AllocationRecord, RecordTrust
 from stowage.logtext import escaped
 from stowage.kubelist import (LIST_PAGE_BYTES, LIST_PAGE_SIZE, OBJECT_BYTES, ListLoop, PageSizer, byte_size,
-                               expired, list_in_pages, status_of)
+                               list_in_pages, status_of)
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request
 
 from .errors import KubeConfigError
@@ -294,12 +294,6 @@ def retry_after_s(exc: BaseException) -> int | None:
         return None
     value = str((exc.headers or {}).get("Retry-After") or "").strip()
     return int(value) if value.isascii() and value.isdigit() else None   # "²" is a digit to isdigit()
-
-
-def resource_expired(exc: ApiException) -> bool:
-    """The Status's reason is ``Expired`` (:func:`stowage.kubelist.expired`). The HTTP reason
-    phrase (``exc.reason``) is not it."""
-    return expired(exc.body)
 
 
 def load_api_client(kubeconfig: str | None = None, in_cluster: bool = False,

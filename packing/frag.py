@@ -554,13 +554,6 @@ class FragIndex:
         return t.p_all * idle - np.einsum("gn,gn->n", w, big)
 
 
-def workload_of(pairs: Iterable[tuple[GpuRequest, Sequence[str]]], host_memory: bool = False) -> Workload:
-    w = Workload()
-    for req, models in pairs:
-        w.add(PodClass.of(req, models, host_memory=host_memory))
-    return w
-
-
 POPULARITY = 0.95         # typical pods cover 95 % of the workload's pods
 
 

@@ -51,10 +51,6 @@ class PodPolicy:
     min_card_mem_mib: int = 0
     topology: str = PREFER_LOCAL
 
-    @property
-    def constrains_cards(self) -> bool:
-        return bool(self.models_include or self.models_exclude or self.min_card_mem_mib)
-
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:
     v = value.strip().lower()

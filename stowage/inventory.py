@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from .resources import DEFAULT_MEMORY_UNIT_MIB, MAX_CARD_MEMORY_MIB, RESOURCE_GPU, RequestError, quantity_to_int

@@ -18,7 +18,7 @@ from ..progress import progress_bar
 from .replay import SEEDS, binned, replay
 from . import runstore
 from .report import PolicyResult, calibration, format_table, load_published, write_outputs
-from .trace import (DEFAULT_TRACE, PUBLISHED_FILE, REPO_ROOT, Nodes, Pods, TraceError, available_traces,
+from .trace import (DEFAULT_TRACE, PUBLISHED_FILE, Nodes, Pods, TraceError, available_traces,
                     data_dir, load_nodes, trace_name)
 from .variants import DEFAULT_VARIANTS, default_traces, load_trace
 
