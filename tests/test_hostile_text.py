@@ -121,6 +121,36 @@ def test_a_traceback_keeps_its_lines():
     assert first.endswith("failed: x\\ny") and rest[0] == "Traceback (most recent call last):" and "ValueError: boom" in text
 
 
+def test_a_tracebacks_exception_messages_are_escaped_and_its_lines_kept():
+    """An exception's message may quote what a pod author or a peer wrote (a ValueError of an
+    annotation's value, an API server's message), and ``log.exception`` wrote it as it was after
+    the stack: its new line forged a log line, its escape sequences reached the terminal. The
+    messages of the exception and of those chained to it (and their notes) are now escaped; the
+    stack's own lines are kept."""
+    import sys
+
+    from stowage.logtext import log_handler
+    try:
+        try:
+            raise KeyError("inner\r\n2026-12-05 ERROR forged-inner\x1b[2J")
+        except KeyError as inner:
+            err = ValueError("outer\n2026-12-05 ERROR forged-outer\u202e")
+            err.add_note("note\n2026-12-05 ERROR forged-note")
+            raise err from inner
+    except ValueError:
+        record = logging.getLogger("stowage.x").makeRecord("stowage.x", logging.ERROR, __file__, 1, "failed", (),
+                                                           sys.exc_info())
+    text = log_handler().format(record)
+    lines = text.split("\n")
+    assert not [ln for ln in lines if ln.startswith("2026-12-05 ERROR forged")]
+    assert not [ln for ln in lines if raw(ln)]
+    assert "ValueError: outer\\n2026-12-05 ERROR forged-outer\\u202e" in lines
+    assert "note\\n2026-12-05 ERROR forged-note" in lines
+    assert any(ln.startswith("KeyError: ") and "forged-inner\\x1b[2J" in ln for ln in lines)
+    assert "The above exception was the direct cause of the following exception:" in lines
+    assert lines.count("Traceback (most recent call last):") == 2
+
+
 class _Configured(Exception):
     """Stops a component's command right after it configured its log."""
 
