@@ -480,3 +480,115 @@ def test_the_docs_quote_commands_of_every_kind() -> None:
     programs = {cmd.program for _, cmd in QUOTED}
     assert {"stowage", "make", "tests/fuzzing.py", *[p for p in ARGPARSE_PARSERS]} <= programs
     assert len(QUOTED) > 100
+
+
+# --- Links and named paths -------------------------------------------------------------------------
+# Why here: the same readers copy a path or follow a link from the same docs; a heading reworded
+# (``Round 5: ... (`stowage extender --in-cluster --workers N`)``) silently breaks every
+# ``#anchor`` to it, and a moved module leaves its old path in prose.
+
+# A markdown link whose target is ours: ``[text](file.md#anchor)``, ``[text](#anchor)``, ``(img/x.png)``.
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+# A code span that names a repository path: a top-level folder of the repository, then more.
+NAMED_PATH = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_./-]*$")
+
+# Folders the commands write into (git-ignored): a path there exists only after a run.
+GENERATED = ("results/",)
+
+# (file, path as named) -> why a path that does not exist is named on purpose.
+HISTORICAL_PATHS: dict[tuple[str, str], str] = {
+    ("docs/latency.md", "extender/scoring.py"): "where a speed-up was made at the time; the doc says where it is now",
+    ("docs/latency.md", "extender/policies/"): "where a speed-up was made at the time; the doc says where it is now",
+}
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: links reduced to their text, lower case, everything but
+    letters, digits, ``_``, ``-`` and spaces dropped (backticks, dots, colons, parentheses), spaces
+    made ``-``. Repeated headings get ``-1``, ``-2`` from :func:`anchors_of`."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors_of(path: Path) -> set[str]:
+    """Every anchor of a markdown file's headings (fenced code is not a heading)."""
+    out: set[str] = set()
+    seen: dict[str, int] = {}
+    in_fence = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if FENCE.match(line):
+            in_fence = not in_fence
+            continue
+        m = None if in_fence else HEADING.match(line)
+        if m:
+            anchor = github_anchor(m.group(2))
+            n = seen.get(anchor, 0)
+            seen[anchor] = n + 1
+            out.add(anchor if n == 0 else f"{anchor}-{n}")
+    return out
+
+
+def broken_links(path: Path) -> list[str]:
+    """Each relative link of one markdown file whose file or heading anchor does not exist."""
+    text, bad = path.read_text(encoding="utf-8"), []
+    for m in LINK.finditer(text):
+        target = m.group(1)
+        if re.match(r"^[a-z]+:", target):   # http:, https:, mailto:: not ours to check offline
+            continue
+        file, _, anchor = target.partition("#")
+        where = f"{_rel(path)}:{text.count(chr(10), 0, m.start()) + 1}: {target}"
+        dest = (path.parent / file) if file else path
+        if not dest.exists():
+            bad.append(f"{where} (no such file)")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors_of(dest):
+            bad.append(f"{where} (no such heading)")
+    return bad
+
+
+def missing_named_paths(path: Path) -> list[str]:
+    """Each code span that names a path under a top-level folder of the repository
+    (``benchmarks/binpack/variants.py``, ``deploy/``) and does not exist."""
+    tops = {p.name for p in ROOT.iterdir() if p.is_dir()}
+    text, bad = path.read_text(encoding="utf-8"), []
+    for m in SPAN.finditer(text):
+        span = m.group(1).strip()
+        if not NAMED_PATH.match(span) or span.split("/")[0] not in tops or "..." in span:
+            continue
+        if span.startswith(GENERATED):   # what a command writes, not what the repository holds
+            continue
+        if (ROOT / span).exists() or (_rel(path), span) in HISTORICAL_PATHS:
+            continue
+        bad.append(f"{_rel(path)}:{text.count(chr(10), 0, m.start()) + 1}: {span}")
+    return bad
+
+
+@pytest.mark.parametrize("path", MARKDOWN, ids=_rel)
+def test_each_link_of_the_docs_reaches_its_file_and_heading(path: Path) -> None:
+    assert broken_links(path) == []
+
+
+@pytest.mark.parametrize("path", MARKDOWN, ids=_rel)
+def test_each_repository_path_the_docs_name_exists(path: Path) -> None:
+    assert missing_named_paths(path) == []
+
+
+def test_the_link_and_path_checks_catch_what_they_are_for(tmp_path: Path) -> None:
+    """The checks above pass on a doc with nothing to check too; this one shows they can fail,
+    with GitHub's anchor rules (backticks and dots dropped, ``--`` kept, repeats numbered)."""
+    (tmp_path / "other.md").write_text(
+        "# Round 5: the split (`stowage extender --in-cluster --workers N`)\n## Notes\n## Notes\n"
+        "```\n# not a heading\n```\n", encoding="utf-8")
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "[ok](other.md#round-5-the-split-stowage-extender---in-cluster---workers-n) "
+        "[ok](other.md#notes-1) [ok](#top) [web](https://example.com/x#y)\n"
+        "[stale](other.md#round-5-the-split-stowage-extender---workers-n) [gone](nope.md) "
+        "[fence](other.md#not-a-heading)\n# Top\n"
+        "`benchmarks/binpack/variants.py` `benchmarks/no_such.py` `a/b` `tests/...`\n", encoding="utf-8")
+    assert [b.split(": ", 1)[1] for b in broken_links(doc)] == [
+        "other.md#round-5-the-split-stowage-extender---workers-n (no such heading)",
+        "nope.md (no such file)",
+        "other.md#not-a-heading (no such heading)",
+    ]
+    assert [b.split(": ", 1)[1] for b in missing_named_paths(doc)] == ["benchmarks/no_such.py"]
