@@ -538,8 +538,9 @@ def _not_moved(movable: list[Candidate], kinds: int, can_move: bool) -> str:
            "they are not alike (the plugin cannot tell which one the kubelet is admitting)" if kinds > 1 else
            "no equal card (same model and memory) that the kubelet offers is free of other pods' devices and records")
     return (f"; the kubelet offers no device (or too few) on the recorded card(s) of {', '.join(c.ref for c in movable)}: "
-            "its checkpoint gives them to another pod, possibly one gone or finished while it was down, until it has "
-            f"admitted the pods it found on its start; not moved elsewhere: {why}")
+            "it offers no device of a card it counts as Unhealthy, nor one its checkpoint gives to another pod, "
+            "possibly one gone or finished while it was down, until it has admitted the pods it found on its start; "
+            f"not moved elsewhere: {why}")
 
 
 def allocate(table: DeviceTable, resource: str, ids: list[str], found: PodSurvey,

@@ -33,8 +33,8 @@ from . import allocator, corrections
 from gpunode.devices import UNHEALTHY, DeviceTable, id_lengths
 from .podres import KubeletAllocations
 from gpunode.backoff import Backoff
-from gpunode.health import DEFAULT_IGNORED_XIDS, HealthTracker
-from gpunode.nvml import GpuInfo, LateCards, Nvml, NvmlUnavailable, XidWatch
+from gpunode.health import DEFAULT_IGNORED_XIDS, HealthTracker, XidLogPacer
+from gpunode.nvml import GpuInfo, LateCards, Nvml, NvmlUnavailable, XidEvent, XidWatch
 
 genprotos.ensure("deviceplugin/v1beta1/api.proto")
 from deviceplugin.v1beta1 import api_pb2 as pb  # noqa: E402
@@ -169,6 +169,7 @@ class PluginConfig:
     event_retry_first_s: float = 0.1   # a failed event wait is retried after this, doubling ...
     event_retry_max_s: float = 5.0     # ... up to this
     event_recreate_after: int = 5      # failed waits in a row before the event set is made anew
+    xid_log_every_s: float = 60.0      # XID events of one kind on one card: one warning line per this long
     rediscover_first_s: float = 1.0    # a card unreadable at start is read again after this, doubling ...
     rediscover_max_s: float = 60.0     # ... up to this
     dev_root: str = "/dev"
@@ -299,13 +300,21 @@ class Allocations:
                 while len(self._steered) > MAX_STEERED:
                     self._steered.popitem(last=False)
                 if cand.moved_from is not None:
-                    log.warning("%s: the kubelet offers no device on %s's recorded card(s) %s (its checkpoint still "
-                                "gives them to another pod, e.g. one gone while it was down); steering it to the "
+                    log.warning("%s: the kubelet offers no device on %s's recorded card(s) %s (%s); steering it to the "
                                 "equal free card(s) %s", resource, cand.ref, ", ".join(cand.moved_from.uuids),
-                                ", ".join(cand.record.uuids))
+                                self._why_not_offered(cand.moved_from.uuids), ", ".join(cand.record.uuids))
                 log.info("%s: steering %s to %s", resource, cand.ref, ", ".join(ids))
                 out.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return pb.PreferredAllocationResponse(container_responses=out)
+
+    def _why_not_offered(self, uuids: list[str]) -> str:
+        """Why the kubelet offers no device on these cards, as far as the plugin can tell: it offers
+        only Healthy devices (a card that went Unhealthy after its pod was bound), and only those its
+        checkpoint gives to no pod."""
+        sick = [u for u in uuids if not self.state.health.get(u, True)]
+        if sick:
+            return f"{', '.join(sick)} {'is' if len(sick) == 1 else 'are'} Unhealthy"
+        return "its checkpoint still gives them to another pod, e.g. one gone while it was down"
 
     def allocate(self, resource: str, req: Any) -> Any:
         out = []
@@ -509,40 +518,79 @@ class HealthMonitor:
         return True
 
     def _run(self) -> None:
+        """Rounds until stopped: one event wait, the probes when due, the late cards when due.
+
+        A round that raises (a bug, or NVML failing in a way nothing above expected) is logged once
+        with its traceback (repeats at debug) and the next one follows after a back-off: before, the
+        exception ended the thread, and from then on no XID, probe or late card was ever seen while
+        the plugin went on advertising the cards as they were.
+        """
         cfg = self.cfg
         watch = None
         if not cfg.health_disabled:   # an event set NVML cannot make yet is retried by the watch
             watch = XidWatch(list(self.tracker.cards), self._stop, cfg.event_retry_first_s,
                              cfg.event_retry_max_s, cfg.event_recreate_after)
-        next_probe = time.monotonic() + cfg.probe_interval_s
+        pacer = XidLogPacer(cfg.xid_log_every_s)
+        failing = Backoff(0.1, 5.0)
+        self._next_probe = time.monotonic() + cfg.probe_interval_s
         try:
             while not self._stop.is_set():
-                changed: set[str] = set()
-                if watch is None:
-                    self._stop.wait(cfg.event_wait_ms / 1000)
-                    now = time.monotonic()
-                else:
-                    ev = watch.wait(cfg.event_wait_ms)   # backs off by itself while the channel is broken
-                    now = time.monotonic()
-                    changed = self.tracker.on_wait(ev, watch.watched, watch.broken, now)
-                    if ev is not None and ev.wait_failed:   # the failure itself is logged by the watch, once
-                        if changed:
-                            log.warning("unhealthy while their XID events cannot be watched: %s",
-                                        ", ".join(sorted(changed)))
-                    elif ev is not None:
-                        log.warning("NVML event: XID %s on %s%s", ev.xid, ev.uuid or "an unknown card",
-                                    f" -> unhealthy: {', '.join(sorted(changed))}" if changed else " (ignored)")
-                if now >= next_probe:
-                    next_probe = now + cfg.probe_interval_s
-                    changed |= self._probe_all(now)
-                if self.late is not None and self.late.wait_left() <= 0:
-                    changed |= self._add_late_cards(watch, now)
-                if changed:
-                    self.state.set_health(self.tracker.snapshot())
-                    self.on_change()
+                try:
+                    self._round(watch, pacer)
+                except Exception as exc:
+                    delay, new = failing.failed(f"{type(exc).__name__}: {exc}")
+                    if new:
+                        log.exception("a round of the health thread failed; going on in %.1f s (the same failure "
+                                      "again is logged at debug)", delay)
+                    else:
+                        log.debug("a round of the health thread failed again (%d in a row)", failing.failures,
+                                  exc_info=True)
+                    self._stop.wait(delay)
+                    continue
+                if failing.succeeded():
+                    log.warning("the health thread's rounds work again")
         finally:
             if watch is not None:
                 watch.close()
+
+    def _round(self, watch: XidWatch | None, pacer: XidLogPacer) -> None:
+        cfg = self.cfg
+        changed: set[str] = set()
+        if watch is None:
+            self._stop.wait(cfg.event_wait_ms / 1000)
+            now = time.monotonic()
+        else:
+            ev = watch.wait(cfg.event_wait_ms)   # backs off by itself while the channel is broken
+            now = time.monotonic()
+            changed = self.tracker.on_wait(ev, watch.watched, watch.broken, now)
+            if ev is not None and ev.wait_failed:   # the failure itself is logged by the watch, once
+                if changed:
+                    log.warning("unhealthy while their XID events cannot be watched: %s", ", ".join(sorted(changed)))
+            elif ev is not None:
+                self._log_event(ev, changed, pacer)
+        if now >= self._next_probe:
+            self._next_probe = now + cfg.probe_interval_s
+            changed |= self._probe_all(now)
+        if self.late is not None and self.late.wait_left() <= 0:
+            changed |= self._add_late_cards(watch, now)
+        # a round that failed half-way may have changed the tracker without saying so: compare
+        if changed or self.tracker.snapshot() != self.state.health:
+            self.state.set_health(self.tracker.snapshot())
+            self.on_change()
+
+    def _log_event(self, ev: XidEvent, changed: set[str], pacer: XidLogPacer) -> None:
+        """One line per XID event that changes a card's health; the others paced (:class:`XidLogPacer`)."""
+        loud, quiet = pacer.loud(ev.uuid, ev.xid)
+        what = f"XID {ev.xid}" if ev.xid is not None else (ev.detail or "an XID event")
+        if changed:
+            outcome = f" -> unhealthy: {', '.join(sorted(changed))}"
+        elif ev.xid is not None and ev.xid in self.tracker.ignored_xids:
+            outcome = " (ignored: an application's fault, the card is fine)"
+        else:
+            outcome = " (already unhealthy)"
+        more = f"; {quiet} more such events since the last one logged, logged at debug" if quiet else ""
+        log.log(logging.WARNING if (loud or changed) else logging.DEBUG, "NVML event: %s on %s%s%s", what,
+                ev.uuid or "an unknown card", outcome, more)
 
     def _add_late_cards(self, watch: XidWatch | None, now: float) -> set[str]:
         """Read the due cards that were unreadable at start; advertise those that answer. Returns their UUIDs.

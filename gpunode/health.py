@@ -8,8 +8,9 @@ uncorrectable ECC errors).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Hashable
 
 from .nvml import XidEvent
 
@@ -169,3 +170,38 @@ class HealthTracker:
             c.healthy, c.reason = True, ""
             return True
         return False
+
+
+@dataclass
+class XidLogPacer:
+    """Which XID events to log loudly: the first of each (card, XID), then at most one per ``every_s``.
+
+    A card in trouble, or an application that faults its card over and over (XIDs 13, 31, 43 come
+    at whatever rate the pod's code makes them), can raise thousands of XID events a second; one
+    warning line each flooded the agent's log. The events themselves are all applied; only their
+    lines are paced: :meth:`loud` says whether this one is logged loudly and how many of its kind
+    were kept quiet (logged at debug) since the last loud one, so the next loud line can say so.
+    At most ``max_keys`` kinds are remembered (a storm of distinct XIDs keeps a bounded table).
+    """
+
+    every_s: float = 60.0
+    max_keys: int = 256
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    _last: dict[tuple[Hashable, Any], list[float | int]] = field(default_factory=dict, repr=False)
+
+    def loud(self, uuid: str | None, xid: int | None) -> tuple[bool, int]:
+        """``(log loudly, events of this kind kept quiet since the last loud one)`` for one event."""
+        now, key = self.clock(), (uuid, xid)
+        entry = self._last.get(key)
+        if entry is not None and now - entry[0] < self.every_s:
+            entry[1] += 1
+            return False, 0
+        quiet = int(entry[1]) if entry is not None else 0
+        self._last.pop(key, None)
+        if len(self._last) >= self.max_keys:   # the oldest loud lines first: their kinds are logged anew
+            for k in [k for k, (t, _) in self._last.items() if now - t >= self.every_s]:
+                del self._last[k]
+            while len(self._last) >= self.max_keys:
+                del self._last[next(iter(self._last))]
+        self._last[key] = [now, 0]
+        return True, quiet

@@ -17,6 +17,9 @@ from typing import Any, Callable, Hashable, Iterable
 
 import pynvml
 
+from stowage.inventory import MAX_CARDS_PER_NODE, MAX_NUMA_NODE
+from stowage.resources import MAX_CARD_MEMORY_MIB
+
 from .backoff import Backoff
 
 log = logging.getLogger("stowage.gpunode.nvml")
@@ -60,9 +63,42 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
 
 
+# pynvml reads a card's UUID and name into buffers of 96 bytes (NVML_DEVICE_UUID_V2_BUFFER_SIZE,
+# NVML_DEVICE_NAME_V2_BUFFER_SIZE), NUL included: anything longer did not come from NVML.
+NVML_TEXT_MAX = 95
+# What a UUID must look like to be advertised: printable ASCII, no space and no comma. It becomes a
+# device ID (the kubelet's), a value of NVIDIA_VISIBLE_DEVICES (a comma-separated list: a UUID with a
+# comma would name two cards) and a key of the inventory the extender places pods by.
+_UUID_RE = re.compile(r"[!-+\--~]{1,%d}" % NVML_TEXT_MAX)
+
+
+def _nvml_text(value: Any, what: str) -> str:
+    """A UUID or name as NVML gives it (text, or bytes from older pynvml); TypeError/ValueError for
+    anything else (``None`` used to become the text "None", for every card alike)."""
+    if not isinstance(value, (str, bytes, bytearray)):
+        raise TypeError(f"the {what} is {type(value).__name__}, not text")
+    text = _text(value)
+    if len(text) > NVML_TEXT_MAX:
+        raise ValueError(f"the {what} is {len(text)} characters long, more than NVML gives ({NVML_TEXT_MAX})")
+    return text
+
+
+def _card_uuid(value: Any) -> str:
+    uuid = _nvml_text(value, "UUID")
+    if not _UUID_RE.fullmatch(uuid):
+        raise ValueError(f"the UUID {uuid[:NVML_TEXT_MAX]!r} is empty, or holds a space, a comma or a character "
+                         "that is not printable ASCII")
+    return uuid
+
+
 def _bus_key(bus_id: Any) -> tuple[int, int, int, int] | None:
-    """'00000000:3B:00.0' and '0000:3b:00.0' name the same PCI function; compare as integers."""
-    m = re.fullmatch(r"\s*([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-7])\s*", _text(bus_id))
+    """'00000000:3B:00.0' and '0000:3b:00.0' name the same PCI function; compare as integers.
+    None for anything that is not such a bus id (bytes that are not UTF-8 included)."""
+    try:
+        text = _text(bus_id)
+    except (UnicodeError, TypeError, ValueError):
+        return None
+    m = re.fullmatch(r"\s*([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-7])\s*", text)
     if not m:
         return None
     return tuple(int(g, 16) for g in m.groups())  # type: ignore[return-value]
@@ -81,6 +117,21 @@ def _optional(fn: Any, *args: Any, default: Any = None) -> Any:
         return fn(*args)
     except pynvml.NVMLError:
         return default
+
+
+def _extra(fn: Any, *args: Any, default: Any = None, valid: Callable[[Any], bool] = lambda v: True) -> Any:
+    """Read something discovery can do without (NUMA node, minor, PCI info): ``default`` when NVML does
+    not say, raises anything at all, or answers what ``valid`` refuses. One odd extra must not keep the
+    card, or the node's other cards, from being advertised."""
+    try:
+        value = fn(*args)
+    except Exception:
+        return default
+    return value if valid(value) else default
+
+
+def _int_within(lo: int, hi: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
 
 
 def _handle_key(handle: Any) -> Hashable:
@@ -144,8 +195,15 @@ class Nvml:
         each card read or named in ``unreadable``, the error logged), else why not (``uncounted``)."""
         try:
             count = pynvml.nvmlDeviceGetCount()
+            if not _int_within(0, MAX_CARDS_PER_NODE)(count):
+                # not a number, or more cards than a node may have (the inventory refuses more): an
+                # answer to count again later, not one to read 2**32 indices by
+                raise ValueError(f"NVML counts {str(count)[:40]!r} GPUs, not a number of 0 to {MAX_CARDS_PER_NODE}")
         except pynvml.NVMLError as exc:
             self.uncounted = str(exc)
+            return self.uncounted
+        except Exception as exc:   # an answer of the wrong kind, a broken call: counted again, as above
+            self.uncounted = unreadable_answer(exc)
             return self.uncounted
         self.uncounted = None
         for i in range(count):
@@ -159,26 +217,40 @@ class Nvml:
         """Read card ``index`` into this session's cards; None when read, else why it could not be."""
         try:
             h = pynvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = _text(pynvml.nvmlDeviceGetUUID(h))
-            name = _text(pynvml.nvmlDeviceGetName(h))
+            uuid = _card_uuid(pynvml.nvmlDeviceGetUUID(h))
+            name = _nvml_text(pynvml.nvmlDeviceGetName(h), "name")
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             total_mib = int(mem.total) // (1024 * 1024)
+            if not 0 <= total_mib <= MAX_CARD_MEMORY_MIB:   # what the inventory (the extender) accepts
+                raise ValueError(f"its memory, {total_mib} MiB, is outside 0..{MAX_CARD_MEMORY_MIB}")
         except pynvml.NVMLError as exc:
             self.unreadable[index] = str(exc)
             return str(exc)
-        except (UnicodeError, ValueError, TypeError, AttributeError) as exc:
-            # An answer that cannot be decoded (a name or UUID that is not UTF-8) or of the wrong
-            # kind: this card cannot be read, but it must not stop discovery of the others (it
-            # raised out of the device plugin's start before). The exporter treats it alike.
+        except Exception as exc:
+            # An answer that cannot be decoded (a name or UUID that is not UTF-8), of the wrong kind
+            # or out of bounds, or a call that broke below pynvml: this card cannot be read, but it
+            # must not stop discovery of the others (it raised out of the device plugin's start
+            # before), nor spoil the inventory the extender reads for all of them (one card's
+            # memory out of its bounds made it refuse the node's). The exporter treats it alike.
             why = unreadable_answer(exc)
             self.unreadable[index] = why
             return why
-        pci = _optional(pynvml.nvmlDeviceGetPciInfo, h)
-        numa = _optional(pynvml.nvmlDeviceGetNumaNodeId, h, default=-1)
+        holder = next((i for i, r in self._read.items() if r["uuid"] == uuid and i != index), None)
+        if holder is not None:
+            # Two cards of one UUID cannot both be advertised: their device IDs would be the same, and
+            # the extender would place two pods on "one" card. The first keeps it (NVML's own lookups
+            # by UUID, the container runtime's included, find one card); this one is read again.
+            why = f"it reads as {uuid}, the UUID of GPU {holder}"
+            self.unreadable[index] = why
+            return why
+        pci = _extra(pynvml.nvmlDeviceGetPciInfo, h)
+        bus = _extra(getattr, pci, "busId", "")
         self._read[index] = dict(index=index, uuid=uuid, name=name, memory_mib=total_mib,
-                                 minor=_optional(pynvml.nvmlDeviceGetMinorNumber, h, default=-1),
-                                 numa=numa if isinstance(numa, int) and numa >= 0 else -1,
-                                 pci_bus_id=_text(getattr(pci, "busId", "")) if pci is not None else "",
+                                 minor=_extra(pynvml.nvmlDeviceGetMinorNumber, h, default=-1,
+                                              valid=_int_within(0, 2 ** 31 - 1)),
+                                 numa=_extra(pynvml.nvmlDeviceGetNumaNodeId, h, default=-1,
+                                             valid=_int_within(0, MAX_NUMA_NODE)),
+                                 pci_bus_id=_text(bus) if _bus_key(bus) is not None else "",
                                  peers=tuple(self._nvlink_peers(h)))
         self.unreadable.pop(index, None)
         return None
@@ -214,7 +286,9 @@ class Nvml:
                 if getattr(exc, "value", None) in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT):
                     break  # no NVLink on this card, or no more links
                 continue
-            key = _bus_key(getattr(remote, "busId", ""))
+            except Exception:   # a broken call: this link is not known (an NVLink is an extra)
+                continue
+            key = _bus_key(_extra(getattr, remote, "busId", ""))
             if key:
                 peers.append(key)
         return peers
@@ -238,9 +312,16 @@ class Nvml:
             h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
             if health_checks:
                 pynvml.nvmlDeviceGetMemoryInfo(h)
-        except pynvml.NVMLError as exc:
+        except Exception as exc:   # NVMLError, or a call that broke below pynvml (ctypes' OSError)
             return f"NVML cannot reach the card: {exc}" if health_checks else None
-        return (self._health_problem(h) if health_checks else None) or self._mig_problem(h)
+        try:
+            return (self._health_problem(h) if health_checks else None) or self._mig_problem(h)
+        except Exception as exc:
+            # A check answered what pynvml never gives (remapped rows that are no tuple, a MIG mode
+            # that is no pair) or broke below pynvml: the card cannot be judged fit, so it is not.
+            # This raised out of the device plugin's health thread before, which then died: no XID,
+            # probe or late card was seen again. The card comes back once the check answers.
+            return f"NVML gave a health check an {unreadable_answer(exc)}"
 
     @staticmethod
     def _health_problem(h: Any) -> str | None:
@@ -385,7 +466,7 @@ class XidEvents:
         try:
             h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
             pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, self._set)
-        except pynvml.NVMLError as exc:
+        except Exception as exc:   # NVMLError, or a call that broke below pynvml
             log.log(logging.DEBUG if quiet else logging.WARNING,
                     "card %s does not report XID events (%s); only periodic probes watch it", uuid, exc)
             return False
@@ -398,13 +479,25 @@ class XidEvents:
         one of the watched cards' handles names no card (``uuid`` None)."""
         try:
             data = pynvml.nvmlEventSetWait(self._set, timeout_ms)
+            if data.eventType != pynvml.nvmlEventTypeXidCriticalError:
+                return None
         except pynvml.NVMLError as exc:
             if getattr(exc, "value", None) == pynvml.NVML_ERROR_TIMEOUT:
                 return None
             return XidEvent(uuid=None, xid=None, detail=f"waiting for NVML events failed: {exc}", wait_failed=True)
-        if data.eventType != pynvml.nvmlEventTypeXidCriticalError:
-            return None
-        return XidEvent(uuid=self._uuid_of.get(_handle_key(data.device)), xid=int(data.eventData))
+        except Exception as exc:   # broke below pynvml, or an answer that is no event: the channel is broken
+            return XidEvent(uuid=None, xid=None, detail=f"waiting for NVML events failed: {unreadable_answer(exc)}",
+                            wait_failed=True)
+        try:
+            uuid = self._uuid_of.get(_handle_key(data.device))
+        except Exception:   # a device that is no handle: the event may be about any card (as unattributed)
+            uuid = None
+        try:
+            return XidEvent(uuid=uuid, xid=int(data.eventData))
+        except Exception as exc:
+            # An XID event without a readable XID: critical for its card (no ignored XID can be told)
+            return XidEvent(uuid=uuid, xid=None, detail=f"an XID event NVML gave no readable XID for "
+                                                          f"({unreadable_answer(exc)})")
 
     def close(self) -> None:
         _optional(pynvml.nvmlEventSetFree, self._set)
@@ -442,7 +535,7 @@ class XidWatch:
         self.watched: list[str] = []
         try:   # made here, before the first wait, so an XID right after construction is not missed
             self._open(quiet=False)
-        except pynvml.NVMLError as exc:
+        except Exception as exc:   # NVMLError, or a call that broke below pynvml
             self._failed(self._not_made(exc))
 
     @property
@@ -464,7 +557,7 @@ class XidWatch:
         if events is None:
             try:
                 events = self._open(quiet=True)
-            except pynvml.NVMLError as exc:
+            except Exception as exc:   # NVMLError, or a call that broke below pynvml
                 return self._failed(self._not_made(exc))
             log.debug("NVML event set re-created (%d of %d cards registered)", len(self.watched), len(self.uuids))
         ev = events.wait(timeout_ms)
@@ -490,7 +583,7 @@ class XidWatch:
         self.watched, self._made = list(self._events.watched), True
         return self._events
 
-    def _not_made(self, exc: pynvml.NVMLError) -> str:
+    def _not_made(self, exc: Exception) -> str:
         """The same words for every try of one outage, so it is logged once."""
         return f"{'re-' if self._made else ''}creating the NVML event set failed: {exc}"
 
