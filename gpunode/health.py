@@ -55,7 +55,7 @@ def ignored_xids_option(ctx: Any, param: Any, value: str | None) -> tuple[frozen
 class CardHealth:
     healthy: bool = True
     reason: str = ""
-    since: float = 0.0       # when the card last turned unhealthy or saw a critical event
+    since: float = 0.0       # when the card last turned unhealthy, saw a critical event or failed a probe
 
 
 @dataclass
@@ -151,7 +151,11 @@ class HealthTracker:
         """Apply a probe result; returns whether the card's health changed.
 
         A failing probe marks a healthy card bad (a card that vanished). A passing probe heals an
-        unhealthy card only once it has been quiet for ``quiet_s`` and its XIDs can be watched.
+        unhealthy card only once it has been quiet for ``quiet_s`` and its XIDs can be watched. Quiet
+        means no critical XID and no failing probe: a failing probe restarts the quiet period as an
+        XID does. Before, a card that failed every other probe (an intermittent ``GPU is lost``)
+        healed at a passing one once ``quiet_s`` had passed since it first went bad, and was handed
+        out Healthy for a probe interval in every ``quiet_s``.
 
         With health checks disabled the probes still come, reading MIG mode alone (see
         :meth:`gpunode.nvml.Nvml.probe`): how a card is set up decides whether a container can use
@@ -164,7 +168,7 @@ class HealthTracker:
         if problem is not None:
             if c.healthy:
                 return self._mark_bad(uuid, problem, now)
-            c.reason = problem
+            c.reason, c.since = problem, now
             return False
         if not c.healthy and (self.disabled or (uuid not in self.blind and now - c.since >= self.quiet_s)):
             c.healthy, c.reason = True, ""

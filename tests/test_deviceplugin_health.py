@@ -36,8 +36,9 @@ def test_tracker_rules():
     assert t.on_probe("a", None, now=5) is False                   # not quiet long enough
     assert t.on_event(XidEvent("a", 48), now=6) == set()           # already bad; quiet period restarts
     assert t.on_probe("a", None, now=12) is False
-    assert t.on_probe("a", "retired pages are pending", now=17) is False   # still broken
-    assert t.on_probe("a", None, now=17) is True and t.snapshot() == {"a": True, "b": True}
+    assert t.on_probe("a", "retired pages are pending", now=17) is False   # still broken: quiet period restarts
+    assert t.on_probe("a", None, now=26) is False
+    assert t.on_probe("a", None, now=27) is True and t.snapshot() == {"a": True, "b": True}
     assert t.on_event(XidEvent(None, 79), now=20) == {"a", "b"}    # unattributed event: every card
     assert t.on_probe("b", "gone", now=0) is False
     t.add("c")                                                      # a card read after start

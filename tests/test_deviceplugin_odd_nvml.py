@@ -274,3 +274,22 @@ def test_a_pod_bound_to_a_card_gone_unhealthy_moves_to_an_equal_card_and_the_log
         assert r.kube.wait_for(lambda: allocation_of_pod(r.kube.get_pod("default", "p")).uuids == [u1])
         said = [x.getMessage() for x in caplog.records if "steering it to the equal free card" in x.getMessage()]
         assert said and f"{u0} is Unhealthy" in said[0] and "checkpoint" not in said[0]
+
+
+# ---- a card that answers every other probe ------------------------------------------------------------
+
+def test_a_card_that_fails_every_other_probe_stays_unhealthy_until_a_whole_quiet_period_passes():
+    """A flaky card (an intermittent ``GPU is lost``) healed at the first passing probe once the quiet
+    period since its last XID or its first failed probe had passed, and went bad at the next: Healthy
+    ~10 s in every ~130 s with the defaults (measured with the rig: 13 flips in 4 s at a 0.1 s probe
+    and a 0.5 s quiet period), long enough for the kubelet to hand it out. A failing probe now
+    restarts the quiet period, as an XID does."""
+    from gpunode.health import HealthTracker
+    t = HealthTracker(["a", "b"], quiet_s=10)
+    assert t.on_probe("a", "NVML cannot reach the card: GPU is lost", now=0) is True
+    for now in range(1, 60):
+        t.on_probe("a", None if now % 2 else "NVML cannot reach the card: GPU is lost", now)
+        assert t.snapshot()["a"] is False, now
+    for now in range(60, 68):   # the last failing probe was at 58
+        assert t.on_probe("a", None, now) is False
+    assert t.on_probe("a", None, now=68) is True and t.snapshot() == {"a": True, "b": True}
