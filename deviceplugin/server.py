@@ -490,6 +490,7 @@ class HealthMonitor:
         self.tracker = HealthTracker([c.uuid for c in state.table.cards], cfg.ignored_xids, cfg.health_disabled,
                                      cfg.recovery_quiet_s)
         self._stop = threading.Event()
+        self._next_probe = 0.0   # monotonic time of the next round of probes (set when the thread starts)
         self._thread = threading.Thread(target=self._run, name="health", daemon=True)
 
     def start(self) -> None:
@@ -554,6 +555,7 @@ class HealthMonitor:
                 watch.close()
 
     def _round(self, watch: XidWatch | None, pacer: XidLogPacer) -> None:
+        """One event wait, then the probes and the late cards when due; advertises what changed."""
         cfg = self.cfg
         changed: set[str] = set()
         if watch is None:
