@@ -273,6 +273,7 @@ class LiveFacts:
     pod_errors: list[dict[str, str]] = field(default_factory=list)    # {"pod", "uid", "error"}
     node_errors: list[dict[str, str]] = field(default_factory=list)   # {"node", "error"}
     names: dict[str, str] = field(default_factory=dict)               # uid -> namespace/name, of every pod seen
+    node_notes: dict[str, list[str]] = field(default_factory=dict)    # node -> what the operator should know
 
     def errors_from(self, status: Mapping[str, Any]) -> None:
         """The feed's per-pod and per-node errors (``KubeFeeder.status()``), by name."""
@@ -301,6 +302,86 @@ class LiveFacts:
             self.daemon_pods.discard(uid)
         elif any(isinstance(o, Mapping) and o.get("kind") == "DaemonSet" and o.get("controller") for o in owners):
             self.daemon_pods.add(uid)
+
+
+# The taint the cluster autoscaler puts on a node it is about to delete (NoSchedule).
+TO_BE_DELETED_TAINT = "ToBeDeletedByClusterAutoscaler"
+
+
+def node_going_away(node: Mapping[str, Any]) -> str:
+    """Why kube-scheduler will send no new pod to ``node`` although it is listed ('' when none):
+    it is being deleted (``metadata.deletionTimestamp``), or the cluster autoscaler is removing it
+    (its ``ToBeDeletedByClusterAutoscaler`` taint, which no pod tolerates)."""
+    m = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
+    if m.get("deletionTimestamp"):
+        return "being deleted"
+    spec = node.get("spec") if isinstance(node.get("spec"), Mapping) else {}
+    taints = spec.get("taints") if isinstance(spec.get("taints"), list) else []
+    if any(isinstance(t, Mapping) and t.get("key") == TO_BE_DELETED_TAINT for t in taints):
+        return "being removed by the cluster autoscaler"
+    return ""
+
+
+def node_notes(node: Mapping[str, Any]) -> list[str]:
+    """What an operator should know of a node that its row's figures do not say: why it takes no
+    pods (cordoned, not Ready, going away), and an allocatable ``nvidia.com/gpu`` that is not
+    the number of healthy cards its inventory annotation lists (the device plugin advertises one
+    per healthy card; kube-scheduler admits GPU pods by the allocatable count, Stowage by the
+    inventory, so the two disagree on what fits there)."""
+    from extender.kube_objects import node_view
+    from stowage.resources import parse_quantity
+
+    notes = []
+    spec = node.get("spec") if isinstance(node.get("spec"), Mapping) else {}
+    if spec.get("unschedulable"):
+        notes.append("cordoned")
+    status = node.get("status") if isinstance(node.get("status"), Mapping) else {}
+    conditions = status.get("conditions") if isinstance(status.get("conditions"), list) else []
+    if not any(isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+        notes.append("not Ready")
+    going = node_going_away(node)
+    if going:
+        notes.append(going)
+    view = node_view(node)
+    if not view.error and view.inventory.source == "annotation":
+        healthy = sum(1 for c in view.inventory.cards if c.healthy)
+        alloc = status.get("allocatable") if isinstance(status.get("allocatable"), Mapping) else {}
+        try:
+            stated = int(parse_quantity(alloc.get("nvidia.com/gpu", "0")))
+        except Exception:   # a malformed quantity: the feed's node error says it, if it matters
+            stated = healthy
+        if stated != healthy:
+            notes.append(f"allocatable nvidia.com/gpu is {stated}, its inventory has {healthy} healthy cards")
+    return notes
+
+
+@functools.cache
+def _operator_feeder() -> type:
+    """The extender's feeder, also telling :class:`LiveFacts` of every node it applies
+    (:func:`node_notes`), and reading a node that is going away (:func:`node_going_away`) as
+    cordoned: kube-scheduler sends the extender no such node, so ``plan`` must place nothing
+    there. (The feeder has no public node hook; tests/test_ops_odd_cluster.py fails if this
+    override stops being called.)"""
+    from extender.kube import KubeFeeder
+
+    class OperatorFeeder(KubeFeeder):
+        facts: "LiveFacts | None" = None
+
+        def _apply_node(self, node: Mapping[str, Any]) -> None:
+            if self.facts is not None and isinstance(node, Mapping):
+                try:
+                    m = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
+                    notes = node_notes(node)
+                    if notes and isinstance(m.get("name"), str):
+                        self.facts.node_notes[m["name"]] = notes
+                    if node_going_away(node):
+                        spec = node.get("spec") if isinstance(node.get("spec"), Mapping) else {}
+                        node = {**node, "spec": {**spec, "unschedulable": True}}
+                except Exception:   # never let one odd object stop the read: the feed reads it as it is
+                    pass
+            super()._apply_node(node)
+
+    return OperatorFeeder
 
 
 class _NoteBoth:
@@ -348,7 +429,7 @@ def _simulated(src: Source) -> tuple[ClusterModel, str]:
 def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None,
           facts: LiveFacts | None = None) -> tuple[ClusterModel, str]:
     try:
-        from extender.kube import KubeFeeder, load_api_client
+        from extender.kube import load_api_client
     except ImportError as exc:
         raise click.ClickException(f"live clusters need the extender's Kubernetes feeder: {exc}") from None
     trust = src.trust()
@@ -362,7 +443,8 @@ def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None,
         f"{LIVE_RETRIES} retry)...", err=True)
     model = ClusterModel()
     try:
-        feeder = KubeFeeder(model, api, src.memory_unit_mib, request_timeout_s=LIVE_TIMEOUT_S, trust=trust)
+        feeder = _operator_feeder()(model, api, src.memory_unit_mib, request_timeout_s=LIVE_TIMEOUT_S, trust=trust)
+        feeder.facts = facts
         feeder.marks = _NoteBoth(marks, facts) if facts is not None else marks
         if learn is not None:
             learn.scheduler_names, learn.pods = src.scheduler_names, []

@@ -7,7 +7,7 @@ the JSON is exactly what the table shows and tests can check either.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import click
 
@@ -22,9 +22,11 @@ from stowage.resources import CORE_MILLI_PER_CARD, fmt_mib
 from stowage.textable import render
 
 
-def report(model: ClusterModel, typical: Sequence[Shape] = (), nodes: Sequence[str] = ()) -> dict[str, Any]:
+def report(model: ClusterModel, typical: Sequence[Shape] = (), nodes: Sequence[str] = (),
+           notes: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
     """The whole picture as JSON-ready data. ``typical``: shapes for fragmentation (default:
-    the shapes running now); ``nodes``: only these nodes (default all)."""
+    the shapes running now); ``nodes``: only these nodes (default all); ``notes``: per node, what
+    the operator should know beyond its figures (a live cluster's :attr:`LiveFacts.node_notes`)."""
     frag = fragmentation(model, list(typical) or None)
     with model.lock:
         a = model.a
@@ -70,7 +72,8 @@ def report(model: ClusterModel, typical: Sequence[Shape] = (), nodes: Sequence[s
             free, stranded = frag.node_totals(i)
             out_nodes.append({
                 "name": name, "source": meta.source if meta else "", "schedulable": bool(a.node_ok[i]),
-                "wholeOnly": bool(meta.whole_only) if meta else False,
+                # (a node without GPUs reads as an inventory from allocatable: whole-only, of nothing)
+                "wholeOnly": bool(meta.whole_only) and bool(cards) if meta else False,
                 "gpus": len(cards), "healthyGpus": sum(c["healthy"] for c in cards),
                 "freeGpus": sum(1 for c in cards if c["healthy"] and not c["pods"]),
                 "memoryMiB": sum(c["memoryMiB"] for c in cards),
@@ -82,6 +85,7 @@ def report(model: ClusterModel, typical: Sequence[Shape] = (), nodes: Sequence[s
                 "strandedBecause": why_stranded(a, i, *one_gpu) if host_stranded[i] else "",
                 "overbookedCards": sum(1 for c in cards if c["overbookedMiB"] or c["overbookedCorePct"]),
                 "podsOnMissingCards": off_cards,
+                "notes": list((notes or {}).get(name, ())),
                 "cards": cards,
             })
     gpus = sum(n["gpus"] for n in out_nodes)
@@ -96,7 +100,18 @@ def report(model: ClusterModel, typical: Sequence[Shape] = (), nodes: Sequence[s
                     "strandedWholeGpus": sum(n["strandedWholeGpus"] for n in out_nodes),
                     "typicalShapes": [s.describe() for s in frag.shapes]},
         "nodes": out_nodes,
+        "podsOnUnknownNodes": [] if want else _pods_on_unknown_nodes(model),
     }
+
+
+def _pods_on_unknown_nodes(model: ClusterModel) -> list[dict[str, Any]]:
+    """Pods whose honoured record holds cards on a node the cluster does not list (deleted, or
+    not yet back): the model keeps them, as the extender does, should the node return, and no node
+    row shows them."""
+    with model.lock:
+        return sorted(({"pod": al.name, "uid": uid, "node": al.node, "cards": list(al.cards)}
+                       for uid, al in model.allocations.items() if al.node not in model.index),
+                      key=lambda p: (p["node"], p["pod"]))
 
 
 def _pct(num: float, den: float) -> float:
@@ -128,6 +143,7 @@ def render_table(rep: dict[str, Any], cards: bool = True) -> str:
             state += f", {n['overbookedCards']} card{'s' if n['overbookedCards'] > 1 else ''} overbooked"
         if n["podsOnMissingCards"]:
             state += f", {len(n['podsOnMissingCards'])} pod(s) on cards it does not have"
+        state += "".join(f", {note}" for note in n["notes"])
         models = sorted({c["model"] for c in n["cards"]})
         rows.append([n["name"], "/".join(models) or "-", n["gpus"], n["freeGpus"], n["pods"],
                      f"{fmt_mib(n['memoryFreeMiB'])} / {fmt_mib(n['memoryMiB'])}" if n["memoryMiB"] else "-",
@@ -148,6 +164,9 @@ def render_table(rep: dict[str, Any], cards: bool = True) -> str:
     notes = [f"  pod {p['pod']} holds card(s) {', '.join(map(str, p['cards']))}, which node {n['name']} does not "
              "have: its allocation record names them, and no card of the node counts it (the extender reads it so)"
              for n in rep["nodes"] for p in n["podsOnMissingCards"]]
+    notes += [f"  pod {p['pod']} is bound to node {p['node']}, which the cluster does not list: its allocation "
+              f"record holds card(s) {', '.join(map(str, p['cards'])) or 'none'} there (the extender keeps it so)"
+              for p in rep.get("podsOnUnknownNodes", ())]
     if notes:
         lines += ["", "notes:", *notes]
     return "\n".join(lines)
@@ -236,7 +255,7 @@ def inspect(source: Source, learn: LearnFrom, learned: bool, nodes: tuple[str, .
     """
     facts = LiveFacts() if source.live else None
     model, what = load(source, learn=learn if learned else None, facts=facts)
-    rep = report(model, typical, nodes)
+    rep = report(model, typical, nodes, facts.node_notes if facts is not None else None)
     missing = sorted(set(nodes) - {n["name"] for n in rep["nodes"]})
     if missing:
         raise click.ClickException(f"no such node(s): {', '.join(missing)}")

@@ -1,0 +1,99 @@
+"""`stowage inspect` / `stowage plan` on the odd states an operator meets on a live cluster (not
+hostile input: tests/test_ops_hostile_cluster.py): nodes cordoned, not Ready, being deleted or
+being removed by the cluster autoscaler; a node whose allocatable ``nvidia.com/gpu`` disagrees
+with its inventory; a node without GPUs; a pod whose record names a node the cluster no longer
+has. Each is said per node or per pod, the rest reads as usual, and ``plan`` sends no pod to a
+node that is going away (kube-scheduler would not send the extender that node)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from fakekube import FakeKube, kubeconfig_file, make_node
+from test_inspect_plan_live import alloc, stowage_pod
+
+from stowage.cli import main
+from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
+
+GiB = 1024
+
+
+def inv(node: str, n: int, unhealthy: int = 0) -> dict[str, str]:
+    return {INVENTORY_ANNOTATION: encode_inventory(
+        [Card(index=k, uuid=f"GPU-{node}-{k}", model="NVIDIA A100-SXM4-40GB", memory_mib=40 * GiB,
+              healthy=k >= unhealthy) for k in range(n)])}
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory):
+    with FakeKube() as kube:
+        kube.create_node(make_node("ok", gpus=2, annotations=inv("ok", 2)))
+        kube.create_node(make_node("cpu"))
+        kube.create_node(make_node("disagree", gpus=2, annotations=inv("disagree", 4)))
+        kube.create_node(make_node("one-sick", gpus=1, annotations=inv("one-sick", 2, unhealthy=1)))  # agrees
+        kube.create_node(make_node("no-plugin", annotations=inv("no-plugin", 2)))
+        deleting = make_node("deleting", gpus=2, annotations=inv("deleting", 2))
+        deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        kube.create_node(deleting)
+        scaling = make_node("ca-removing", gpus=2, annotations=inv("ca-removing", 2))
+        scaling["spec"]["taints"] = [{"key": "ToBeDeletedByClusterAutoscaler", "value": "1700000000",
+                                      "effect": "NoSchedule"}]
+        kube.create_node(scaling)
+        kube.create_node(make_node("cordoned", gpus=2, unschedulable=True, annotations=inv("cordoned", 2)))
+        kube.create_node(make_node("not-ready", gpus=2, ready=False, annotations=inv("not-ready", 2)))
+        kube.create_pod(stowage_pod("on-deleting", namespace="ml", gpus=1, node="deleting", phase="Running",
+                                    annotations=alloc("deleting", [(0, 40 * GiB, 1000)], True)))
+        kube.create_pod(stowage_pod("ghost", namespace="ml", gpus=1, node="gone", phase="Running",
+                                    annotations=alloc("gone", [(0, 40 * GiB, 1000)], True)))
+        yield kubeconfig_file(tmp_path_factory.mktemp("odd"), kube.url)
+
+
+def run(cfg: str, *args: str):
+    r = CliRunner().invoke(main, [*args, "--kubeconfig", cfg])
+    assert r.exit_code == 0, r.output
+    assert "Traceback" not in r.output
+    return r
+
+
+def nodes(rep: dict) -> dict[str, dict]:
+    return {n["name"]: n for n in rep["nodes"]}
+
+
+def test_each_node_says_why_it_takes_no_pods_or_what_disagrees(cfg):
+    ns = nodes(json.loads(run(cfg, "inspect", "-o", "json").stdout))
+    assert ns["ok"]["notes"] == [] and ns["one-sick"]["notes"] == []
+    assert ns["cordoned"]["notes"] == ["cordoned"]
+    assert ns["not-ready"]["notes"] == ["not Ready"]
+    assert ns["deleting"]["notes"] == ["being deleted"]
+    assert ns["ca-removing"]["notes"] == ["being removed by the cluster autoscaler"]
+    assert ns["disagree"]["notes"] == ["allocatable nvidia.com/gpu is 2, its inventory has 4 healthy cards"]
+    assert ns["no-plugin"]["notes"] == ["allocatable nvidia.com/gpu is 0, its inventory has 2 healthy cards"]
+    assert not ns["deleting"]["schedulable"] and not ns["ca-removing"]["schedulable"]
+    table = run(cfg, "inspect", "--no-cards").stdout
+    row = {line.split()[0]: line for line in table.splitlines() if line and line.split()[0] in ns}
+    assert row["deleting"].rstrip().endswith("unschedulable, being deleted")
+    assert row["disagree"].rstrip().endswith("ok, allocatable nvidia.com/gpu is 2, its inventory has 4 healthy cards")
+    assert row["not-ready"].rstrip().endswith("unschedulable, not Ready")
+
+
+def test_a_node_without_gpus_is_not_called_whole_gpus_only(cfg):
+    ns = nodes(json.loads(run(cfg, "inspect", "-o", "json").stdout))
+    assert not ns["cpu"]["wholeOnly"]
+    row = next(line for line in run(cfg, "inspect", "--no-cards").stdout.splitlines() if line.startswith("cpu "))
+    assert row.rstrip().endswith(" ok")
+
+
+def test_a_pod_on_a_node_the_cluster_lacks_is_named(cfg):
+    """Its record is honoured (the node may come back), and it holds cards nowhere to be seen:
+    before, only the source line's count of GPU pods held it."""
+    rep = json.loads(run(cfg, "inspect", "-o", "json").stdout)
+    assert [(p["pod"], p["node"], p["cards"]) for p in rep["podsOnUnknownNodes"]] == [("ml/ghost", "gone", [0])]
+    table = run(cfg, "inspect").stdout
+    assert "pod ml/ghost is bound to node gone, which the cluster does not list" in table
+
+
+def test_plan_sends_no_pod_to_a_node_going_away(cfg):
+    per_node = json.loads(run(cfg, "plan", "--shape", "1", "-o", "json").stdout)["capacity"][0]["perNode"]
+    assert "deleting" not in per_node and "ca-removing" not in per_node
+    assert per_node["ok"] == 2 and "cordoned" not in per_node   # as a cordoned node
