@@ -44,6 +44,7 @@ from stowage.trust_options import load_trust, record_key_file_option, scheduler_
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
 LIVE_TIMEOUT_S = 20   # per API request of inspect/plan (the extender's own feed waits longer)
+READ_PROGRESS_EVERY = 10_000   # pods: a line on stderr while a big cluster is read (~2 s per 10,000)
 LIVE_RETRIES = 1      # a server that does not answer costs the operator at most ~2 x LIVE_TIMEOUT_S a list
 
 SOURCE_OPTIONS = ("kubeconfig", "context", "in_cluster", "simulated", "fill", "seed", "memory_unit_mib",
@@ -274,6 +275,7 @@ class LiveFacts:
     node_errors: list[dict[str, str]] = field(default_factory=list)   # {"node", "error"}
     names: dict[str, str] = field(default_factory=dict)               # uid -> namespace/name, of every pod seen
     node_notes: dict[str, list[str]] = field(default_factory=dict)    # node -> what the operator should know
+    pods_read: int = 0
 
     def errors_from(self, status: Mapping[str, Any]) -> None:
         """The feed's per-pod and per-node errors (``KubeFeeder.status()``), by name."""
@@ -294,6 +296,9 @@ class LiveFacts:
         m = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
         uid = m.get("uid")
         owners = m.get("ownerReferences") if isinstance(m.get("ownerReferences"), list) else []
+        self.pods_read += 1
+        if self.pods_read % READ_PROGRESS_EVERY == 0:
+            say(f"{self.pods_read} pods read...", err=True)
         if not isinstance(uid, str):
             return
         from extender.kube_objects import pod_key

@@ -9,7 +9,7 @@ code on a copy of the cluster; nothing is changed on the cluster.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -20,6 +20,10 @@ from stowage_ops.cluster_source import (LearnFrom, LiveFacts, OperatorCommand, S
 from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, Learned, PreemptPlan, Shape,
                               capacity, drain_plan, placer_names, preemption_plan, unmatched_models)
 from stowage.textable import render
+
+# Long work (a --shape counted to --limit, --drain's candidates: minutes each on thousands of
+# nodes) says how far it is on stderr every this many pods placed or nodes tried.
+PROGRESS_EVERY = 1000
 
 
 def _capacity_text(res: CapacityResult, top: int, unmatched: list[str], models: list[str]) -> str:
@@ -81,6 +85,15 @@ def _preempt_text(plan: PreemptPlan, top: int) -> str:
         lines.append("  no eviction helps on:")
         lines += [f"    {count} node(s): {why}" for why, count in plan.no_help.items()]
     return "\n".join(lines)
+
+
+def _every(line: Callable[..., str]) -> Callable[..., None]:
+    """A progress callback whose first argument counts up: every :data:`PROGRESS_EVERY`, ``line``
+    of its arguments goes to stderr (stdout, the answer or its JSON, stays as it is)."""
+    def tell(n: int, *rest: Any) -> None:
+        if n % PROGRESS_EVERY == 0:
+            say(line(n, *rest), err=True)
+    return tell
 
 
 def _placer_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -156,9 +169,12 @@ def plan(source: Source, shapes: list[Shape], drain: bool, preempt_shapes: list[
         what += "\n" + learn.describe()
     prios = marks.all_priorities() if marks is not None else {}
     pplans = [preemption_plan(model, s, priority or 0, prios) for s in preempt_shapes]
-    results = [capacity(model, s, placer=placer, limit=limit, learned=learned) for s in shapes]
+    results = [capacity(model, s, placer=placer, limit=limit, learned=learned,
+                        progress=_every(lambda n, s=s: f"shape {s.text}: {n} pods placed so far..."))
+               for s in shapes]
     dplan = (drain_plan(model, placer=placer, keep_model=not any_model, max_nodes=max_nodes, learned=learned,
-                        stays=facts.daemon_pods if facts else (), unrecorded=facts.unrecorded if facts else None)
+                        stays=facts.daemon_pods if facts else (), unrecorded=facts.unrecorded if facts else None,
+                        progress=_every(lambda n, total: f"drain: {n} of {total} GPU nodes tried..."))
              if drain else None)
     if output == "json":
         doc: dict[str, Any] = {"source": what.split("\n")[0], "placer": placer,

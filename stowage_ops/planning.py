@@ -24,7 +24,7 @@ import random
 import re
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Collection, Iterable, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -267,9 +267,11 @@ class CapacityResult:
 
 
 def capacity(model: ClusterModel, shape: Shape, placer: str | Placer | None = None,
-             limit: int = DEFAULT_LIMIT, learned: Learned | None = None) -> CapacityResult:
+             limit: int = DEFAULT_LIMIT, learned: Learned | None = None,
+             progress: Callable[[int], None] | None = None) -> CapacityResult:
     """Schedule pods of ``shape`` one after another, through the extender's service on a copy of
-    the cluster, until none fits; then why not, per node, in the words filter uses."""
+    the cluster, until none fits; then why not, per node, in the words filter uses. ``progress``
+    is told the count after each pod placed (a big cluster takes minutes to fill to ``limit``)."""
     sim = model.copy()
     service = _service(sim, placer, learned)
     names = _node_names(sim)
@@ -285,6 +287,8 @@ def capacity(model: ClusterModel, shape: Shape, placer: str | Placer | None = No
             break
         per_node[node] += 1
         placements.append((node, sim.allocations[uid].cards))
+        if progress is not None:
+            progress(len(placements))
     limited = len(placements) >= limit
     why: Counter[str] = Counter()
     if not limited:
@@ -367,7 +371,8 @@ def _size_key(al: PodAllocation) -> tuple:
 
 def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_model: bool = True,
                max_nodes: int | None = None, learned: Learned | None = None, stays: Collection[str] = (),
-               unrecorded: Mapping[str, str] | None = None) -> DrainPlan:
+               unrecorded: Mapping[str, str] | None = None,
+               progress: Callable[[int, int], None] | None = None) -> DrainPlan:
     """Greedy: try to empty nodes with the fewest, lightest GPU pods first.
 
     A candidate is emptied only if every one of its pods can be scheduled again, through the
@@ -388,7 +393,7 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
     that go with their node and are not moved (DaemonSet pods, which ``kubectl drain
     --ignore-daemonsets`` and the cluster autoscaler leave). ``unrecorded``: GPU pods bound
     without Stowage's record (uid -> node); Stowage does not know their cards, so their node is
-    never emptied by this plan.
+    never emptied by this plan. ``progress`` is told (candidates tried, candidates) after each.
     """
     sim = model.copy()
     names = _node_names(sim)
@@ -408,7 +413,9 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
     order = [n for n in order if n not in kept]
     receivers: set[str] = set()
     emptied: set[str] = set()
-    for node in order:
+    for tried, node in enumerate(order):
+        if progress is not None and tried:
+            progress(tried, len(order))
         if max_nodes is not None and len(drained) >= max_nodes:
             break
         if node in receivers:

@@ -97,3 +97,16 @@ def test_plan_sends_no_pod_to_a_node_going_away(cfg):
     per_node = json.loads(run(cfg, "plan", "--shape", "1", "-o", "json").stdout)["capacity"][0]["perNode"]
     assert "deleting" not in per_node and "ca-removing" not in per_node
     assert per_node["ok"] == 2 and "cordoned" not in per_node   # as a cordoned node
+
+
+def test_reading_a_big_cluster_says_how_far_it_is(cfg, monkeypatch):
+    """49,000 pods take ~9 s to read and apply: every READ_PROGRESS_EVERY pods (1 here) a line on
+    stderr; stdout unchanged."""
+    import stowage_ops.cluster_source as cs
+
+    quiet = run(cfg, "inspect", "-o", "json")
+    monkeypatch.setattr(cs, "READ_PROGRESS_EVERY", 1)
+    r = run(cfg, "inspect", "-o", "json")
+    assert r.stdout == quiet.stdout
+    assert "1 pods read..." in r.stderr.splitlines() and "2 pods read..." in r.stderr.splitlines()
+    assert "pods read..." not in quiet.stderr

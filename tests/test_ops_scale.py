@@ -58,3 +58,25 @@ def test_a_candidate_that_cannot_be_emptied_leaves_no_trace():
     assert {uid: (al.node, al.cards, al.mem_mib, al.core_milli, al.cpu_milli)
             for uid, al in m.allocations.items()} == before
 
+
+
+def test_long_plans_say_how_far_they_are_on_stderr(monkeypatch):
+    """On 5,000 nodes `plan --drain` tries thousands of candidates and `--shape` places up to
+    --limit pods, a minute or more each: stderr says how far it is, every PROGRESS_EVERY of them
+    (10 here, for the built-in 36-node cluster), and stdout, and JSON, stay as they were."""
+    from click.testing import CliRunner
+
+    import stowage_ops.plan_cmd as plan_cmd
+    from stowage.cli import main
+
+    args = ["plan", "--simulated", "--fill", "40", "--drain", "--shape", "10Gi"]
+    quiet = CliRunner().invoke(main, [*args, "-o", "json"])
+    monkeypatch.setattr(plan_cmd, "PROGRESS_EVERY", 10)
+    r = CliRunner().invoke(main, [*args, "-o", "json"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout == quiet.stdout
+    lines = r.stderr.splitlines()
+    assert "shape 10Gi: 10 pods placed so far..." in lines and "shape 10Gi: 20 pods placed so far..." in lines
+    drain = [line for line in lines if line.startswith("drain: ")]
+    assert drain[:2] == ["drain: 10 of 36 GPU nodes tried...", "drain: 20 of 36 GPU nodes tried..."]
+    assert quiet.stderr == ""
