@@ -360,33 +360,30 @@ def node_notes(node: Mapping[str, Any]) -> list[str]:
     return notes
 
 
-@functools.cache
-def _operator_feeder() -> type:
-    """The extender's feeder, also telling :class:`LiveFacts` of every node it applies
-    (:func:`node_notes`), and reading a node that is going away (:func:`node_going_away`) as
-    cordoned: kube-scheduler sends the extender no such node, so ``plan`` must place nothing
-    there. (The feeder has no public node hook; tests/test_ops_odd_cluster.py fails if this
-    override stops being called.)"""
-    from extender.kube import KubeFeeder
+def _note_nodes(feeder: Any, facts: LiveFacts) -> None:
+    """Make ``feeder`` (the extender's) tell ``facts`` of every node it applies (:func:`node_notes`),
+    and read a node that is going away (:func:`node_going_away`) as cordoned: kube-scheduler sends
+    the extender no such node, so ``plan`` must place nothing there. The feeder has no public node
+    hook, so its ``_apply_node`` is wrapped, on this instance only (a subclass would break whoever
+    replaces ``KubeFeeder``, as tests do); tests/test_ops_odd_cluster.py fails if the wrapper
+    stops being called."""
+    apply = feeder._apply_node
 
-    class OperatorFeeder(KubeFeeder):
-        facts: "LiveFacts | None" = None
+    def noting(node: Any) -> None:
+        if isinstance(node, Mapping):
+            try:
+                m = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
+                notes = node_notes(node)
+                if notes and isinstance(m.get("name"), str):
+                    facts.node_notes[m["name"]] = notes
+                if node_going_away(node):
+                    spec = node.get("spec") if isinstance(node.get("spec"), Mapping) else {}
+                    node = {**node, "spec": {**spec, "unschedulable": True}}
+            except Exception:   # never let one odd object stop the read: the feed reads it as it is
+                pass
+        apply(node)
 
-        def _apply_node(self, node: Mapping[str, Any]) -> None:
-            if self.facts is not None and isinstance(node, Mapping):
-                try:
-                    m = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
-                    notes = node_notes(node)
-                    if notes and isinstance(m.get("name"), str):
-                        self.facts.node_notes[m["name"]] = notes
-                    if node_going_away(node):
-                        spec = node.get("spec") if isinstance(node.get("spec"), Mapping) else {}
-                        node = {**node, "spec": {**spec, "unschedulable": True}}
-                except Exception:   # never let one odd object stop the read: the feed reads it as it is
-                    pass
-            super()._apply_node(node)
-
-    return OperatorFeeder
+    feeder._apply_node = noting
 
 
 class _NoteBoth:
@@ -434,7 +431,7 @@ def _simulated(src: Source) -> tuple[ClusterModel, str]:
 def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None,
           facts: LiveFacts | None = None) -> tuple[ClusterModel, str]:
     try:
-        from extender.kube import load_api_client
+        from extender.kube import KubeFeeder, load_api_client
     except ImportError as exc:
         raise click.ClickException(f"live clusters need the extender's Kubernetes feeder: {exc}") from None
     trust = src.trust()
@@ -448,8 +445,9 @@ def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None,
         f"{LIVE_RETRIES} retry)...", err=True)
     model = ClusterModel()
     try:
-        feeder = _operator_feeder()(model, api, src.memory_unit_mib, request_timeout_s=LIVE_TIMEOUT_S, trust=trust)
-        feeder.facts = facts
+        feeder = KubeFeeder(model, api, src.memory_unit_mib, request_timeout_s=LIVE_TIMEOUT_S, trust=trust)
+        if facts is not None:
+            _note_nodes(feeder, facts)
         feeder.marks = _NoteBoth(marks, facts) if facts is not None else marks
         if learn is not None:
             learn.scheduler_names, learn.pods = src.scheduler_names, []
