@@ -134,16 +134,24 @@ def _container_for_bind(c: Mapping[str, Any]) -> dict:
     return out
 
 
-def node_schedulable(node: Mapping[str, Any]) -> bool:
-    """Ready condition True and not cordoned (``spec.unschedulable``)."""
+def node_cordoned(node: Mapping[str, Any]) -> bool:
+    """``spec.unschedulable`` (``kubectl cordon``)."""
     spec = node.get("spec") or {}
-    if isinstance(spec, Mapping) and spec.get("unschedulable"):
-        return False
+    return bool(isinstance(spec, Mapping) and spec.get("unschedulable"))
+
+
+def node_ready(node: Mapping[str, Any]) -> bool:
+    """The node's (first) ``Ready`` condition is ``True``."""
     conditions = (node.get("status") or {}).get("conditions") or []
     for c in conditions:
         if isinstance(c, Mapping) and c.get("type") == "Ready":
             return c.get("status") == "True"
     return False
+
+
+def node_schedulable(node: Mapping[str, Any]) -> bool:
+    """Ready condition True and not cordoned (``spec.unschedulable``)."""
+    return not node_cordoned(node) and node_ready(node)
 
 
 @dataclass(frozen=True)

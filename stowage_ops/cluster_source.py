@@ -333,16 +333,13 @@ def node_notes(node: Mapping[str, Any]) -> list[str]:
     the number of healthy cards its inventory annotation lists (the device plugin advertises one
     per healthy card; kube-scheduler admits GPU pods by the allocatable count, Stowage by the
     inventory, so the two disagree on what fits there)."""
-    from extender.kube_objects import node_view
+    from extender.kube_objects import node_cordoned, node_ready, node_view
     from stowage.resources import parse_quantity
 
     notes = []
-    spec = node.get("spec") if isinstance(node.get("spec"), Mapping) else {}
-    if spec.get("unschedulable"):
+    if node_cordoned(node):
         notes.append("cordoned")
-    status = node.get("status") if isinstance(node.get("status"), Mapping) else {}
-    conditions = status.get("conditions") if isinstance(status.get("conditions"), list) else []
-    if not any(isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+    if not node_ready(node):
         notes.append("not Ready")
     going = node_going_away(node)
     if going:
@@ -350,6 +347,7 @@ def node_notes(node: Mapping[str, Any]) -> list[str]:
     view = node_view(node)
     if not view.error and view.inventory.source == "annotation":
         healthy = sum(1 for c in view.inventory.cards if c.healthy)
+        status = node.get("status") if isinstance(node.get("status"), Mapping) else {}
         alloc = status.get("allocatable") if isinstance(status.get("allocatable"), Mapping) else {}
         try:
             stated = int(parse_quantity(alloc.get("nvidia.com/gpu", "0")))
