@@ -645,7 +645,8 @@ class KubeFeeder:
                               st.kind, self.backoff.max_s)
                 with self._lock:   # the stream counts as failing (/readyz, status) until it works again
                     st.errors += 1
-                    st.failing_since = st.failing_since if st.failing_since is not None else self.clock()
+                    if st.failing_since is None:
+                        st.failing_since = self.clock()
                     st.last_error = f"internal error: {type(exc).__name__}"
                 if self._stop.wait(self.backoff.max_s):
                     break
