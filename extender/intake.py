@@ -42,6 +42,7 @@ from gunicorn.http.unreader import SocketUnreader
 from gunicorn.workers.gthread import _DEFER, ThreadWorker, TConn
 
 from .verbs import Reply, json_reply
+from stowage.digits import whole_number
 
 log = logging.getLogger("stowage.extender")
 
@@ -377,8 +378,9 @@ class BodyReader:
         """``(body or refusal, lane)``: release ``lane`` (:meth:`done`) once the answer is made."""
         length = environ.get("CONTENT_LENGTH") or ""
         stream = environ["wsgi.input"]
-        known = length.isascii() and length.isdigit() and "HTTP_TRANSFER_ENCODING" not in environ   # "²".isdigit()
-        n = int(length) if known else -1
+        stated = whole_number(length, self.limit + 1) if "HTTP_TRANSFER_ENCODING" not in environ else None
+        known = stated is not None
+        n = stated if stated is not None else -1
         if known and n > self.limit:
             return self.too_large(), None
         held = None

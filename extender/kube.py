@@ -49,6 +49,7 @@ from kubernetes.client.exceptions import ApiException
 from orjson import loads as _loads
 
 from stowage.allocation import AllocationRecord, RecordTrust
+from stowage.digits import whole_number
 from stowage.logtext import escaped
 from stowage.kubelist import (LIST_PAGE_BYTES, LIST_PAGE_SIZE, OBJECT_BYTES, ListLoop, PageSizer, byte_size,
                                list_in_pages, status_of)
@@ -266,6 +267,7 @@ def api_status(exc: ApiException) -> dict:
 
 
 API_MESSAGE_CHARS = 1024   # of an API server's message quoted in an error or a log line
+GO_MAX_INT = 2**63 - 1    # the largest Retry-After client-go's strconv.Atoi reads; a larger one reads as this
 
 
 def api_message(exc: BaseException) -> str:
@@ -293,7 +295,7 @@ def retry_after_s(exc: BaseException) -> int | None:
     if not isinstance(exc, ApiException) or not (exc.status == 429 or (exc.status or 0) >= 500):
         return None
     value = str((exc.headers or {}).get("Retry-After") or "").strip()
-    return int(value) if value.isascii() and value.isdigit() else None   # "²" is a digit to isdigit()
+    return whole_number(value, GO_MAX_INT)   # client-go reads it with strconv.Atoi
 
 
 def load_api_client(kubeconfig: str | None = None, in_cluster: bool = False,

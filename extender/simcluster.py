@@ -22,7 +22,7 @@ import yaml
 
 from stowage.inventory import (MAX_CARDS_PER_NODE, GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, INVENTORY_ANNOTATION, Card, Inventory,
                                encode_inventory)
-from stowage.resources import (DEFAULT_MEMORY_UNIT_MIB, RESOURCE_GPU, RESOURCE_GPU_MEMORY, RequestError,
+from stowage.resources import (DEFAULT_MEMORY_UNIT_MIB, MAX_CARD_MEMORY_MIB, RESOURCE_GPU, RESOURCE_GPU_MEMORY, RequestError,
                                quantity_to_mib, quantity_to_milli)
 
 from packing.model import ClusterModel
@@ -101,11 +101,13 @@ def _mib(value: Any, where: str) -> int:
             mib, bare = int(float(value)), True
         else:
             mib, bare = quantity_to_mib(value), False
-    except RequestError as exc:
+    except (RequestError, OverflowError, ValueError) as exc:   # int(float("9" * 400)): infinity
         raise SimClusterError(f"{where}: {exc} (per-card memory: a quantity such as 80Gi, or a bare "
                               "number of MiB)") from None
     if mib <= 0:
         raise SimClusterError(f"{where}: memory must be positive, got {value!r}")
+    if mib > MAX_CARD_MEMORY_MIB:   # the bound every inventory reader holds a card to
+        raise SimClusterError(f"{where}: memory must be at most {MAX_CARD_MEMORY_MIB} MiB, got {str(value)[:40]!r}")
     if bare and mib < SMALLEST_BARE_MIB:
         shown = str(value).strip()
         raise SimClusterError(f"{where}: a bare number is MiB, and {shown} MiB is smaller than any GPU: "

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from stowage.resources import GPU_RESOURCES, RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY
+from stowage.digits import whole_number
 
 from .nvml import GpuInfo
 
@@ -124,8 +125,9 @@ def _unit(text: str) -> int | None:
     """The unit number of ``text`` written exactly as the plugin writes it (``str(n)``), else None.
 
     Only that spelling was advertised: ``01`` would otherwise be a second device beside ``1``, and
-    ``str.isdigit`` accepts digits such as ``²`` that ``int`` then refuses.
+    ``str.isdigit`` accepts digits such as ``²`` that ``int`` then refuses (:mod:`stowage.digits`).
     """
-    if not (text.isascii() and text.isdigit()) or (len(text) > 1 and text[0] == "0"):
+    if len(text) > 1 and text[0] == "0":
         return None
-    return int(text)
+    number = whole_number(text, 10**_MAX_UNIT_DIGITS)   # more digits than we write is no unit of ours
+    return number if number is not None and number < 10**_MAX_UNIT_DIGITS else None

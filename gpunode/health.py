@@ -12,12 +12,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
 
+from stowage.digits import whole_number
+
 from .nvml import XidEvent
 
 # Application faults (the card itself is fine): NVIDIA's device plugin skips the same set.
 # 13 graphics engine exception, 31 MMU fault, 43 channel stopped, 45 preemptive cleanup,
 # 68 video processor exception, 109 context switch timeout.
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+MAX_XID = 2**64 - 1   # NVML reports an XID in a 64-bit event field
 
 
 def parse_ignored_xids(text: str | None) -> tuple[frozenset[int], bool]:
@@ -33,9 +36,10 @@ def parse_ignored_xids(text: str | None) -> tuple[frozenset[int], bool]:
         return frozenset(), True
     out = set()
     for part in t.replace(",", " ").split():
-        if not (part.isascii() and part.isdigit()):
-            raise ValueError(f"ignored XIDs must be numbers or 'all', got {part!r}")
-        out.add(int(part))
+        xid = whole_number(part, MAX_XID + 1)
+        if xid is None or xid > MAX_XID:
+            raise ValueError(f"ignored XIDs must be numbers or 'all', got {part[:40]!r}")
+        out.add(xid)
     return frozenset(out), False
 
 

@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 import click
 
+from .digits import whole_number
+
 ParamCheck = Callable[[click.Context], None]
 _CHECKS = "__stowage_param_checks__"   # on a command's callback: its ParamChecks, in order
 
@@ -53,9 +55,10 @@ class CheckedCommand(click.Command):
 def parse_host_port(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::]:9888`` for IPv6) -> (host, port); ValueError with a clear message."""
     host, sep, port = value.rpartition(":")
-    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+    number = whole_number(port, 65536) if sep else None
+    if number is None or not 0 < number < 65536:
         raise ValueError(f"expected HOST:PORT (e.g. 0.0.0.0:9888), got {value!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    return host.strip("[]") or "0.0.0.0", number
 
 
 def check_can_listen(address: str, flag: str, hint: str = "") -> None:

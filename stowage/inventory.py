@@ -21,6 +21,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from .digits import whole_number
 from .resources import DEFAULT_MEMORY_UNIT_MIB, MAX_CARD_MEMORY_MIB, RESOURCE_GPU, RequestError, quantity_to_int
 
 INVENTORY_ANNOTATION = "stowage.io/gpu-inventory"
@@ -173,10 +174,11 @@ def _label_int(labels: Mapping[str, Any], key: str, hi: int, node: str) -> int:
     """A GPU Feature Discovery label as a whole number in [0, hi] (plain ASCII digits: ``int()``
     would also take ``1_000`` and 20-digit values that overflow the model's arrays)."""
     v = str(labels.get(key, ""))
-    if not (v.isascii() and v.isdigit()) or int(v) > hi:
+    number = whole_number(v, hi + 1)
+    if number is None or number > hi:
         raise InventoryError(f"node {node}: GPU Feature Discovery label {key}={v[:40]!r} is not a whole number "
                              f"from 0 to {hi}")
-    return int(v)
+    return number
 
 
 _PREFIXES = ("nvidia-", "tesla-", "geforce-", "quadro-")

@@ -71,7 +71,11 @@ def test_user_file_with_explicit_names(tmp_path):
     ({"nodes": [{"name": "a", "gpus": {"count": 1, "memory": "1Gi"}}]}, "gpus.model: expected a GPU model"),
     # digits to str.isdigit(), not to int(): a ValueError's traceback before, not the file's error
     ({"nodes": [{"name": "a", "gpus": {"model": "L4", "count": 1, "memory": "\u00b2"}}]}, "nodes[0].gpus.memory"),
-    ({"nodes": [{"name": "a", "gpus": {"model": "L4", "count": 1, "memory": "8\u0663"}}]}, "nodes[0].gpus.memory"),
+    ({"nodes": [{"name": "a", "gpus": {"model": "L4", "count": 1, "memory": "8\u0663"}}]}, "nodes[0].gpus.memory"),    # a bare number float() reads as infinity, and YAML's .inf / .nan: int() raised (OverflowError)
+    ({"nodes": [{"name": "a", "gpus": {"model": "L4", "count": 1, "memory": "9" * 400}}]}, "nodes[0].gpus.memory"),
+    ({"nodes": [{"name": "a", "gpus": {"model": "L4", "count": 1, "memory": float("inf")}}]}, "nodes[0].gpus.memory"),
+    ({"nodes": [{"name": "a", "gpus": {"model": "L4", "count": 1, "memory": float("nan")}}]}, "nodes[0].gpus.memory"),
+    ({"nodes": [{"name": "a", "gpus": {"model": "L4", "count": 1, "memory": 10**30}}]}, "nodes[0].gpus.memory"),
 ])
 def test_bad_cluster_documents(doc, msg):
     with pytest.raises(SimClusterError) as exc:
