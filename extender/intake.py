@@ -102,8 +102,9 @@ PREFETCH_BODY = 64 << 10
 # Open connections per worker process (gunicorn's default is 1,000): each may hold up to
 # HEAD_MAX + PREFETCH_BODY bytes read ahead, so this bounds that memory (64 MiB).
 WORKER_CONNECTIONS = 512
-_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*(\d+)", re.IGNORECASE)
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:([^\r\n]*)", re.IGNORECASE)
 _CHUNKED = re.compile(rb"\r\ntransfer-encoding[ \t]*:", re.IGNORECASE)
+_NO_PEER_SENDS = 2**63 - 1
 MORE, COMPLETE, CLOSE = "more", "complete", "close"
 
 
@@ -120,7 +121,14 @@ def request_is_complete(buf: bytes | bytearray) -> bool:
     if _CHUNKED.search(head):
         return buf.endswith(b"0\r\n\r\n")
     m = _CONTENT_LENGTH.search(head)
-    return have >= (int(m.group(1)) if m else 0)
+    if m is None:
+        return True
+    # The whole value, as the parser reads it: its leading digits alone (``5`` of ``5\x1b[2J``)
+    # waited for a body the parser would refuse anyway, until the deadline's 408.
+    # A length past any body a peer can send (Go's net/http holds it in an int64) is refused at
+    # once too, without waiting for bytes that will not come.
+    stated = whole_number(m.group(1).strip(b" \t").decode("latin-1"), _NO_PEER_SENDS)
+    return stated is None or stated >= _NO_PEER_SENDS or have >= stated
 
 
 class _DeadlineSocket:

@@ -293,3 +293,25 @@ def test_a_content_length_of_digits_int_cannot_read_is_no_known_length(length):
     body, held = reader.read({"CONTENT_LENGTH": length, "wsgi.input": io.BytesIO(b'{"Pod": {}}')})
     reader.done(held)
     assert body == b'{"Pod": {}}'
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "split"])
+def test_a_content_length_that_is_no_number_is_a_400_at_once(tmp_path, workers):
+    """The read-ahead took the leading digits of ``Content-Length: 5\\x1b[2J`` (or ``5 5``) for the
+    length, waited for a body of 5 bytes that never came, and cut the client off with a 408 at
+    its deadline; the parser refuses such a header with a 400, and now it gets to. A length of
+    5,000 digits raised int()'s digit-limit error in the read-ahead: the connection was dropped
+    with no answer at all."""
+    proc, http = _start(tmp_path, workers, "--client-timeout", "8")
+    try:
+        for bad in (b"5\x1b[2J", b"5 5", b"5, 5", b"9" * 5000):
+            with socket.create_connection(("127.0.0.1", _port(proc)), timeout=30) as s:
+                s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: " + bad + b"\r\n\r\n{}")
+                data = _read_all(s, 30)
+            assert data.startswith(b"HTTP/1.1 400 "), (bad[:20], data[:300])
+        assert http.post(proc.url + "/filter", data=FILTER, timeout=30).status_code == 200
+        assert "Traceback" not in Path(proc.log.name).read_text()
+    finally:
+        http.close()
+        proc.stop()
