@@ -260,6 +260,9 @@ def _refuse_on_simulated(ctx: click.Context, src: Source, flags: Mapping[str, st
                                ctx)
 
 
+UNRECORDED_SHOWN = 5   # pods the WARNING line names; JSON lists them all
+
+
 @dataclass
 class LiveFacts:
     """What a live cluster's pods say beyond the model (filled in by :func:`load`):
@@ -288,9 +291,18 @@ class LiveFacts:
         """One line for the operator when GPU pods were bound without Stowage ('' otherwise)."""
         if not self.unrecorded:
             return ""
+        pods = self.unrecorded_pods()
+        shown = ", ".join(f"{p['pod']} on {p['node']}" for p in pods[:UNRECORDED_SHOWN])
+        more = f" and {len(pods) - UNRECORDED_SHOWN} more" if len(pods) > UNRECORDED_SHOWN else ""
         return (f"WARNING: {len(self.unrecorded)} GPU pod(s) on {len(set(self.unrecorded.values()))} node(s) were "
                 "bound without Stowage's record (another scheduler?): Stowage does not know their cards, which "
-                "count as free here and in the extender (docs/kube.md)")
+                f"count as free here and in the extender (docs/kube.md): {shown}{more}")
+
+    def unrecorded_pods(self) -> list[dict[str, str]]:
+        """The GPU pods bound without Stowage's record, named as ``pod_errors`` are (a uid alone
+        sent the operator to look each one up): ``{"pod", "uid", "node"}``, by pod name."""
+        return sorted(({"pod": self.names.get(uid, "?"), "uid": uid, "node": node}
+                       for uid, node in self.unrecorded.items()), key=lambda e: (e["pod"], e["uid"]))
 
     def note(self, pod: Mapping[str, Any], gone: bool = False) -> None:
         m = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}

@@ -264,7 +264,7 @@ def inspect(source: Source, learn: LearnFrom, learned: bool, nodes: tuple[str, .
     if output == "json":
         rep["source"] = what
         if facts is not None:
-            rep["unrecordedGpuPods"] = facts.unrecorded
+            rep["unrecordedGpuPods"] = facts.unrecorded_pods()
             rep["podErrors"], rep["nodeErrors"] = facts.pod_errors, facts.node_errors
         click.echo(json.dumps(rep, indent=2))   # (JSON escapes control characters)
     else:

@@ -185,7 +185,7 @@ def plan(source: Source, shapes: list[Shape], drain: bool, preempt_shapes: list[
                               "configMap": "/".join(learn.configmap) if learn.configmap else None,
                               "note": learn.note}
         if facts is not None:
-            doc["unrecordedGpuPods"] = facts.unrecorded
+            doc["unrecordedGpuPods"] = facts.unrecorded_pods()
             doc["podErrors"], doc["nodeErrors"] = facts.pod_errors, facts.node_errors
         if dplan is not None:
             doc["drain"] = dplan.to_json()

@@ -139,9 +139,12 @@ def test_plan_drain_moves_cpu_pods_leaves_daemonset_pods_and_names_unknown_gpu_p
         assert not any(m["pod"].startswith("sys/plugin-") for d in drained.values() for m in d["moves"])
         # gpu-c runs a GPU pod Stowage does not know the cards of: never emptied, and said so
         assert "gpu-c" not in drained and "without Stowage's record" in doc["drain"]["kept"]["gpu-c"]
-        assert list(doc["unrecordedGpuPods"].values()) == ["gpu-c"]
+        # named as podErrors are (a uid alone sent the operator to look the pod up)
+        [unrecorded] = doc["unrecordedGpuPods"]
+        assert (unrecorded["pod"], unrecorded["node"]) == ("sys/other-train", "gpu-c") and unrecorded["uid"]
         table = CliRunner().invoke(main, ["plan", "--kubeconfig", cfg, "--drain"]).output
         assert "WARNING: 1 GPU pod(s) on 1 node(s) were bound without Stowage's record" in table
+        assert "sys/other-train on gpu-c" in table
         assert "1 GPU pods, 5 other pods bound" in table
         insp = CliRunner().invoke(main, ["inspect", "--kubeconfig", cfg]).output
         assert "WARNING: 1 GPU pod(s)" in insp
