@@ -293,6 +293,138 @@ def run(per_verb: int, workers: int = 1, seed: int = 1, log_dir: str = "/tmp", p
     return res
 
 
+# -------------------------------------------------------------------------------- HTTP framing
+# The requests above are well framed; these are not. Each starts as a good filter request and
+# gets one to three mutations of its request line, headers, framing or line endings, as a broken
+# client or a prober would send them. gunicorn's parser and the extender's read-ahead
+# (extender/intake.py) see them first.
+
+METHODS = ["GET", "PUT", "DELETE", "OPTIONS", "HEAD", "CONNECT", "", "P\x00ST", "POST POST", "post", "X" * 300]
+PATHS = ["/filter%00", "/" + "a" * 9000, "//filter", "/filter?x=1&x=2", "*", "/filter/../bind", "/\xff\xfe",
+         "http://evil/filter", "/filter#frag", "", "/filter\x1b[2J"]
+VERSIONS = ["HTTP/1.0", "HTTP/2.0", "HTTP/9.9", "HTTP/1.1x", "", "HTTP/1", "http/1.1"]
+LENGTHS = ["", "-1", "+5", "5 5", "5\x1b[2J", "0x10", "1e3", "\u00b2", "9" * 5000, " 12 ", "1" * 25, "5, 5",
+           "\u0663"]
+ENCODINGS = ["chunked", "chunked, gzip", "gzip", "identity", "Chunked", "chunked\x00", "gzip, chunked", " chunked"]
+JUNK_HEADERS = ["NoColon", "Bad Name: x", "X-Nul: a\x00b", "X-Long: " + "v" * 20000, " folded continuation",
+                "X-Ctl: \x1b[2J", ": empty-name", "X-Latin: \xe9\xff", "Host: second-host",
+                "Expect: 100-continue", "Connection: upgrade", "Upgrade: h2c", "X-Forwarded-For: 1.2.3.4"]
+
+
+def framing_request(rng: random.Random, body: bytes) -> tuple[bytes, bool, bool]:
+    """(raw request, whether to close our side after sending, whether its head ends). Our side
+    is closed where the server has a reason to wait for more (a body shorter than a length it
+    states, a head that never ends): waiting out the client timeout proves nothing here. Where
+    everything was sent, the server must answer without waiting: a 408 there is a failure."""
+    method, path, version = "POST", "/filter", "HTTP/1.1"
+    headers = [("Host", "x"), ("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+    eol, half_close = "\r\n", False
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.randrange(8)
+        if kind == 0:
+            method = rng.choice(METHODS)
+        elif kind == 1:
+            path = rng.choice(PATHS)
+        elif kind == 2:
+            version = rng.choice(VERSIONS)
+        elif kind == 3:   # a Content-Length that is no number, or a second one
+            value = rng.choice(LENGTHS + [str(len(body) + 1), str(len(body) - 1), str(len(body))])
+            if rng.random() < 0.3:
+                headers.append(("Content-Length", value))
+            else:
+                headers = [(k, value if k == "Content-Length" else v) for k, v in headers]
+            # all is sent: only a length that is a number past the body leaves the server waiting
+            half_close = half_close or value == str(len(body) + 1)
+        elif kind == 4:   # chunked, well formed or not, with or without a Content-Length beside it
+            te = rng.choice(ENCODINGS)
+            if rng.random() < 0.7:
+                headers = [h for h in headers if h[0] != "Content-Length"]
+            headers.append(("Transfer-Encoding", te))
+            if rng.random() < 0.7:
+                body = (f"{len(body):x}\r\n").encode() + body + b"\r\n0\r\n\r\n"
+            half_close = True
+        elif kind == 5:
+            headers.append((rng.choice(JUNK_HEADERS), None))  # type: ignore[arg-type]
+        elif kind == 6:
+            eol = rng.choice(["\n", "\r", "\r\r\n", "\n\r"])
+            half_close = True
+        else:   # many headers
+            headers += [(f"X-H{i}", "v") for i in range(rng.choice([50, 101, 500]))]
+    lines = [f"{method} {path} {version}".rstrip(" ")] + [k if v is None else f"{k}: {v}" for k, v in headers]
+    head = eol.join(lines) + eol + eol
+    return head.encode("utf-8", "surrogateescape") + body, half_close, "\n" in eol
+
+
+@dataclass
+class FramingResult:
+    sent: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)   # "400", ..., "closed" (no answer)
+    five_xx: list[str] = field(default_factory=list)
+    hung: list[str] = field(default_factory=list)
+    waited: list[str] = field(default_factory=list)   # a 408 to a request sent whole
+    unanswered: list[str] = field(default_factory=list)   # closed without an answer, the head whole
+    tracebacks: int = 0
+    good_after: int = 0   # the status of a good filter request after all of them
+
+    def failures(self) -> list[str]:
+        return ([f"5xx {x}" for x in self.five_xx] + [f"hung {x}" for x in self.hung]
+                + [f"408 to a request sent whole {x}" for x in self.waited]
+                + [f"no answer {x}" for x in self.unanswered])
+
+    def ok(self) -> bool:
+        return not self.failures() and not self.tracebacks and self.good_after == 200
+
+
+def run_framing(count: int, workers: int = 1, seed: int = 1, log_dir: str = "/tmp", limit_s: float = 30.0,
+                progress: bool = False) -> FramingResult:
+    """``count`` badly framed requests over raw sockets; a request hangs when neither an answer
+    nor the connection's end comes within ``limit_s`` (the server's own client timeout is 10 s)."""
+    import socket
+    from extender_harness import start_process
+
+    rng = random.Random(seed)
+    pods = base_pods()
+    proc, session = start_process("builtin", log_dir, "--workers", str(workers))
+    res = FramingResult()
+    try:
+        host, port = proc.url.split("//")[1].split(":")
+        for n in range(count):
+            body = json.dumps({"Pod": rng.choice(pods), "NodeNames": NODES}).encode()
+            raw, half_close, head_ends = framing_request(rng, body)
+            with socket.create_connection((host, int(port)), timeout=limit_s) as s:
+                try:
+                    s.sendall(raw)
+                    if half_close:
+                        s.shutdown(socket.SHUT_WR)
+                    answer = b""
+                    while len(answer) < 64 and (chunk := s.recv(4096)):
+                        answer += chunk
+                except socket.timeout:
+                    res.hung.append(repr(raw[:200]))
+                    continue
+                except (ConnectionResetError, BrokenPipeError):
+                    answer = b""
+            res.sent += 1
+            status = answer.split(b" ", 2)[1].decode("latin-1") if answer.startswith(b"HTTP/") else "closed"
+            res.statuses[status] = res.statuses.get(status, 0) + 1
+            if status.startswith("5"):
+                res.five_xx.append(f"{status}: {raw[:300]!r}")
+            elif status == "408" and not half_close:
+                res.waited.append(repr(raw[:300]))
+            elif status == "closed" and head_ends:
+                res.unanswered.append(repr(raw[:300]))
+            if progress and n % 200 == 0:
+                print(f"framing {n}/{count} statuses {res.statuses}", file=sys.stderr)
+        res.good_after = session.post(proc.url + "/filter", json={"Pod": pods[0], "NodeNames": NODES},
+                                      timeout=30).status_code
+    finally:
+        session.close()
+        proc.stop()
+        log = Path(proc.log.name).read_text(errors="replace")
+        res.tracebacks = log.count("Traceback (most recent call last)")
+    return res
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python tests/fuzzing.py``, apart from ``main`` so that
     tests/test_doc_commands.py can check the documented command lines against it without running them."""
@@ -301,6 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--per-verb", type=whole_number(1), default=10_000, help="requests per verb (filter, prioritize, bind, preempt)")
     ap.add_argument("--workers", type=whole_number(1), default=1, help="1: one process; 2+: the split layout")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--framing", type=whole_number(0), default=0,
+                    help="then this many badly framed HTTP requests (request line, headers, Content-Length, "
+                         "chunking, line endings) over raw sockets")
     return ap
 
 
@@ -313,7 +448,15 @@ def main() -> int:
                       "overbooked_cards": res.overbooked}, indent=1))
     for line in res.five_xx[:10]:
         print("5xx:", line)
-    return 0 if res.ok() else 1
+    ok = res.ok()
+    if a.framing:
+        fr = run_framing(a.framing, a.workers, a.seed, progress=True)
+        print(json.dumps({"framing": {"sent": fr.sent, "statuses": fr.statuses, "failures": len(fr.failures()),
+                                      "tracebacks": fr.tracebacks, "good_request_after": fr.good_after}}, indent=1))
+        for line in fr.failures()[:10]:
+            print("framing:", line)
+        ok = ok and fr.ok()
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
