@@ -9,6 +9,7 @@ and re-registers, well within the ~1.2 s after which a restarted kubelet fails p
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -33,6 +34,7 @@ from . import allocator, corrections
 from gpunode.devices import UNHEALTHY, DeviceTable, id_lengths
 from .podres import KubeletAllocations
 from gpunode.backoff import Backoff
+from gpunode.deadline import DeadlineCalls, Stuck
 from gpunode.health import DEFAULT_IGNORED_XIDS, HealthTracker, XidLogPacer
 from gpunode.nvml import GpuInfo, LateCards, Nvml, NvmlUnavailable, XidEvent, XidWatch
 
@@ -166,6 +168,7 @@ class PluginConfig:
     recovery_quiet_s: float = 120.0
     probe_interval_s: float = 10.0
     event_wait_ms: int = 1000
+    nvml_deadline_s: float = 5.0       # a probe or late-card read NVML has not answered by then: the card is Unhealthy
     event_retry_first_s: float = 0.1   # a failed event wait is retried after this, doubling ...
     event_retry_max_s: float = 5.0     # ... up to this
     event_recreate_after: int = 5      # failed waits in a row before the event set is made anew
@@ -476,6 +479,10 @@ class Endpoint:
         self.registrations += 1
 
 
+# The key of the late-card reads among the health thread's NVML calls (the probes' are ("probe", UUID)).
+LATE_READ = ("late cards",)
+
+
 class HealthMonitor:
     """Background thread: NVML XID events and periodic probes feed the tracker, then the state.
 
@@ -492,6 +499,9 @@ class HealthMonitor:
         self._stop = threading.Event()
         self._next_probe = 0.0   # monotonic time of the next round of probes (set when the thread starts)
         self._thread = threading.Thread(target=self._run, name="health", daemon=True)
+        # Probes and late-card reads are made on workers with a deadline: a call NVML never answers
+        # (a card off the bus) blocked this thread for ever before (gpunode.deadline).
+        self.calls = DeadlineCalls(cfg.nvml_deadline_s, name="health-nvml")
 
     def start(self) -> None:
         """Probe every card once, then watch in the background. The first probes run here, before
@@ -504,15 +514,34 @@ class HealthMonitor:
             self.on_change()
         self._thread.start()
 
-    def _probe_all(self, now: float) -> set[str]:
-        """Probe every tracked card; returns those whose health changed (each logged)."""
-        return {uuid for uuid in list(self.tracker.cards) if self._probe(uuid, now)}
+    def _probe_all(self, now: float, uuids: list[str] | None = None) -> set[str]:
+        """Probe every tracked card (or ``uuids``) at once, each waited for at most ``nvml_deadline_s``;
+        returns those whose health changed (each logged)."""
+        uuids = list(self.tracker.cards) if uuids is None else uuids
+        checks = not self.cfg.health_disabled
+        answers = self.calls.run({("probe", u): functools.partial(self.nvml.probe, u, health_checks=checks)
+                                  for u in uuids})
+        return {u for u in uuids if self._apply_probe(u, answers[("probe", u)], now)}
 
-    def _probe(self, uuid: str, now: float) -> bool:
-        """Probe one card into the tracker; whether its health changed (logged when it did)."""
+    def _apply_probe(self, uuid: str, answer: str | None | Stuck, now: float) -> bool:
+        """Apply one probe's answer to the tracker; whether the card's health changed (logged when it did).
+
+        A probe past its deadline is a failed probe (a card NVML cannot answer about is not fit for
+        work), said once when it passes the deadline; the card is not probed again until that call
+        returns (:class:`gpunode.deadline.DeadlineCalls`), and its quiet period restarts each round
+        until then. With health checks disabled a card NVML cannot reach is not judged, nor is one
+        whose probe hangs.
+        """
         was = self.tracker.cards[uuid].healthy
-        problem = self.nvml.probe(uuid, health_checks=not self.cfg.health_disabled)
+        stuck = answer if isinstance(answer, Stuck) else None
+        problem = answer if stuck is None else None
+        if stuck is not None and not self.cfg.health_disabled:
+            problem = (f"NVML did not answer a probe within {self.cfg.nvml_deadline_s:g} s (the card may have fallen "
+                       "off the bus); it is probed again once that call returns")
         if not self.tracker.on_probe(uuid, problem, now):
+            if stuck is not None and stuck.new:
+                log.warning("card %s: NVML did not answer a probe within %g s; it is probed again once that call "
+                            "returns", uuid, self.cfg.nvml_deadline_s)
             return False
         log.warning("card %s is %s%s", uuid, "healthy again" if not was else "unhealthy",
                     "" if not was else f": {self.tracker.cards[uuid].reason}")
@@ -573,7 +602,8 @@ class HealthMonitor:
         if now >= self._next_probe:
             self._next_probe = now + cfg.probe_interval_s
             changed |= self._probe_all(now)
-        if self.late is not None and self.late.wait_left() <= 0:
+        if self.late is not None and not self.calls.busy(LATE_READ) and (
+                self.calls.answered(LATE_READ) or self.late.wait_left() <= 0):
             changed |= self._add_late_cards(watch, now)
         # a round that failed half-way may have changed the tracker without saying so: compare
         if changed or self.tracker.snapshot() != self.state.health:
@@ -601,7 +631,12 @@ class HealthMonitor:
         startup check did not know it): one that does not is refused, said once, and not read again.
         """
         assert self.late is not None
-        read = self.late.poll()
+        read = self.calls.run({LATE_READ: self.late.poll})[LATE_READ]
+        if isinstance(read, Stuck):   # not touched again (nor its state read) until the call returns
+            if read.new:
+                log.warning("reading the GPUs unreadable at start did not return within %g s; read again once "
+                            "that call returns", self.cfg.nvml_deadline_s)
+            return set()
         if not read:
             return set()
         cfg, table = self.cfg, self.state.table
@@ -629,7 +664,7 @@ class HealthMonitor:
             self.tracker.add(card.uuid)
             if watch is not None:
                 watch.add(card.uuid)
-            self._probe(card.uuid, now)
+        self._probe_all(now, [c.uuid for c in added])
         self.state.set_table(DeviceTable(self.nvml.cards(indices), cfg.memory_unit_mib), self.tracker.snapshot())
         return {c.uuid for c in added}
 
