@@ -599,6 +599,10 @@ class HealthMonitor:
                     log.warning("unhealthy while their XID events cannot be watched: %s", ", ".join(sorted(changed)))
             elif ev is not None:
                 self._log_event(ev, changed, pacer)
+        for uuid, xid, quiet in pacer.summaries():
+            log.warning("NVML events: %d more such events of %s on %s in the %g s after the last one logged, "
+                        "logged at debug", quiet, f"XID {xid}" if xid is not None else "an XID event",
+                        uuid or "an unknown card", pacer.every_s)
         if now >= self._next_probe:
             self._next_probe = now + cfg.probe_interval_s
             changed |= self._probe_all(now)

@@ -189,7 +189,10 @@ class XidLogPacer:
     warning line each flooded the agent's log. The events themselves are all applied; only their
     lines are paced: :meth:`loud` says whether this one is logged loudly and how many of its kind
     were kept quiet (logged at debug) since the last loud one, so the next loud line can say so.
-    At most ``max_keys`` kinds are remembered (a storm of distinct XIDs keeps a bounded table).
+    A storm that ends within its window has no next loud line: :meth:`summaries`, called by the
+    caller's own loop (no timer thread per card), hands out each window's quiet count once the
+    window is over. At most ``max_keys`` kinds are remembered (a storm of distinct XIDs keeps a
+    bounded table).
     """
 
     every_s: float = 60.0
@@ -213,3 +216,15 @@ class XidLogPacer:
                 del self._last[next(iter(self._last))]
         self._last[key] = [now, 0]
         return True, quiet
+
+    def summaries(self) -> list[tuple[str | None, int | None, int]]:
+        """``(uuid, xid, events kept quiet)`` of each kind whose window is over with events kept quiet
+        in it, each handed out once; every kind whose window is over is forgotten (its next event is
+        loud again, as a first one). Before, those counts waited for a next loud line of their kind,
+        which never came once a storm had ended: the warnings showed one event of thousands."""
+        now = self.clock()
+        over = [k for k, (t, _) in self._last.items() if now - t >= self.every_s]
+        out = [(k[0], k[1], int(self._last[k][1])) for k in over if self._last[k][1]]
+        for k in over:
+            del self._last[k]
+        return out
