@@ -649,10 +649,6 @@ class HealthMonitor:
         for index, tries in sorted(read.items()):
             cards = self.nvml.cards(indices | {index})
             card = next(c for c in cards if c.index == index)
-            if card.uuid in table.by_uuid:   # NVML keeps indices for the session; never advertise a card twice
-                log.error("GPU %d reads as %s, which is advertised as GPU %d already; not advertised twice",
-                          index, card.uuid, table.by_uuid[card.uuid].index)
-                continue
             try:
                 check_message_sizes(cards, cfg.resources, cfg.memory_unit_mib)
             except MessageTooLarge as exc:

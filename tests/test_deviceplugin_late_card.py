@@ -191,3 +191,28 @@ def test_cards_nvml_cannot_count_at_start_are_advertised_once_it_can(monkeypatch
         pod = bind_pod(r, "counted", [container("main", gpus=1)], record([(0, u0)], whole=True, mem_mib=81920),
                        "2024-01-01T00:00:01Z")
         assert r.kubelet.admit(pod)["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == u0
+
+
+def test_a_late_card_reading_as_an_advertised_cards_uuid_is_refused_by_the_read_itself(monkeypatch, caplog):
+    """The read of a late card refuses a UUID another card holds (``Nvml.read_index``), as discovery
+    does at start: the card is not advertised twice, is read again, and is advertised once it reads
+    as itself. The health thread needs no check of its own."""
+    caplog.set_level(logging.INFO)
+    cards = default_cards()
+    cards[2].lost = True
+    own = cards[2].uuid
+    with rig(monkeypatch, cards=cards, rediscover_first_s=0.05, rediscover_max_s=0.1) as r:
+        assert r.registered()
+        cards[2].uuid = cards[0].uuid    # answers again, but as card 0
+        cards[2].lost = False
+        assert r.kube.wait_for(lambda: "GPU 0" in r.plugin.nvml.unreadable.get(2, ""))
+        assert r.kube.wait_for(lambda: any("reads as" in x.getMessage() for x in caplog.records
+                                           if x.getMessage().startswith("GPU 2 ")))
+        for res in GPU_RESOURCES:
+            ids = r.kubelet.plugins[res].ids
+            assert len(ids) == len(set(ids)), res
+        assert set(r.kubelet.devices(RESOURCE_GPU)) == {cards[i].uuid for i in (0, 1, 3)}
+        cards[2].uuid = own              # reads as itself at last
+        assert r.kube.wait_for(lambda: [c.index for c in _inventory(r) or []] == [0, 1, 2, 3], timeout=15)
+        ids = r.kubelet.plugins[RESOURCE_GPU].ids
+        assert len(ids) == len(set(ids)) == 4
