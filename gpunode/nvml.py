@@ -245,9 +245,16 @@ class Nvml:
             return why
         pci = _extra(pynvml.nvmlDeviceGetPciInfo, h)
         bus = _extra(getattr, pci, "busId", "")
-        self._read[index] = dict(index=index, uuid=uuid, name=name, memory_mib=total_mib,
-                                 minor=_extra(pynvml.nvmlDeviceGetMinorNumber, h, default=-1,
-                                              valid=_int_within(0, 2 ** 31 - 1)),
+        minor = _extra(pynvml.nvmlDeviceGetMinorNumber, h, default=-1, valid=_int_within(0, 2 ** 31 - 1))
+        owner = next((i for i, r in self._read.items() if r["minor"] == minor and i != index), None) \
+            if minor >= 0 else None
+        if owner is not None:
+            # /dev/nvidia<minor> is one card's node: given to this card's containers too, it handed them
+            # the other card's node (and not their own). The first card keeps it, as with a UUID.
+            log.warning("GPU %d reads minor number %d, the minor of GPU %d; its device node is not known", index,
+                        minor, owner)
+            minor = -1
+        self._read[index] = dict(index=index, uuid=uuid, name=name, memory_mib=total_mib, minor=minor,
                                  numa=_extra(pynvml.nvmlDeviceGetNumaNodeId, h, default=-1,
                                              valid=_int_within(0, MAX_NUMA_NODE)),
                                  pci_bus_id=_text(bus) if _bus_key(bus) is not None else "",
