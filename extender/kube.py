@@ -58,7 +58,7 @@ from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request
 from .errors import KubeConfigError
 from .bounds import BoundUse, ListLearnUse
 from .feed_health import FeedHealth, StreamHealth
-from .kube_objects import (LIST_LEARN_BYTES, assign_args, meta, node_into_model, node_view, pod_for_bind,
+from .kube_objects import (LIST_LEARN_BYTES, assign_args, meta, node_into_model, node_view, pod_for_bind, pod_key,
                            pod_for_learn, pod_view, record_by_uuid, resource_version)
 from .pending_pods import PENDING_BYTES, PENDING_ENTRIES, PendingPods, pack, unpack
 from packing.model import ClusterModel
@@ -387,7 +387,9 @@ class StreamState:
 class PodListing:
     """What a pod list gathers across its pages until its last one (:meth:`KubeFeeder._relist`)."""
 
-    seen: set[str] = field(default_factory=set)      # uids listed
+    # uid -> namespace/name of the object listed under it (the first one; not one that came under a
+    # uid the model held for another pod, see KubeFeeder._uid_taken)
+    seen: dict[str, str] = field(default_factory=dict)
     clashed: set[str] = field(default_factory=set)   # uids the model holds that came under another name
     pending: set[str] = field(default_factory=set)   # ns/name of the pending pods it wrote for bind
     # (creation_order, packed pod_for_learn copy) of each pod, for on_pod_seen at the end
@@ -803,6 +805,13 @@ class KubeFeeder:
         those up to ``list_learn_bytes`` (:data:`LIST_LEARN_BYTES`): past it, the copies kept
         are shown at once, in creation order among themselves (a pod shown that a list
         restarted after a 410 Expired no longer finds is told deleted, as any other).
+
+        A pod listed twice (one uid, one namespace/name) fails the list: a page served again (a
+        proxy that drops ``continue``). Two objects of one uid under different names are no loop
+        but a peer that lies (uids are unique on an API server): the list goes on, the second is
+        that object's error (:meth:`_uid_taken`), and the pod holding the uid keeps its cards,
+        whichever comes first. Failing the list there, as it did, failed every list while both
+        existed: no first list (the extender never ready), or a model frozen at the last one.
         """
         if st.kind == PODS:
             with self.model.lock:
@@ -833,15 +842,20 @@ class KubeFeeder:
             def apply(items: list) -> None:
                 for pod in items:
                     uid = str(meta(pod).get("uid") or "")
-                    if uid and uid in listing.seen:
+                    key = pod_key(pod)
+                    first = listing.seen.get(uid) if uid else None
+                    if first == key:   # the same pod again: a page served twice
                         raise ListLoop.twice(PODS, uid)
-                    listing.seen.add(uid)
+                    if first is None:
+                        listing.seen[uid] = key
+                    # else another name under a uid this list gave already: that object's error
+                    # (_uid_taken), the list goes on (see _relist's docstring)
                     self._apply_pod(pod, listing=listing)
                     if listing.learn_bytes > self.list_learn_bytes:
                         self._show_listed(listing)
 
             def restart() -> None:   # what the pages so far applied goes too if the full list lacks it
-                before.update(listing.seen)
+                before.update(listing.seen.keys())
                 listing.clear()
 
             rv, count, requests = self._list_pages(PODS, apply, restart)
@@ -859,10 +873,13 @@ class KubeFeeder:
     def _listed_pods(self, before: set[str], listing: "PodListing") -> None:
         """A pod list is complete: show its pods to ``on_pod_seen`` in creation order, then make
         the model match it (``before``: the allocations the model held when the list began)."""
-        seen = listing.seen
+        seen = listing.seen.keys()
         with self._lock:   # the pending pods this list did not write are gone, and so are the
             self._pending.keep_only(listing.pending)   # objects of other names under held uids it did not list
             self._uid_clashes = {u: why for u, why in self._uid_clashes.items() if u in listing.clashed}
+            # and the errors of pods it does not list (deleted while the watch was away): a pending
+            # pod's holds nothing in the model, so no release below would drop it
+            self._pod_errors = {u: why for u, why in self._pod_errors.items() if u in seen}
         self._show_listed(listing)
         with self._lock:
             gone_known = [u for u in self._records if u not in seen]
@@ -1193,12 +1210,14 @@ class KubeFeeder:
         use). It is a pod error (``status()``, ``health()``; logged once) until the other object
         is deleted or finished, a complete list no longer has it, or the holder goes.
 
-        In a list, the uid is not taken as listed: a list holds each uid once, so if the holder
-        comes later in it, it is listed then; if not, it is gone, and its cards are freed at the
-        list's end like any pod's not listed. The other pod is then applied from its next event
-        or list, as any."""
-        if listing is not None:
-            listing.seen.discard(v.uid)
+        In a list, such an object listed before the holder does not count the uid as listed: if
+        the holder comes later in the list, it is listed then; if not, it is gone, and its cards
+        are freed at the list's end like any pod's not listed (the other pod is then applied from
+        its next event or list, as any). One listed after the holder leaves the uid listed: the
+        holder keeps its cards, whatever the order (a second object of one name under one uid is
+        a page served again, and fails the list: :meth:`_relist`)."""
+        if listing is not None and listing.seen.get(v.uid) == v.key:
+            del listing.seen[v.uid]   # listed first under the uid: the holder is not listed (yet)
         msg = (f"pod {v.key} came with the uid of pod {holder}, which holds it in the model (uids are unique on an "
                f"API server: a proxy or a peer that lies?); it is ignored and {holder} keeps its cards")
         with self._lock:

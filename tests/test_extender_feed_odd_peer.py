@@ -186,3 +186,49 @@ def test_a_list_with_another_name_under_a_held_uid_keeps_the_holder_while_it_is_
     f.sync_once()
     held = f.model.allocations["same-uid"]
     assert held.name == "default/0-other" and held.cards == (1,) and row(f.model, "n1")["pods"] == [0, 1]
+
+
+@pytest.mark.parametrize("other", ["0-other", "z-other"], ids=["listed-before-the-holder", "listed-after-the-holder"])
+@pytest.mark.parametrize("holder_known", [True, False], ids=["holder-known", "first-list"])
+def test_a_list_holding_two_names_under_one_uid_completes_and_one_of_them_holds_its_cards(kube, other, holder_known):
+    """A list holding two objects of one uid under different names (a peer that lies) failed as
+    a page served again ("listed twice") whenever the object applied first was the one that took
+    the uid, i.e. in every order but one (the holder known and listed second): every list failed
+    while both existed, so a starting extender never became ready, and a running one's pods
+    stayed frozen at the last list. Now the list completes in every order: the pod holding the
+    uid (the one the model held, else the first listed) keeps its cards, the other is that
+    object's error, and no card is freed or booked twice, list after list."""
+    kube.create_node(inv_node("n1", [80, 80]), emit=False)
+    kube.create_pod(make_pod("a", gpus=1, node="n1", phase="Running", uid="same-uid",
+                             annotations={ALLOCATION_ANNOTATION: rec("n1", 0)}), emit=False)
+    f = new_feeder(kube)
+    if holder_known:
+        f.sync_once()
+    kube.create_pod(make_pod(other, gpus=1, node="n1", phase="Running", uid="same-uid",
+                             annotations={ALLOCATION_ANNOTATION: rec("n1", 1)}), emit=False)
+    holder = "default/a" if holder_known or other > "a" else f"default/{other}"
+    for _ in range(2):
+        f.sync_once()
+        held = f.model.allocations["same-uid"]
+        assert held.name == holder
+        assert row(f.model, "n1")["pods"] == ([1, 0] if holder == "default/a" else [0, 1])
+        assert f.health()["pod_errors"] == 1 and f.streams[PODS].synced
+
+
+def test_the_error_of_a_pending_pod_deleted_while_the_watch_was_away_goes_at_the_next_list(kube):
+    """A pending pod with a malformed record is a pod error (health(), /metrics) until it goes.
+    Deleted while the watch was away (no DELETED event), it was never dropped: the list's end
+    dropped only what the model held (a pending pod holds nothing), so the count stayed up for
+    good and grew with every such pod. Now a complete list keeps the errors of the pods it lists
+    only."""
+    kube.create_node(inv_node("n1", [80]), emit=False)
+    for name, node in (("pending", None), ("bound", "n1")):
+        kube.create_pod(make_pod(name, gpus=1, node=node, phase="Running" if node else "Pending",
+                                 annotations={ALLOCATION_ANNOTATION: "{not json"}), emit=False)
+    f = new_feeder(kube)
+    f.sync_once()
+    assert f.health()["pod_errors"] == 2
+    kube.delete_pod("default", "pending", emit=False)
+    kube.delete_pod("default", "bound", emit=False)
+    f.sync_once()
+    assert f.health()["pod_errors"] == 0 and f.status()["pod_errors"] == {}
