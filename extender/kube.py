@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ContextManager, Iterator, Mapping
 
 import kubernetes.client
@@ -495,6 +495,15 @@ class KubeFeeder:
         # the learned table is built once for them, not every 128 pods).
         self.learning_in_bulk: Callable[[], ContextManager[None]] = nullcontext
         self.on_pod_deleted: Callable[[str], None] | None = None
+        # Asked of every node the feed applies (listed or watched; not a deleted one), before it
+        # is applied: True when the node takes no new pods for a reason the feed does not read
+        # itself (it reads spec.unschedulable and the Ready condition), so it is applied as
+        # cordoned. Also where a reader notes nodes (stowage inspect/plan: why a node takes no
+        # pods). An exception it raises is logged and reads as False. The extender sets none:
+        # kube-scheduler applies taints itself before it asks the extender, and it still places
+        # pods on a node that only has a deletionTimestamp (v1.28.7:
+        # tests/integration/test_real_node_deleting.py), so the extender offers that node too.
+        self.node_closed: Callable[[Mapping[str, Any]], bool] | None = None
         # uids shown to on_pod_seen and not yet told deleted: a relist tells those it no longer
         # finds (deleted while the watch was gone, with no DELETED event).
         self._shown: set[str] = set()
@@ -1038,6 +1047,8 @@ class KubeFeeder:
             if not v.name:
                 log.error("node without metadata.name ignored")
                 return
+            if self._closed(node) and v.schedulable:
+                v = replace(v, schedulable=False)
             with self._lock:
                 if v.error and self.node_errors.get(v.name) != v.error:
                     log.error("node %s: cannot read its GPU inventory (%s); it gets no schedulable cards until fixed",
@@ -1057,6 +1068,16 @@ class KubeFeeder:
                     self.on_cards_freed(self.model.generation)
         except Exception:  # never let one odd object stop the feed
             log.exception("node %s could not be applied", meta(node).get("name"))
+
+    def _closed(self, node: Mapping[str, Any]) -> bool:
+        """What :attr:`node_closed` says of ``node`` (False without one, or when it fails)."""
+        if self.node_closed is None:
+            return False
+        try:
+            return bool(self.node_closed(node))
+        except Exception:  # a reader's hook must not stop the feed: the node reads as it is
+            log.exception("node %s: node_closed failed; the node is applied as it is", meta(node).get("name"))
+            return False
 
     def _uuids_of(self, node: str) -> dict[int, str]:
         """The node's card index -> uuid as the model has it now (empty when unknown)."""

@@ -326,17 +326,27 @@ TO_BE_DELETED_TAINT = "ToBeDeletedByClusterAutoscaler"
 
 
 def node_going_away(node: Mapping[str, Any]) -> str:
-    """Why kube-scheduler will send no new pod to ``node`` although it is listed ('' when none):
-    it is being deleted (``metadata.deletionTimestamp``), or the cluster autoscaler is removing it
-    (its ``ToBeDeletedByClusterAutoscaler`` taint, which no pod tolerates)."""
+    """Why ``node`` is going away although it is listed ('' when it is not): it is being deleted
+    (``metadata.deletionTimestamp``: a finalizer holds it), or the cluster autoscaler is removing
+    it (its ``ToBeDeletedByClusterAutoscaler`` taint). Only the second keeps new pods off it
+    (:func:`node_takes_no_pods`)."""
     m = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
     if m.get("deletionTimestamp"):
         return "being deleted"
-    spec = node.get("spec") if isinstance(node.get("spec"), Mapping) else {}
-    taints = spec.get("taints") if isinstance(spec.get("taints"), list) else []
-    if any(isinstance(t, Mapping) and t.get("key") == TO_BE_DELETED_TAINT for t in taints):
+    if node_takes_no_pods(node):
         return "being removed by the cluster autoscaler"
     return ""
+
+
+def node_takes_no_pods(node: Mapping[str, Any]) -> bool:
+    """Whether kube-scheduler sends ``node`` no new pod for a reason the feed does not read itself
+    (cordons and the Ready condition it does): the cluster autoscaler's
+    ``ToBeDeletedByClusterAutoscaler`` taint (NoSchedule), which Stowage's pods do not tolerate.
+    Not a ``deletionTimestamp`` alone: kube-scheduler v1.28.7 still places pods on such a node,
+    and so does the extender (tests/integration/test_real_node_deleting.py)."""
+    spec = node.get("spec") if isinstance(node.get("spec"), Mapping) else {}
+    taints = spec.get("taints") if isinstance(spec.get("taints"), list) else []
+    return any(isinstance(t, Mapping) and t.get("key") == TO_BE_DELETED_TAINT for t in taints)
 
 
 def node_notes(node: Mapping[str, Any]) -> list[str]:
@@ -372,28 +382,17 @@ def node_notes(node: Mapping[str, Any]) -> list[str]:
 
 def _note_nodes(feeder: Any, facts: LiveFacts) -> None:
     """Make ``feeder`` (the extender's) tell ``facts`` of every node it applies (:func:`node_notes`),
-    and read a node that is going away (:func:`node_going_away`) as cordoned: kube-scheduler sends
-    the extender no such node, so ``plan`` must place nothing there. The feeder has no public node
-    hook, so its ``_apply_node`` is wrapped, on this instance only (a subclass would break whoever
-    replaces ``KubeFeeder``, as tests do); tests/test_ops_odd_cluster.py fails if the wrapper
-    stops being called."""
-    apply = feeder._apply_node
+    and read a node the cluster autoscaler is removing (:func:`node_takes_no_pods`) as cordoned:
+    kube-scheduler sends the extender no such node, so ``plan`` must place nothing there. Through
+    the feeder's ``node_closed`` hook (which logs what it raises, and reads the node as it is)."""
+    def closed(node: Mapping[str, Any]) -> bool:
+        m = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
+        notes = node_notes(node)
+        if notes and isinstance(m.get("name"), str):
+            facts.node_notes[m["name"]] = notes
+        return node_takes_no_pods(node)
 
-    def noting(node: Any) -> None:
-        if isinstance(node, Mapping):
-            try:
-                m = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
-                notes = node_notes(node)
-                if notes and isinstance(m.get("name"), str):
-                    facts.node_notes[m["name"]] = notes
-                if node_going_away(node):
-                    spec = node.get("spec") if isinstance(node.get("spec"), Mapping) else {}
-                    node = {**node, "spec": {**spec, "unschedulable": True}}
-            except Exception:   # never let one odd object stop the read: the feed reads it as it is
-                pass
-        apply(node)
-
-    feeder._apply_node = noting
+    feeder.node_closed = closed
 
 
 class _NoteBoth:

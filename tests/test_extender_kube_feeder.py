@@ -738,3 +738,46 @@ def test_a_fault_in_the_feeders_own_error_handling_does_not_end_its_stream(kube,
     assert "Traceback" in caplog.text or any(r.exc_info for r in caplog.records)
     kube.create_node(inv_node("n2", [24]))
     kube.wait_for(lambda: "n2" in f.model.index)
+
+
+def test_node_closed_is_asked_of_every_node_and_closes_those_it_names(kube, feeders, caplog):
+    """The public node hook (``KubeFeeder.node_closed``; ``stowage inspect``/``plan`` wrapped the
+    feeder's private ``_apply_node`` instead): asked of every node applied, listed or watched,
+    cordoned ones too; a node it names is applied as cordoned, and one it fails on (it raises) is
+    applied as it is, logged, the feed going on."""
+    asked: list[str] = []
+
+    def closed(node):
+        name = node["metadata"]["name"]
+        asked.append(name)
+        if name == "odd":
+            raise ValueError("a reader's bug")
+        return name.startswith("closed")
+
+    kube.create_node(inv_node("open", [80]), emit=False)
+    kube.create_node(inv_node("closed-1", [80]), emit=False)
+    kube.create_node(inv_node("cordoned", [80], unschedulable=True), emit=False)
+    f = new_feeder(kube)
+    f.node_closed = closed
+    feeders.append(f)
+    f.start()
+    kube.wait_for(lambda: f.ready()[0])
+    assert sorted(asked) == ["closed-1", "cordoned", "open"]
+    with caplog.at_level(logging.ERROR, logger="stowage.kube"):
+        kube.create_node(inv_node("odd", [80]))
+        kube.create_node(inv_node("closed-2", [80]))
+        kube.wait_for(lambda: "closed-2" in f.model.index)
+    assert {n: row(f.model, n)["node_ok"] for n in ("open", "closed-1", "cordoned", "odd", "closed-2")} == {
+        "open": True, "closed-1": False, "cordoned": False, "odd": True, "closed-2": False}
+    assert "node odd: node_closed failed" in caplog.text
+
+
+def test_a_node_with_only_a_deletion_timestamp_takes_pods_as_kube_scheduler_has_it(kube, feeders):
+    """kube-scheduler v1.28.7 still places pods on a node being deleted (a finalizer holds it; no
+    taint): tests/integration/test_real_node_deleting.py. The extender's feed offers it too."""
+    node = inv_node("going", [80])
+    node["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    node["metadata"]["finalizers"] = ["example.com/hold"]
+    kube.create_node(node)
+    f = started(kube, feeders)
+    assert row(f.model, "going")["node_ok"]
