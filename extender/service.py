@@ -797,6 +797,9 @@ class ExtenderService:
         if args.pod_uid and self._was_deleted(args.pod_uid):
             return f"pod {args.key} was deleted"
         if args.pod_uid:
+            other = self._uid_held_by_another(args.pod_uid, args.key)
+            if other:
+                return other
             if not may_block and self._stale_elsewhere(args.pod_uid, node):
                 return None
             busy = self._release_if_stale(args.pod_uid, node, args.key, args.pod_namespace, args.pod_name)
@@ -827,6 +830,9 @@ class ExtenderService:
         uid = args.pod_uid or info.uid
         if not args.pod_uid and self._was_deleted(uid):   # a bind naming its uid was checked above
             return f"pod {info.key} was deleted"
+        other = self._uid_held_by_another(uid, info.key)
+        if other:
+            return other
         # Every pod reserves: a GPU pod its cards, any pod its CPU, memory and pod slot.
         req, policy = info.req, info.policy
         assert policy is not None
@@ -867,6 +873,20 @@ class ExtenderService:
             record = self._record(alloc) if req.is_gpu else None
             self._inflight.add(uid)
         return BindWrite(self, info.namespace, info.name, uid, node, record, alloc, info.req.describe(), forget=True)
+
+    def _uid_held_by_another(self, uid: str, key: str) -> str:
+        """The refusal when the model holds ``uid`` for a pod of another namespace/name ('' when
+        not). The model keys pods by uid, which is whatever the peer sends; uids are unique on an
+        API server, so this is a peer that lies (the feed ignores such an object's events:
+        ``KubeFeeder._uid_taken``). Bound anyway, the pod was written onto the holder's cards with
+        its record (to the holder's node), or took the holder's cards for a stale reservation of
+        its own and released them while the holder ran (to another node)."""
+        with self.model.lock:
+            held = self.model.allocations.get(uid)
+            if held is None or held.name == key:
+                return ""
+        return (f"pod {key} came with uid {uid}, which pod {held.name} holds (uids are unique on an API server: "
+                f"a proxy or a peer that lies?); not bound")
 
     def _stale_elsewhere(self, uid: str, node: str) -> bool:
         """Whether ``uid`` holds cards on another node (dealing with them may read the pod)."""

@@ -245,8 +245,6 @@ def test_a_filter_body_that_lies_about_a_pending_pod_does_not_decide_what_bind_b
 
 
 # ------------------------------------------------------- a pod under a uid another pod holds
-@pytest.mark.xfail(strict=True, reason="the guard belongs in ExtenderService.reserve (extender/service.py, outside "
-                                       "the feed branch's files): /work/scratch/s13/feed-service-uid-guard.patch")
 @pytest.mark.parametrize("node", ["n1", "n2"], ids=["holders-node", "another-node"])
 def test_a_bind_under_a_uid_another_pod_holds_neither_shares_nor_frees_its_cards(kube, extender, node):
     """A pending pod whose uid the model holds for another, running pod (a peer that lies: uids
