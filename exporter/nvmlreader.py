@@ -3,7 +3,8 @@
 NVML session, XID watch and health probe come from the device plugin's wrapper (``gpunode.nvml``)
 and its health state machine (``gpunode.health``), so a card is "healthy" in the exporter exactly
 when the device plugin would advertise it Healthy. A metric a card does not support (power on some
-boards, per-process utilisation on others) is left out.
+boards, per-process utilisation on others), or one answered with something that is no reading, is
+left out; such an answer never decides the card's health.
 
 A card read before that NVML can no longer read (fallen off the bus, XID 79; not even enumerated
 after a driver reset) stays in every snapshot as an *unreachable* sample: healthy False, no
@@ -14,6 +15,7 @@ that never answered since the start has no known UUID and cannot be reported (it
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -52,8 +54,10 @@ class CardSample:
     # False: NVML could not list the card's processes (e.g. NO_PERMISSION). ``processes`` is then
     # unknown, not "none", and a shared card is split by units held (estimated).
     processes_known: bool = True
-    # False: a card seen before that NVML cannot read now. Only index/uuid/model (last known) and
-    # healthy (False) mean anything; the telemetry fields are placeholders never to be served.
+    # False: nothing of the card is measured: a card seen before that NVML cannot read now (healthy
+    # False), or one whose memory query answered something that is no reading (healthy as its probe
+    # says). Only index/uuid/model and healthy mean anything; the telemetry fields are placeholders
+    # never to be served.
     reachable: bool = True
     # False: NVML listed the processes but not the memory of some (NVML_VALUE_NOT_AVAILABLE:
     # pynvml's usedGpuMemory is None). Their memory_bytes is 0, which means "unknown": a shared
@@ -73,14 +77,38 @@ def _lost(exc: pynvml.NVMLError) -> bool:
 _UNSUPPORTED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
 
 
-def _opt(fn: Callable[..., Any], *args: Any) -> Any:
-    """An optional query: None when unsupported, :class:`CardGone` when the card is gone."""
+class OddAnswer(ValueError):
+    """NVML answered a query with something that is no reading of it (pynvml never gives it for a
+    working card; a call that broke below pynvml looks alike)."""
+
+
+def _finite(value: Any) -> float:
+    """A number NVML measured; :class:`OddAnswer` for anything else (text, None, NaN, infinity)."""
     try:
-        return fn(*args)
-    except pynvml.NVMLError as exc:
-        if _lost(exc):
-            raise CardGone(str(exc)) from exc
-        return None
+        number = float(value)
+    except (TypeError, ValueError) as exc:
+        raise OddAnswer(f"{type(value).__name__} {str(value)[:40]!r} is no number") from exc
+    if not math.isfinite(number):
+        raise OddAnswer(f"{number} is no measurement")
+    return number
+
+
+def _count(value: Any) -> int:
+    """A count NVML gave (bytes, a PID): :class:`OddAnswer` for anything that is not a whole number."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(value)                    # exact, however large (a float would round it)
+    number = _finite(value)
+    if not number.is_integer():
+        raise OddAnswer(f"{number} is no whole number")
+    return int(number)
+
+
+def _utilisation(rates: Any) -> float:
+    return min(max(_finite(rates.gpu) / 100.0, 0.0), 1.0)
+
+
+def _memory(info: Any) -> tuple[int, int]:
+    return _count(info.total), _count(info.used)
 
 
 # A timestamp more than this after now was taken before the clock was stepped back (the slack
@@ -129,6 +157,7 @@ class NvmlReader:
         self._missing: set[str] = set()
         self._known: dict[str, CardSample] = {}   # uuid -> last sample read of every card ever read
         self._procs_unknown: set[str] = set()      # cards whose process list NVML refused (logged once)
+        self._odd: set[tuple[str, str]] = set()    # (uuid, query) answered oddly on the last reading (logged once)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def _ensure(self) -> bool:
@@ -271,20 +300,63 @@ class NvmlReader:
                           healthy=False, reachable=False)
 
     def _read_card(self, index: int, uuid: str, h: Any) -> CardSample:
+        """One card's telemetry and health. Its name is its identity (an odd one makes the card
+        unreadable, raised to :meth:`read`); an odd answer to a telemetry query costs only what that
+        query measures. Health is the probe's alone, as in the device plugin: an odd reading used to
+        raise out of here, and the card was served as unreachable (unhealthy, and for the quiet
+        period after) while the plugin advertised it Healthy."""
         model = _text(pynvml.nvmlDeviceGetName(h))
-        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-        util = _opt(pynvml.nvmlDeviceGetUtilizationRates, h)
-        power = _opt(pynvml.nvmlDeviceGetPowerUsage, h)
-        temp = _opt(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
+        mem = self._reading(uuid, "memory", _memory, pynvml.nvmlDeviceGetMemoryInfo, h, required=True)
+        util = self._reading(uuid, "utilisation", _utilisation, pynvml.nvmlDeviceGetUtilizationRates, h)
+        power = self._reading(uuid, "power", _finite, pynvml.nvmlDeviceGetPowerUsage, h)
+        temp = self._reading(uuid, "temperature", _finite, pynvml.nvmlDeviceGetTemperature, h,
+                             pynvml.NVML_TEMPERATURE_GPU)
         procs, util_known, procs_known, mem_known = self._processes(uuid, h)
         problem = self.nvml.probe(uuid, health_checks=not self._health.disabled)
-        return CardSample(index=index, uuid=uuid, model=model, memory_total_bytes=int(mem.total),
-                          memory_used_bytes=int(mem.used),
-                          utilization=None if util is None else min(max(util.gpu / 100.0, 0.0), 1.0),
-                          power_watts=None if power is None else power / 1000.0,
-                          temperature_c=None if temp is None else float(temp),
-                          healthy=self._healthy(uuid, problem), processes=procs, process_util_known=util_known,
+        healthy = self._healthy(uuid, problem)
+        if mem is None:   # no memory reading: nothing to split between its pods, nothing measured
+            return CardSample(index=index, uuid=uuid, model=model, memory_total_bytes=0, memory_used_bytes=0,
+                              utilization=None, power_watts=None, temperature_c=None, healthy=healthy,
+                              reachable=False)
+        return CardSample(index=index, uuid=uuid, model=model, memory_total_bytes=mem[0], memory_used_bytes=mem[1],
+                          utilization=util, power_watts=None if power is None else power / 1000.0,
+                          temperature_c=temp, healthy=healthy, processes=procs, process_util_known=util_known,
                           processes_known=procs_known, process_memory_known=mem_known)
+
+    def _reading(self, uuid: str, what: str, convert: Callable[[Any], Any], fn: Callable[..., Any], *args: Any,
+                 required: bool = False) -> Any:
+        """One telemetry query, ``convert``-ed: None when the card does not support it (an NVMLError;
+        ``required``: raised), :class:`CardGone` when the card is gone, and None when the answer is
+        no reading (:meth:`_odd_answer`)."""
+        try:
+            raw = fn(*args)
+        except pynvml.NVMLError as exc:
+            if _lost(exc):
+                raise CardGone(str(exc)) from exc
+            if required:
+                raise
+            return None
+        except Exception as exc:   # broke below pynvml (ctypes' OSError): no reading, like an odd one
+            return self._odd_answer(uuid, what, exc)
+        try:
+            value = convert(raw)
+        except Exception as exc:
+            return self._odd_answer(uuid, what, exc)
+        self._answered(uuid, what)
+        return value
+
+    def _odd_answer(self, uuid: str, what: str, exc: BaseException) -> None:
+        """Leave one reading out for an answer that is no reading; logged once until it answers again."""
+        if (uuid, what) not in self._odd:
+            log.warning("GPU %s: NVML answered its %s query with no reading (%s); that series is left out until "
+                        "it answers again", uuid, what, unreadable_answer(exc))
+            self._odd.add((uuid, what))
+        return None
+
+    def _answered(self, uuid: str, what: str) -> None:
+        if (uuid, what) in self._odd:
+            self._odd.discard((uuid, what))
+            log.info("GPU %s: NVML answers its %s query again", uuid, what)
 
     def _healthy(self, uuid: str, problem: str | None) -> bool:
         """Apply one probe result to the card's health (tracking a card on its first read)."""
@@ -313,16 +385,22 @@ class NvmlReader:
                 continue
             try:
                 listed = fn(h)
+                # An entry that is no process (a PID or memory that is no number) spoils the list
+                # as a refusal does: before, it raised out of the card's reading (see _read_card).
+                entries = [(_count(p.pid), getattr(p, "usedGpuMemory", None)) for p in listed or ()]
+                entries = [(pid, None if used is None else _count(used)) for pid, used in entries]
             except pynvml.NVMLError as exc:
                 if _lost(exc):
                     raise CardGone(str(exc)) from exc
                 if getattr(exc, "value", None) not in _UNSUPPORTED:
                     refused.append(f"{fn_name}: {exc}")
                 continue
-            for p in listed or ():
-                used = getattr(p, "usedGpuMemory", None)
+            except Exception as exc:
+                refused.append(f"{fn_name}: {unreadable_answer(exc)}")
+                continue
+            for pid, used in entries:
                 mem_known = mem_known and used is not None
-                mem[int(p.pid)] = max(mem.get(int(p.pid), 0), int(used) if used is not None else 0)
+                mem[pid] = max(mem.get(pid, 0), used if used is not None else 0)
         if refused:
             if uuid not in self._procs_unknown:
                 log.warning("GPU %s: NVML cannot list its processes (%s); if shared, its pods' shares are estimated "
@@ -350,6 +428,7 @@ class NvmlReader:
             since = 0
         try:
             samples = pynvml.nvmlDeviceGetProcessUtilization(h, since)
+            read = [(_count(s.pid), _finite(s.smUtil), _count(s.timeStamp)) for s in samples]
         except pynvml.NVMLError as exc:
             # NOT_FOUND here means "no samples since timeStamp" (nothing ran), not a lost card
             if getattr(exc, "value", None) in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
@@ -357,14 +436,20 @@ class NvmlReader:
             if _lost(exc):
                 raise CardGone(str(exc)) from exc
             return {}, False
+        except Exception as exc:
+            # A sample that is no sample: per-process utilisation is unknown for this reading (the
+            # card's is split like its process memory), not a card that cannot be read.
+            self._odd_answer(uuid, "per-process utilisation", exc)
+            return {}, False
+        self._answered(uuid, "per-process utilisation")
         sums: dict[int, list[float]] = {}
         newest = since
-        for s in samples:
-            if int(s.timeStamp) > future:
+        for pid, sm_util, stamp in read:
+            if stamp > future:
                 continue   # stamped before the clock was stepped back
-            acc = sums.setdefault(int(s.pid), [0.0, 0])
-            acc[0] += float(s.smUtil)
+            acc = sums.setdefault(pid, [0.0, 0])
+            acc[0] += sm_util
             acc[1] += 1
-            newest = max(newest, int(s.timeStamp))
+            newest = max(newest, stamp)
         self._proc.last_ts[uuid] = newest
         return {pid: total / n for pid, (total, n) in sums.items()}, True

@@ -1,0 +1,148 @@
+"""The exporter against NVML answers pynvml never gives for a working card: a telemetry query that
+answers something that is no reading, and a call that breaks below pynvml in the XID watcher.
+
+What must hold: an odd answer costs the series it would have made, never the card's health (that is
+the device plugin's probe and XID rule, which such an answer does not touch) nor another card's
+series; the XID watcher goes on watching after a round that raised. Fake NVML (pynvml functions),
+everything else real: the exporter serving HTTP, the fake kubelet over gRPC, scrapes parsed as
+Prometheus text.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import pynvml
+import pytest
+
+from exporter_harness import GpuNode, MiB, Scrape, make_node
+from fakenvml import default_cards
+from gpunode.devices import card_key
+
+U0, U1, U2, U3 = (c.uuid for c in default_cards())
+GPU, MEM = "nvidia.com/gpu", "nvidia.com/gpu-memory"
+UID_A = "0f6c3b1e-8d2a-4c5e-9b7f-1a2b3c4d5e01"
+UID_B = "0f6c3b1e-8d2a-4c5e-9b7f-1a2b3c4d5e02"
+
+
+@pytest.fixture
+def node(monkeypatch, tmp_path):
+    yield from make_node(monkeypatch, tmp_path)
+
+
+def _for_card(node: GpuNode, uuid: str, real: Callable[..., Any], odd: Any) -> Callable[..., Any]:
+    """``real`` for every card but ``uuid``, which answers ``odd`` (a value, or a function of the args)."""
+    def answer(h: Any, *args: Any) -> Any:
+        if node.nvml._uuid_of(h) != uuid:
+            return real(h, *args)
+        return odd(h, *args) if callable(odd) else odd
+    return answer
+
+
+def _healthy(s: Scrape) -> dict[str, float]:
+    return {x.labels["gpu"]: x.value for x in s.samples("stowage_gpu_healthy")}
+
+
+def _gpus(s: Scrape, family: str) -> set[str]:
+    return {x.labels["gpu"] for x in s.samples(family)}
+
+
+ALL = {U0, U1, U2, U3}
+
+
+# (query, odd answer, the series it costs U0)
+ODD_TELEMETRY = [
+    ("nvmlDeviceGetUtilizationRates", SimpleNamespace(gpu=None, memory=None), "stowage_gpu_utilization_ratio"),
+    ("nvmlDeviceGetUtilizationRates", SimpleNamespace(gpu=float("nan"), memory=0), "stowage_gpu_utilization_ratio"),
+    ("nvmlDeviceGetPowerUsage", "lots", "stowage_gpu_power_watts"),
+    ("nvmlDeviceGetPowerUsage", float("inf"), "stowage_gpu_power_watts"),
+    ("nvmlDeviceGetTemperature", lambda h, sensor: [], "stowage_gpu_temperature_celsius"),
+]
+
+
+@pytest.mark.parametrize("query,odd,lost", ODD_TELEMETRY, ids=lambda v: v if isinstance(v, str) else None)
+def test_an_odd_telemetry_answer_costs_that_series_not_the_cards_health(node: GpuNode, monkeypatch, caplog,
+                                                                       query, odd, lost):
+    """Before, the conversion of the answer raised out of the card's reading, and the card was served
+    as unreachable: ``stowage_gpu_healthy`` 0 (and 0 for the 120 s quiet period after the answers
+    turned normal) while the device plugin advertised it Healthy, and every other series of it gone."""
+    node.kubelet.add("ns", "p", UID_A, {"c": {GPU: [U0]}})
+    assert _healthy(node.scrape()) == dict.fromkeys(ALL, 1.0)
+    monkeypatch.setattr(pynvml, query, _for_card(node, U0, getattr(node.nvml, query), odd))
+    with caplog.at_level(logging.INFO, logger="stowage.exporter"):
+        s = node.scrape()
+        node.scrape()
+    assert _healthy(s) == dict.fromkeys(ALL, 1.0)
+    assert U0 not in _gpus(s, lost)
+    assert _gpus(s, "stowage_gpu_memory_total_bytes") == ALL     # the card's other series are served
+    assert s.value("stowage_gpu_memory_used_bytes", gpu=U0) >= 0
+    assert s.value("stowage_pod_gpu_memory_used_bytes", pod="p") == node.nvml.card(U0).used_mib * MiB
+    said = [r for r in caplog.records if U0 in r.getMessage() and "answered" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING, [r.getMessage() for r in caplog.records]
+    monkeypatch.undo()                     # the undo also takes the fake away: install it again
+    node.nvml.install(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="stowage.exporter"):
+        s = node.scrape()
+    assert U0 in _gpus(s, lost)
+    assert any(U0 in r.getMessage() and "answers again" in r.getMessage() for r in caplog.records)
+
+
+def test_an_odd_memory_answer_leaves_the_card_unmeasured_but_judged_by_its_probe(node: GpuNode, monkeypatch):
+    """Memory is what a card's pods are split by: without a reading of it nothing of the card is
+    measured (as for a card NVML cannot reach), but its health is still its probe's."""
+    node.kubelet.add("ns", "p", UID_A, {"c": {GPU: [U0]}})
+    node.kubelet.add("ns", "q", UID_B, {"c": {GPU: [U1]}})
+    node.scrape()
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo",
+                        _for_card(node, U0, node.nvml.nvmlDeviceGetMemoryInfo, SimpleNamespace(total=None, used=7)))
+    s = node.scrape()
+    assert _healthy(s) == dict.fromkeys(ALL, 1.0)
+    assert _gpus(s, "stowage_gpu_memory_total_bytes") == ALL - {U0}
+    assert _gpus(s, "stowage_gpu_temperature_celsius") == ALL - {U0}
+    assert {x.labels["pod"] for x in s.samples("stowage_pod_gpu_memory_used_bytes")} == {"q"}
+    node.nvml.card(U0).retired_pages_pending = True      # the probe still judges it
+    assert _healthy(node.scrape())[U0] == 0
+
+
+def _shared(node: GpuNode) -> None:
+    """U0 shared by pods a (10 units) and b (20 units), each with one process on it."""
+    node.kubelet.add("ns", "a", UID_A, {"c": {MEM: [f"{card_key(U0)}::{n}" for n in range(10)]}})
+    node.kubelet.add("ns", "b", UID_B, {"c": {MEM: [f"{card_key(U0)}::{n}" for n in range(10, 30)]}})
+    node.write_pod_logs()
+    node.pod_process(U0, 11, 1000, UID_A)
+    node.pod_process(U0, 12, 2000, UID_B)
+    node.nvml.add_sample(U0, 11, 30)
+    node.nvml.add_sample(U0, 12, 60)
+
+
+def test_an_odd_process_entry_makes_the_list_unknown_not_the_card_unhealthy(node: GpuNode, monkeypatch):
+    """A process NVML lists with a PID that is no number: the list cannot be trusted, so the shared
+    card is split by units held (estimated), as when NVML refuses the list."""
+    _shared(node)
+    assert node.scrape().value("stowage_gpu_attribution_estimated", gpu=U0) == 0
+    real = node.nvml.nvmlDeviceGetComputeRunningProcesses
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses",
+                        _for_card(node, U0, real, lambda h: [*real(h), SimpleNamespace(pid="x", usedGpuMemory=1)]))
+    s = node.scrape()
+    assert _healthy(s) == dict.fromkeys(ALL, 1.0)
+    assert s.value("stowage_gpu_attribution_estimated", gpu=U0) == 1
+    assert s.value("stowage_pod_gpu_memory_used_bytes", pod="a") == 1000 * MiB
+    assert s.value("stowage_pod_gpu_memory_used_bytes", pod="b") == 2000 * MiB
+
+
+def test_an_odd_utilisation_sample_makes_per_process_utilisation_unknown_only(node: GpuNode, monkeypatch):
+    """A sample with no SM utilisation: per-process utilisation is unknown for this reading, so the
+    card's utilisation is split like its process memory (estimated); memory is still measured."""
+    _shared(node)
+    node.nvml.card(U0).gpu_util = 90
+    real = node.nvml.nvmlDeviceGetProcessUtilization
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetProcessUtilization",
+                        _for_card(node, U0, real, lambda h, ts: [SimpleNamespace(pid=11, smUtil=None, timeStamp=1)]))
+    s = node.scrape()
+    assert _healthy(s) == dict.fromkeys(ALL, 1.0)
+    assert s.value("stowage_gpu_attribution_estimated", gpu=U0) == 1
+    assert s.value("stowage_pod_gpu_memory_used_bytes", pod="a") == 1000 * MiB
+    assert s.value("stowage_pod_gpu_utilization_ratio", pod="a") == pytest.approx(0.30)
+    assert s.value("stowage_pod_gpu_utilization_ratio", pod="b") == pytest.approx(0.60)
