@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import pynvml
 
+from gpunode.backoff import Backoff
 from gpunode.health import DEFAULT_IGNORED_XIDS, CardHealth, HealthTracker
 from gpunode.nvml import LOST_ERRORS, Nvml, NvmlUnavailable, XidWatch, _text, unreadable_answer
 
@@ -211,17 +212,45 @@ class NvmlReader:
         """Feed the watch's events to the health tracker until ``stop``, by the device plugin's rule
         (:meth:`gpunode.health.HealthTracker.on_wait`): while waits fail, the cards registered for
         events are unhealthy (their XIDs go unseen); once waits work again they heal under the usual
-        quiet rule. Cards that never registered for events keep what their probes say."""
+        quiet rule. Cards that never registered for events keep what their probes say.
+
+        A round that raises (a call that broke below pynvml where nothing above expected it, e.g.
+        freeing an event set while re-creating it; or a bug) is logged once with its traceback
+        (repeats at debug) and the next one follows after a back-off, as in the device plugin's
+        health thread. Before, it ended this thread: its traceback went to stderr past the log, no
+        XID was seen until a scrape started a new watcher, and a fault that came back ended each one.
+        """
+        failing = Backoff(0.1, 5.0)
         try:
             while not stop.is_set():
-                ev = watch.wait(200)
-                with self._health_lock:
-                    changed = self._health.on_wait(ev, watch.watched, watch.broken, time.monotonic())
-                    reasons = {u: self._health.cards[u].reason for u in changed}
-                for u in sorted(changed):
-                    log.warning("card %s marked unhealthy: %s", u, reasons[u])
+                try:
+                    self._xid_round(watch)
+                except Exception as exc:
+                    delay, new = failing.failed(f"{type(exc).__name__}: {exc}")
+                    if new:
+                        log.exception("a round of the XID watcher failed; going on in %.1f s (the same failure "
+                                      "again is logged at debug)", delay)
+                    else:
+                        log.debug("a round of the XID watcher failed again (%d in a row)", failing.failures,
+                                  exc_info=True)
+                    stop.wait(delay)
+                    continue
+                if failing.succeeded():
+                    log.warning("the XID watcher's rounds work again")
         finally:
-            watch.close()
+            try:
+                watch.close()
+            except Exception:   # the same call may break on the way out; the thread ends either way
+                log.debug("closing the XID watch failed", exc_info=True)
+
+    def _xid_round(self, watch: XidWatch) -> None:
+        """One event wait, applied to the health tracker; logs the cards it marks."""
+        ev = watch.wait(200)
+        with self._health_lock:
+            changed = self._health.on_wait(ev, watch.watched, watch.broken, time.monotonic())
+            reasons = {u: self._health.cards[u].reason for u in changed}
+        for u in sorted(changed):
+            log.warning("card %s marked unhealthy: %s", u, reasons[u])
 
     # ---- reading -----------------------------------------------------------------------------
     def read(self) -> list[CardSample] | None:

@@ -146,3 +146,48 @@ def test_an_odd_utilisation_sample_makes_per_process_utilisation_unknown_only(no
     assert s.value("stowage_pod_gpu_memory_used_bytes", pod="a") == 1000 * MiB
     assert s.value("stowage_pod_gpu_utilization_ratio", pod="a") == pytest.approx(0.30)
     assert s.value("stowage_pod_gpu_utilization_ratio", pod="b") == pytest.approx(0.60)
+
+
+# ------------------------------------------------------------------------------ the XID watcher
+
+
+def _until(cond: Callable[[], bool], what: str, limit_s: float = 30.0) -> None:
+    """Wait for something the exporter's XID thread does; the limit only stops a broken test."""
+    deadline = time.monotonic() + limit_s
+    while not cond():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
+
+
+def test_a_round_of_the_xid_watcher_that_raises_is_logged_and_the_next_one_watches(monkeypatch, tmp_path, caplog):
+    """Freeing an event set that broke below pynvml (``nvmlEventSetFree`` raising something other
+    than NVMLError) raises out of the watch's re-creation. Before, that ended the watcher thread
+    (its traceback on stderr, outside the log): no XID was seen until a scrape started a new one,
+    and a fault that came back killed each new one. Now the round is logged once and the next one
+    watches on, as the device plugin's health thread does."""
+    for node in make_node(monkeypatch, tmp_path, xid_backoff_s=(0.01, 0.05), xid_recreate_after=1):
+        node.scrape()                                   # starts the watcher
+        fails = {"waits": 1}
+        real_wait = node.nvml.nvmlEventSetWait
+
+        def wait(es: int, timeout_ms: int) -> Any:
+            if fails["waits"]:
+                fails["waits"] -= 1
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+            return real_wait(es, timeout_ms)
+
+        freed: list[int] = []
+
+        def free(es: int) -> None:
+            freed.append(es)
+            raise OSError("exception: access violation reading 0x0000000000000000")   # ctypes' kind
+        with caplog.at_level(logging.DEBUG, logger="stowage"):
+            monkeypatch.setattr(pynvml, "nvmlEventSetFree", free)
+            monkeypatch.setattr(pynvml, "nvmlEventSetWait", wait)
+            _until(lambda: bool(freed), "the failed wait's re-creation frees the event set")
+            node.nvml.xid(U2, 48)                       # no scrape in between: only the watcher sees it
+            _until(lambda: any(U2 in r.getMessage() and "XID 48" in r.getMessage() for r in caplog.records),
+                   "XID 48 seen after the failed round")
+        failed = [r for r in caplog.records if "round of the XID watcher failed" in r.getMessage()]
+        assert failed[0].levelno == logging.ERROR and failed[0].exc_info is not None
+        assert node.scrape().value("stowage_gpu_healthy", gpu=U2) == 0
