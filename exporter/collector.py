@@ -43,6 +43,10 @@ class ExporterConfig:
     proc_root: str = "/proc"
     cache_s: float = 2.0
     kubelet_timeout_s: float = 5.0
+    # How long a scrape waits for a reading another scrape is taking, before it answers without one
+    # (a reading that hangs in NVML must not hang every scrape). Past the kubelet's timeout (a
+    # reading waits that long on a slow kubelet), within Prometheus' 10 s scrape timeout.
+    reading_wait_s: float = 8.0
     # the device plugin's health rules (its --ignored-xids / --recovery-quiet-seconds)
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
     health_disabled: bool = False
@@ -206,29 +210,53 @@ class Snapshotter:
 class GpuCollector(Collector):
     """prometheus_client collector: per-card and per-pod gauges from a (briefly cached) snapshot."""
 
-    def __init__(self, snapshotter: Snapshotter, node: str, cache_s: float = 2.0) -> None:
+    def __init__(self, snapshotter: Snapshotter, node: str, cache_s: float = 2.0, wait_s: float = 8.0) -> None:
         self.snapshotter = snapshotter
         self.node = node
         self.cache_s = cache_s
+        self.wait_s = wait_s
         self._lock = threading.Lock()
         self._snap: Snapshot | None = None
+        self._reading_since: float | None = None   # monotonic start of the reading in progress
+        self._stalled: float | None = None         # start of the reading said not to end (logged once)
 
     def snapshot(self) -> Snapshot:
         """A snapshot younger than ``cache_s``, or one finished while this call waited for the lock
         (a reading slower than the cache window is shared by the scrapes queued behind it, not
-        taken again by each in turn: they would wait one slow reading per scrape ahead of them)."""
+        taken again by each in turn: they would wait one slow reading per scrape ahead of them).
+
+        The lock is waited for at most ``wait_s``: a reading that hangs (an NVML call a wedged
+        driver never answers) held it for ever, and every scrape waited behind it, one more thread
+        each, while Prometheus saw only timeouts. Past ``wait_s`` a scrape answers without a reading
+        (every source down), said once per such reading; only the scrape taking it waits with it."""
         arrived = time.monotonic()
-        with self._lock:
+        if not self._lock.acquire(timeout=self.wait_s):
+            return self._without_reading()
+        try:
             s = self._snap
             if s is None or (s.finished_at < arrived and time.monotonic() - s.taken_at >= self.cache_s):
+                started = self._reading_since = time.monotonic()
                 try:
                     s = self.snapshotter.take()
                 except Exception:  # a bug must cost one scrape, not the process
                     log.exception("taking a snapshot failed")
                     s = Snapshot(up={k: False for k in SOURCES}, taken_at=time.monotonic())
                 s.finished_at = time.monotonic()
-                self._snap = s
+                self._snap, self._reading_since = s, None
+                if self._stalled == started:
+                    log.warning("the reading that had not ended ended after %.0f s", s.finished_at - started)
             return s
+        finally:
+            self._lock.release()
+
+    def _without_reading(self) -> Snapshot:
+        """What a scrape answers while a reading has not ended within ``wait_s``: every source down."""
+        since = self._reading_since
+        if since is not None and self._stalled != since:
+            self._stalled = since
+            log.warning("a reading has not ended after %.0f s (NVML or the kubelet not answering?); scrapes answer "
+                        "without one (stowage_exporter_up 0) until it ends", time.monotonic() - since)
+        return Snapshot(up={k: False for k in SOURCES}, taken_at=time.monotonic(), finished_at=time.monotonic())
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(self._families())

@@ -26,7 +26,7 @@ class Exporter:
             log.warning("no --node-name / NODE_NAME: the `node` label is empty")
         self.cfg = cfg
         self.snapshotter = snapshotter or Snapshotter(cfg)
-        self.collector = GpuCollector(self.snapshotter, cfg.node, cfg.cache_s)
+        self.collector = GpuCollector(self.snapshotter, cfg.node, cfg.cache_s, cfg.reading_wait_s)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
         self._server: MetricsServer | None = None

@@ -402,11 +402,11 @@ class _CountingLock:
         self._lock = threading.Lock()
         self.reached = 0
 
-    def __enter__(self) -> None:
+    def acquire(self, timeout: float = -1) -> bool:
         self.reached += 1
-        self._lock.acquire()
+        return self._lock.acquire(timeout=timeout)
 
-    def __exit__(self, *exc: object) -> None:
+    def release(self) -> None:
         self._lock.release()
 
 
@@ -414,7 +414,7 @@ def test_scrapes_waiting_on_a_slow_reading_share_it_instead_of_each_taking_anoth
     """A reading that takes longer than the cache window (a kubelet slow to answer List) must not be
     taken once more by every scrape queued behind it: two Prometheus replicas and the liveness probe
     would wait one full reading each in turn (past their timeouts), asking the slow kubelet again."""
-    for node in make_node(monkeypatch, tmp_path, exporter_config=dict(cache_s=0.0)):
+    for node in make_node(monkeypatch, tmp_path, exporter_config=dict(cache_s=0.0, reading_wait_s=60.0)):
         node.kubelet.add("ns", "p", uid(1), {"c": {GPU: [U0]}})
         node.scrape()
         lock = _CountingLock()
