@@ -25,7 +25,8 @@ import pynvml
 
 from gpunode.backoff import Backoff
 from gpunode.health import DEFAULT_IGNORED_XIDS, CardHealth, HealthTracker
-from gpunode.nvml import LOST_ERRORS, Nvml, NvmlUnavailable, XidWatch, _text, unreadable_answer
+from gpunode.nvml import (LOST_ERRORS, Nvml, NvmlUnavailable, XidWatch, _card_uuid, _nvml_text,
+                          unreadable_answer)
 
 log = logging.getLogger("stowage.exporter.nvml")
 
@@ -273,7 +274,9 @@ class NvmlReader:
             uuid = None
             try:
                 h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                uuid = _text(pynvml.nvmlDeviceGetUUID(h))
+                # read as the device plugin reads it: a UUID it would not advertise (no text, empty,
+                # too long, a space or a comma) names no series here either; "None" became one
+                uuid = _card_uuid(pynvml.nvmlDeviceGetUUID(h))
                 cards.append(self._read_card(i, uuid, h))
                 present.add(uuid)
                 continue
@@ -334,7 +337,7 @@ class NvmlReader:
         query measures. Health is the probe's alone, as in the device plugin: an odd reading used to
         raise out of here, and the card was served as unreachable (unhealthy, and for the quiet
         period after) while the plugin advertised it Healthy."""
-        model = _text(pynvml.nvmlDeviceGetName(h))
+        model = _nvml_text(pynvml.nvmlDeviceGetName(h), "name")
         mem = self._reading(uuid, "memory", _memory, pynvml.nvmlDeviceGetMemoryInfo, h, required=True)
         util = self._reading(uuid, "utilisation", _utilisation, pynvml.nvmlDeviceGetUtilizationRates, h)
         power = self._reading(uuid, "power", _finite, pynvml.nvmlDeviceGetPowerUsage, h)

@@ -148,6 +148,25 @@ def test_an_odd_utilisation_sample_makes_per_process_utilisation_unknown_only(no
     assert s.value("stowage_pod_gpu_utilization_ratio", pod="b") == pytest.approx(0.60)
 
 
+@pytest.mark.parametrize("odd", [None, 7, "GPU-a,GPU-b", "GPU with space", "", "GPU-" + "9" * 200],
+                         ids=["none", "number", "comma", "space", "empty", "long"])
+def test_a_uuid_the_device_plugin_would_refuse_names_no_series(monkeypatch, tmp_path, odd):
+    """The device plugin advertises no card whose UUID is no text, empty, longer than NVML gives, or
+    holds a space or a comma (gpunode.nvml). The exporter served such a card under it: ``None``
+    became the label ``gpu="None"``, the same for every card answering it (duplicate series), and
+    its probe (by that UUID) made it unhealthy. Now it is a card that cannot be read: one read
+    before stays under its known UUID, unreachable; one never read has no series."""
+    for node in make_node(monkeypatch, tmp_path):
+        real = node.nvml.nvmlDeviceGetUUID
+        bad = {U1}                                  # U1 answers it from the start
+        monkeypatch.setattr(pynvml, "nvmlDeviceGetUUID", lambda h: odd if node.nvml._uuid_of(h) in bad else real(h))
+        node.scrape()
+        bad.add(U0)                                 # U0 from its second reading
+        s = node.scrape()
+        assert _healthy(s) == {U0: 0.0, U2: 1.0, U3: 1.0}
+        assert _gpus(s, "stowage_gpu_memory_total_bytes") == {U2, U3}
+
+
 # ------------------------------------------------------------------------------ the XID watcher
 
 
