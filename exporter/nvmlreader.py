@@ -227,14 +227,7 @@ class NvmlReader:
                 try:
                     self._xid_round(watch)
                 except Exception as exc:
-                    delay, new = failing.failed(f"{type(exc).__name__}: {exc}")
-                    if new:
-                        log.exception("a round of the XID watcher failed; going on in %.1f s (the same failure "
-                                      "again is logged at debug)", delay)
-                    else:
-                        log.debug("a round of the XID watcher failed again (%d in a row)", failing.failures,
-                                  exc_info=True)
-                    stop.wait(delay)
+                    stop.wait(self._round_failed(failing, exc))
                     continue
                 if failing.succeeded():
                     log.warning("the XID watcher's rounds work again")
@@ -243,6 +236,16 @@ class NvmlReader:
                 watch.close()
             except Exception:   # the same call may break on the way out; the thread ends either way
                 log.debug("closing the XID watch failed", exc_info=True)
+
+    @staticmethod
+    def _round_failed(failing: Backoff, exc: Exception) -> float:
+        """Count and log a round that raised: the first of its kind at error with its traceback,
+        the same again at debug. Returns how long to wait before the next round."""
+        delay, new = failing.failed(f"{type(exc).__name__}: {exc}")
+        level = logging.ERROR if new else logging.DEBUG
+        log.log(level, "a round of the XID watcher failed (%d in a row); going on in %.1f s (the same failure again "
+                "is logged at debug)", failing.failures, delay, exc_info=exc)
+        return delay
 
     def _xid_round(self, watch: XidWatch) -> None:
         """One event wait, applied to the health tracker; logs the cards it marks."""
