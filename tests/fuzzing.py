@@ -246,17 +246,35 @@ def overbooked(state: dict) -> list[str]:
     return bad
 
 
+class Served:
+    """``stowage extender --simulated builtin`` under gunicorn, as deployed, for one run: its
+    address while open, and the tracebacks its log holds once closed."""
+
+    def __init__(self, workers: int, log_dir: str) -> None:
+        from extender_harness import start_process
+        self.proc, self.session = start_process("builtin", log_dir, "--workers", str(workers))
+        host, port = self.proc.url.split("//")[1].split(":")
+        self.host, self.port = host, int(port)
+        self.tracebacks = 0
+
+    def __enter__(self) -> "Served":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.session.close()
+        self.proc.stop()
+        self.tracebacks = Path(self.proc.log.name).read_text(errors="replace").count("Traceback (most recent call last)")
+
+
 def run(per_verb: int, workers: int = 1, seed: int = 1, log_dir: str = "/tmp", progress: bool = False) -> FuzzResult:
     import socket
     import http.client
-    from extender_harness import start_process
 
     rng = random.Random(seed)
     pods = base_pods()
-    proc, session = start_process("builtin", log_dir, "--workers", str(workers))
     res = FuzzResult()
-    try:
-        host, port = proc.url.split("//")[1].split(":")
+    with Served(workers, log_dir) as served:
+        proc, session, host, port = served.proc, served.session, served.host, served.port
         res.start_rss_mib = res.peak_rss_mib = _rss_mib(proc.proc.pid)
         for verb in ("filter", "prioritize", "bind", "preempt"):
             for n in range(per_verb):
@@ -285,11 +303,7 @@ def run(per_verb: int, workers: int = 1, seed: int = 1, log_dir: str = "/tmp", p
                               file=sys.stderr)
         res.peak_rss_mib = max(res.peak_rss_mib, _rss_mib(proc.proc.pid))
         res.overbooked = overbooked(session.get(proc.url + "/state", timeout=30).json())
-    finally:
-        session.close()
-        proc.stop()
-        log = Path(proc.log.name).read_text(errors="replace")
-        res.tracebacks = log.count("Traceback (most recent call last)")
+    res.tracebacks = served.tracebacks
     return res
 
 
@@ -380,18 +394,15 @@ def run_framing(count: int, workers: int = 1, seed: int = 1, log_dir: str = "/tm
     """``count`` badly framed requests over raw sockets; a request hangs when neither an answer
     nor the connection's end comes within ``limit_s`` (the server's own client timeout is 10 s)."""
     import socket
-    from extender_harness import start_process
 
     rng = random.Random(seed)
     pods = base_pods()
-    proc, session = start_process("builtin", log_dir, "--workers", str(workers))
     res = FramingResult()
-    try:
-        host, port = proc.url.split("//")[1].split(":")
+    with Served(workers, log_dir) as served:
         for n in range(count):
             body = json.dumps({"Pod": rng.choice(pods), "NodeNames": NODES}).encode()
             raw, half_close, head_ends = framing_request(rng, body)
-            with socket.create_connection((host, int(port)), timeout=limit_s) as s:
+            with socket.create_connection((served.host, served.port), timeout=limit_s) as s:
                 try:
                     s.sendall(raw)
                     if half_close:
@@ -415,13 +426,9 @@ def run_framing(count: int, workers: int = 1, seed: int = 1, log_dir: str = "/tm
                 res.unanswered.append(repr(raw[:300]))
             if progress and n % 200 == 0:
                 print(f"framing {n}/{count} statuses {res.statuses}", file=sys.stderr)
-        res.good_after = session.post(proc.url + "/filter", json={"Pod": pods[0], "NodeNames": NODES},
-                                      timeout=30).status_code
-    finally:
-        session.close()
-        proc.stop()
-        log = Path(proc.log.name).read_text(errors="replace")
-        res.tracebacks = log.count("Traceback (most recent call last)")
+        res.good_after = served.session.post(served.proc.url + "/filter", json={"Pod": pods[0], "NodeNames": NODES},
+                                             timeout=30).status_code
+    res.tracebacks = served.tracebacks
     return res
 
 
