@@ -472,13 +472,14 @@ class XidEvents:
         left to probes, said once: at debug when ``quiet``)."""
         try:
             h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            key = _handle_key(h)   # first: a handle no event could be matched to is not registered
             pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, self._set)
         except Exception as exc:   # NVMLError, or a call that broke below pynvml
             log.log(logging.DEBUG if quiet else logging.WARNING,
                     "card %s does not report XID events (%s); only periodic probes watch it", uuid, exc)
             return False
         self.watched.append(uuid)
-        self._uuid_of[_handle_key(h)] = uuid
+        self._uuid_of[key] = uuid
         return True
 
     def wait(self, timeout_ms: int) -> XidEvent | None:
@@ -507,7 +508,12 @@ class XidEvents:
                                                           f"({unreadable_answer(exc)})")
 
     def close(self) -> None:
-        _optional(pynvml.nvmlEventSetFree, self._set)
+        """Free the set. Its freeing may fail any way (it is closed because it broke): the set is
+        dropped all the same, and the failure said at debug."""
+        try:
+            pynvml.nvmlEventSetFree(self._set)
+        except Exception as exc:   # NVMLError, or a call that broke below pynvml
+            log.debug("freeing an NVML event set failed (%s); dropped all the same", unreadable_answer(exc))
 
 
 class XidWatch:
@@ -604,11 +610,11 @@ class XidWatch:
         if self.failures % self.recreate_after == 0 and self._events is not None:
             log.log(logging.INFO if self.failures == self.recreate_after else logging.DEBUG,
                     "re-creating the NVML event set after %d failed waits in a row", self.failures)
-            self._events.close()
-            self._events = None
+            events, self._events = self._events, None   # dropped even if its close raised
+            events.close()
         return XidEvent(uuid=None, xid=None, detail=detail, wait_failed=True)
 
     def close(self) -> None:
-        if self._events is not None:
-            self._events.close()
-            self._events = None
+        events, self._events = self._events, None
+        if events is not None:
+            events.close()

@@ -133,3 +133,49 @@ def test_a_card_whose_nvml_name_is_not_utf8_is_unreadable_and_spoils_no_other_ca
     assert n.count_and_read() is None
     assert 1 in n.unreadable and "UnicodeDecodeError" in n.unreadable[1]
     assert [c.index for c in n.cards()] == [0, 2, 3]
+
+
+def test_an_event_set_whose_free_raises_is_dropped_and_made_anew(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch):
+    """``nvmlEventSetFree`` that raises something other than NVMLError (a call broken below
+    pynvml) escaped ``XidEvents.close``, and ``XidWatch`` cleared its set only after the close: the
+    broken set stayed, and was waited on (and failed) for good; no XID was seen again."""
+    from gpunode.nvml import XidWatch
+    u0 = fake.cards[0].uuid
+    watch = XidWatch([u0], first_retry_s=0.0, max_retry_s=0.0, recreate_after=1)
+    broken = watch._events._set   # the set the driver drops
+    real_free = fake.nvmlEventSetFree
+
+    def free(event_set: int) -> None:
+        real_free(event_set)
+        raise OSError("driver went away while freeing")
+    monkeypatch.setattr(pynvml, "nvmlEventSetFree", free)
+    fake.nvmlEventSetFree(broken)        # waits on it now fail (NVML_ERROR_INVALID_ARGUMENT)
+    ev = watch.wait(10)
+    assert ev is not None and ev.wait_failed   # the failed wait frees the set: that raises
+    assert watch.wait(10) is None and not watch.broken   # the set is made anew, and waits work
+    fake.xid(u0, 79)
+    assert watch.wait(1000) == XidEvent(u0, 79)
+    watch.close()                         # and closing raises nothing either
+
+
+def test_a_card_whose_handle_cannot_be_keyed_is_left_to_probes_and_its_set_stays_usable(
+        fake: FakeNvml, monkeypatch: pytest.MonkeyPatch):
+    """``_handle_key`` of an odd handle raised outside register's guard: the set made in
+    ``XidEvents.__init__`` was never freed, and the watch of every other card failed with it."""
+    import gpunode.nvml as gn
+    u0, u1 = fake.cards[0].uuid, fake.cards[1].uuid
+    real_key = gn._handle_key
+    odd = fake.nvmlDeviceGetHandleByUUID(u1)
+
+    def key(handle: Any) -> Any:
+        if handle is odd:
+            raise TypeError("unhashable handle")
+        return real_key(handle)
+    monkeypatch.setattr(gn, "_handle_key", key)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByUUID", lambda uuid: odd if uuid == u1 else
+                        fake.nvmlDeviceGetHandleByUUID(uuid))
+    events = XidEvents([u0, u1])
+    assert events.watched == [u0]
+    fake.xid(u0, 48)
+    assert events.wait(1000) == XidEvent(u0, 48)
+    events.close()
