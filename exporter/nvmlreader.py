@@ -215,8 +215,9 @@ class NvmlReader:
         events are unhealthy (their XIDs go unseen); once waits work again they heal under the usual
         quiet rule. Cards that never registered for events keep what their probes say.
 
-        A round that raises (a call that broke below pynvml where nothing above expected it, e.g.
-        freeing an event set while re-creating it; or a bug) is logged once with its traceback
+        A round that raises (a call that broke below pynvml where nothing above expected it, as
+        freeing an event set did before the watch dropped the set whatever its free raised; or a
+        bug) is logged once with its traceback
         (repeats at debug) and the next one follows after a back-off, as in the device plugin's
         health thread. Before, it ended this thread: its traceback went to stderr past the log, no
         XID was seen until a scrape started a new watcher, and a fault that came back ended each one.

@@ -179,31 +179,26 @@ def _until(cond: Callable[[], bool], what: str, limit_s: float = 30.0) -> None:
 
 
 def test_a_round_of_the_xid_watcher_that_raises_is_logged_and_the_next_one_watches(monkeypatch, tmp_path, caplog):
-    """Freeing an event set that broke below pynvml (``nvmlEventSetFree`` raising something other
-    than NVMLError) raises out of the watch's re-creation. Before, that ended the watcher thread
-    (its traceback on stderr, outside the log): no XID was seen until a scrape started a new one,
-    and a fault that came back killed each new one. Now the round is logged once and the next one
+    """A round that raises (a call broken below pynvml where nothing above expected it; first
+    found as ``nvmlEventSetFree`` raising out of the watch's re-creation, which the watch now
+    survives itself: tests/test_gpunode_nvml.py). Before, that ended the watcher thread (its
+    traceback on stderr, outside the log): no XID was seen until a scrape started a new one, and
+    a fault that came back killed each new one. Now the round is logged once and the next one
     watches on, as the device plugin's health thread does."""
+    from gpunode.nvml import XidWatch
     for node in make_node(monkeypatch, tmp_path, xid_backoff_s=(0.01, 0.05), xid_recreate_after=1):
         node.scrape()                                   # starts the watcher
-        fails = {"waits": 1}
-        real_wait = node.nvml.nvmlEventSetWait
+        raised: list[int] = []
+        real_wait = XidWatch.wait
 
-        def wait(es: int, timeout_ms: int) -> Any:
-            if fails["waits"]:
-                fails["waits"] -= 1
-                raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
-            return real_wait(es, timeout_ms)
-
-        freed: list[int] = []
-
-        def free(es: int) -> None:
-            freed.append(es)
-            raise OSError("exception: access violation reading 0x0000000000000000")   # ctypes' kind
+        def wait(self: XidWatch, timeout_ms: int) -> Any:
+            if not raised:
+                raised.append(timeout_ms)
+                raise OSError("exception: access violation reading 0x0000000000000000")   # ctypes' kind
+            return real_wait(self, timeout_ms)
         with caplog.at_level(logging.DEBUG, logger="stowage"):
-            monkeypatch.setattr(pynvml, "nvmlEventSetFree", free)
-            monkeypatch.setattr(pynvml, "nvmlEventSetWait", wait)
-            _until(lambda: bool(freed), "the failed wait's re-creation frees the event set")
+            monkeypatch.setattr(XidWatch, "wait", wait)
+            _until(lambda: bool(raised), "a round raised")
             node.nvml.xid(U2, 48)                       # no scrape in between: only the watcher sees it
             _until(lambda: any(U2 in r.getMessage() and "XID 48" in r.getMessage() for r in caplog.records),
                    "XID 48 seen after the failed round")
