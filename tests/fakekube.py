@@ -50,6 +50,10 @@ Endpoints (JSON, core/v1 only):
 - ``POST /api/v1/namespaces/{ns}/pods/{name}/binding``: sets ``spec.nodeName`` (and copies the
   Binding's annotations); 409 when already bound or the Binding's ``metadata.uid`` differs, 404
   when the pod is missing. Answers a Status object, as the real API server does.
+  :meth:`FakeKube.hold_bindings` answers the next ones with an error (504, 500) without applying
+  them yet, and :meth:`FakeKube.apply_held` applies them later: a write the API server completes
+  after its client was told it failed (kube-apiserver's timeout filter answers 504 while the
+  storage update goes on; etcd's "request timed out" is a 500 whose proposal may still commit).
 - ``POST .../events`` (core/v1 events): accepted and recorded in :attr:`FakeKube.events_posted`.
 - ``POST /api/v1/namespaces/{ns}/configmaps``, ``GET/PUT/DELETE .../configmaps/{name}``: PUT
   replaces the object, with ``metadata.resourceVersion`` as precondition (409 Conflict).
@@ -262,6 +266,8 @@ class FakeKube:
         self._thread: threading.Thread | None = None
         self._watch_socks: dict[socket.socket, str] = {}   # open watch stream -> its kind
         self._kind_drop_gen: dict[str, int] = {}           # drop_watches(kind) of one kind only
+        self._holds: list[tuple[int, str]] = []            # Bindings to answer (status, reason) unapplied
+        self.held: list[tuple[str, str, Obj]] = []         # (namespace, name, body) of those, not applied yet
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> "FakeKube":
@@ -464,6 +470,33 @@ class FakeKube:
         with self._cond:
             self._faults.append(_Fault(n, status, re.compile(path) if path else None, method, reason, headers))
 
+    def hold_bindings(self, n: int = 1, status: int = 504, reason: str = "Timeout") -> None:
+        """The next ``n`` Bindings are answered ``status`` (a Status of ``reason``) and NOT applied
+        yet: kept in :attr:`held` until :meth:`apply_held`, as a write the API server completes after
+        answering its client that it failed."""
+        with self._cond:
+            self._holds.extend([(status, reason)] * n)
+
+    def apply_held(self) -> list[Obj]:
+        """Apply the held Bindings now, in order (each as the API server would have: 409 if the pod
+        was bound meanwhile, 404 if gone); the answers they would have had, Status or error."""
+        with self._cond:
+            held, self.held = self.held, []
+        answers = []
+        for namespace, name, body in held:
+            try:
+                answers.append(self._bind(namespace, name, body))
+            except ApiError as e:
+                answers.append(status_obj(e.code, e.reason, e.message))
+        return answers
+
+    def _take_hold(self, namespace: str, name: str, body: Any) -> tuple[int, str] | None:
+        with self._cond:
+            if not self._holds:
+                return None
+            self.held.append((namespace, name, copy.deepcopy(body)))
+            return self._holds.pop(0)
+
     def error_watches(self, kind: str, code: int = 500, reason: str = "InternalError",
                       message: str = "Internal error occurred: unable to transform key") -> None:
         """Every new watch of ``kind`` is accepted (HTTP 200), then ends at once with an ``ERROR``
@@ -503,6 +536,7 @@ class FakeKube:
             self._watch_errors.clear()
             self._watch_ends.clear()
             self._watch_raw.clear()
+            self._holds.clear()
 
     def watch_count(self, kind: str | None = None) -> int:
         """How many watch requests were made (optionally for one kind)."""
@@ -829,6 +863,9 @@ class _Handler(BaseHTTPRequestHandler):
                     body.setdefault("metadata", {})["namespace"] = ns
                 return self._send_json(201, kube.create(kind, body))
         elif route == "binding" and method == "POST":
+            hold = kube._take_hold(g[0], g[1], body)
+            if hold is not None:
+                raise ApiError(hold[0], hold[1], f"injected: the Binding is answered {hold[0]} and applied later")
             return self._send_json(201, kube._bind(g[0], g[1], body))
         elif route in ("pod", "node"):
             kind, ns, name = ("pods", g[0], g[1]) if route == "pod" else ("nodes", None, g[0])

@@ -265,3 +265,75 @@ def test_a_bind_under_a_uid_another_pod_holds_neither_shares_nor_frees_its_cards
     caught_up(kube, f)
     assert snapshot(svc) == before and bindings(kube) == sent
     assert not kube.get_pod("default", "b")["spec"].get("nodeName")
+
+
+# ------------------------------------------- a Binding the API server applies after answering it failed
+def holders(kube: FakeKube, node: str, k: int) -> list[str]:
+    """The pods the cluster has bound to ``node`` with a record naming its card ``k``."""
+    out = []
+    for pod in kube.objects("pods"):
+        value = (pod["metadata"].get("annotations") or {}).get(ALLOCATION_ANNOTATION)
+        if pod["spec"].get("nodeName") == node and value and f'"index":{k}' in value.replace(" ", ""):
+            out.append(pod["metadata"]["name"])
+    return sorted(out)
+
+
+def answered_504(kube, svc):
+    kube.hold_bindings(1, status=504, reason="Timeout")
+    return "504"
+
+
+def answered_500(kube, svc):
+    kube.hold_bindings(1, status=500, reason="InternalError")   # etcd's "request timed out"
+    return "500"
+
+
+def answer_lost(kube, svc):
+    """The Binding reaches the API server, its answer does not reach the extender (read timeout)."""
+    real = svc.binder._binding
+
+    def timed_out(*args, **kw):
+        kube.hold_bindings(1)
+        try:
+            real(*args, **kw)
+        except Exception:
+            pass
+        raise TimeoutError("read timed out")
+
+    svc.binder._binding = timed_out
+    return "read timed out"
+
+
+LATE = [answered_504, answered_500, answer_lost]
+
+
+@pytest.mark.parametrize("late", LATE)
+def test_a_binding_applied_after_its_failure_never_gives_its_card_to_another_pod(kube, extender, late):
+    """The reviewer's race: a Binding answered 5xx (or whose answer was lost) that the API server
+    applies only AFTER the binder's read-back found the pod unbound. The reservation was released
+    at once; the next pod was given the card; then the late Binding landed, with a record naming
+    the same card: two pods bound to one whole card (the device plugin refuses the second one's
+    devices, so that pod fails to start), and the model booking both. Now the reservation stays
+    (its outcome is unknown) and the next pod goes elsewhere."""
+    f, svc = extender
+    a, b = gpu_pod(kube, "a"), gpu_pod(kube, "b")
+    caught_up(kube, f)
+    assert filter_nodes(svc, a) == NODES
+    why = late(kube, svc)
+    err = bind(svc, a, "n1")
+    assert err.startswith("cannot bind default/a to n1: ") and why in err   # kube-scheduler retries it
+    vars(svc.binder).pop("_binding", None)
+    assert not kube.get_pod("default", "a")["spec"].get("nodeName")      # not applied (yet)
+
+    fits = filter_nodes(svc, b)                                        # the next pod, meanwhile
+    node = "n1" if "n1" in fits else fits[0]
+    assert bind(svc, b, node) == ""
+    assert kube.apply_held()[0]["status"] == "Success"                  # the late Binding lands
+    caught_up(kube, f)
+
+    assert kube.get_pod("default", "a")["spec"]["nodeName"] == "n1"
+    assert holders(kube, "n1", 0) == ["a"]                              # one pod on the card, not two
+    held, rows = snapshot(svc)
+    assert held == {"default/a": ("n1", (0,), (80 * GiB,), (1000,)), "default/b": ("n2", (0,), (80 * GiB,), (1000,))}
+    assert rows["n1"]["pods"] == [1] and rows["n2"]["pods"] == [1]
+    assert f.health()["pod_errors"] == 0
