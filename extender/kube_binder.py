@@ -12,10 +12,14 @@ every watcher instead of two), which is what a burst of pods waits on (docs/exte
   pod of the same name was re-created, so a new pod never inherits an old choice.
 - The python client raises ``ValueError`` when deserialising the Status the API server answers
   (it has no ``target``), so the call is made with ``_preload_content=False``.
-- A Binding that fails in a way that leaves its outcome unknown (timeout, connection reset), or
-  that is refused because the pod is already bound (a repeated bind whose first answer was lost),
-  is resolved by reading the pod back: bound to our node WITH our record means success. Bound
-  there without it (someone else bound it) is a failure: the device plugin would find no cards.
+- A Binding that fails in a way that leaves its outcome unknown (timeout, connection reset, any
+  5xx), or that is refused because the pod is already bound (a repeated bind whose first answer
+  was lost), is resolved by reading the pod back: bound to our node WITH our record means success.
+  Bound there without it (someone else bound it) is a failure: the device plugin would find no
+  cards. Read back unbound after an unknown outcome proves nothing: the API server may apply the
+  Binding after answering (kube-apiserver's timeout filter answers 504 while the storage update
+  goes on), so that is :class:`BindMayLand` and the service keeps the cards reserved for a while
+  (``ExtenderService._hold_unknown``). Only a 4xx, 429 included, is a refusal that applied nothing.
 - Who may send a Binding that carries the record is limited by the admission policy
   ``stowage-allocation-record`` (scheduler-config/admission-policy.yaml): the extender only.
 """
@@ -37,6 +41,13 @@ from .kube import api_message, read_or_none
 from .kube_post import DirectPoster, direct_poster
 
 log = logging.getLogger("stowage.kube")
+
+
+class BindMayLand(BindOutcomeUnknown):
+    """The Binding was answered 5xx or its answer was lost, and the pod reads back unbound: it
+    was not applied yet, but the API server may still apply it (with the record naming the
+    cards), so the service keeps the reservation until the watch shows the pod bound or deleted,
+    or still unbound once the Binding can no longer land (``ExtenderService._hold_unknown``)."""
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -86,6 +97,7 @@ class KubeBinder:
                 raise BindError(msg) from failure  # refused by the API server: nothing was applied
             raise BindOutcomeUnknown(msg + "; the pod could not be read back, so whether it was bound is unknown: "
                                      "its cards stay reserved until it is") from failure
+        refused = isinstance(failure, ApiException) and bool(failure.status) and failure.status < 500
         meta = (pod or {}).get("metadata") or {}
         if pod is None:
             raise BindError(f"pod {key} not found ({msg})") from failure
@@ -100,6 +112,10 @@ class KubeBinder:
                 return
             raise BindError(f"{msg}; the pod is bound to {node} without this allocation record (bound by "
                             "someone else?)") from failure
+        if not bound_to and not refused:
+            raise BindMayLand(msg + "; the pod reads unbound, but the API server may still apply the Binding: its "
+                              "cards stay reserved until it is seen bound, or still unbound once it cannot be") \
+                from failure
         raise BindError(msg) from failure
 
     # ------------------------------------------------------------------ steps

@@ -35,6 +35,7 @@ import hashlib
 import logging
 import sys
 import threading
+import time
 from collections import OrderedDict
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -264,6 +265,12 @@ _ENTRY_BYTES = 400
 # Deleted pods' UIDs remembered so that a late bind of one reserves nothing (pod_deleted): a bind
 # comes within seconds of its filter, far fewer pods than this are deleted meanwhile. ~2 MB.
 DELETED_UIDS = 10_000
+# How long a reservation whose Binding's outcome is unknown (answered 5xx, answer lost) is kept
+# though the pod reads unbound, unless the watch shows it bound (then it is simply held) or
+# deleted: the API server may still be applying the Binding. kube-apiserver ends a request at its
+# ``--request-timeout`` (60 s by default), and its storage update runs under that request's
+# context; twice that leaves room for a proposal etcd commits late (docs/kube.md, "What it writes").
+UNKNOWN_OUTCOME_HOLD_S = 120.0
 
 
 def pod_info_bytes(info: "PodInfo", shared: PodPolicy | None = None) -> int:
@@ -314,7 +321,9 @@ class ExtenderService:
                  placer_factory: Callable[[str], Placer] = placer_for,
                  pod_cache_size: int = POD_CACHE_ENTRIES, pod_cache_bytes: int = POD_CACHE_BYTES,
                  learned_bytes: int = LEARNED_BYTES, speedups: bool = True,
-                 row_cache_shapes: int = DEFAULT_MAX_SHAPES, filter_keeps: str = FILTER_KEEPS_BEST) -> None:
+                 row_cache_shapes: int = DEFAULT_MAX_SHAPES, filter_keeps: str = FILTER_KEEPS_BEST,
+                 unknown_outcome_hold_s: float = UNKNOWN_OUTCOME_HOLD_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if memory_unit_mib <= 0:
             raise ValueError("memory unit must be a positive number of MiB")
         if filter_keeps not in FILTER_KEEPS:
@@ -361,6 +370,12 @@ class ExtenderService:
         # Its writer (extender/learned_store.PastKeeper) in kube mode, for /metrics; else None.
         self.past_keeper: Any = None
         self._inflight: set[str] = set()  # pod UIDs whose binder call is running (guarded by model.lock)
+        # Pod UIDs whose reservation is kept because a Binding of theirs may still be applied (its
+        # outcome unknown), with the clock time until which it is kept though the pod reads
+        # unbound (guarded by model.lock). See _hold_unknown; empty on the normal path.
+        self._unknown: dict[str, float] = {}
+        self.unknown_outcome_hold_s = unknown_outcome_hold_s
+        self._clock = clock
         # UIDs of pods the watch saw deleted, the oldest forgotten first past DELETED_UIDS
         # (pod_deleted): bind refuses them. Guarded by _pods_lock.
         self._deleted: OrderedDict[str, None] = OrderedDict()
@@ -525,6 +540,10 @@ class ExtenderService:
         uid = meta.get("uid")
         if not isinstance(uid, str) or not uid:
             return
+        if self._unknown and uid in self._unknown and isinstance(pod.get("spec"), Mapping) \
+                and pod["spec"].get("nodeName"):
+            with self.model.lock:   # bound: the Binding whose outcome was unknown was applied (or another)
+                self._unknown.pop(uid, None)
         with self._pods_lock:
             if self._learned.touch(uid):
                 return
@@ -553,6 +572,9 @@ class ExtenderService:
         :data:`DELETED_UIDS` are remembered, enough for any bind still under way for them."""
         self.forget_learned(uid)
         self._forget(uid)
+        if self._unknown:
+            with self.model.lock:
+                self._unknown.pop(uid, None)
         with self._pods_lock:
             self._deleted[uid] = None
             self._deleted.move_to_end(uid)
@@ -597,6 +619,8 @@ class ExtenderService:
             return filter_answer(args, unresolvable={n: info.error for n in names})
         req, policy = info.req, info.policy
         assert policy is not None
+        if self._unknown and info.uid in self._unknown:   # (the normal path: one test of an empty dict)
+            self._end_lapsed_hold(info.uid, info.key)
         path = self.path
         fail_names: list[str] = []
         texts: list[str] = []
@@ -902,10 +926,14 @@ class ExtenderService:
         try:
             self.binder.bind(namespace, name, uid, node, record)
         except BindOutcomeUnknown as exc:
-            # The pod may be bound on these cards: keep them (see BindOutcomeUnknown for how the
-            # reservation ends). Releasing them could give a running pod's card to another.
+            # The pod may be bound on these cards, now or when the API server applies the Binding
+            # later: keep them (see _hold_unknown for how the reservation ends). Releasing them
+            # could give a running pod's card to another.
             with self.model.lock:
                 self._inflight.discard(uid)
+                held = self.model.allocations.get(uid)
+                if held is not None and held.node == node:
+                    self._hold_unknown(uid)
             log.warning("bind %s -> %s: outcome unknown, reservation kept: %s", key, node, exc)
             return f"cannot bind {key} to {node}: {exc}"
         except Exception as exc:  # BindError or anything else: never keep the reservation
@@ -913,6 +941,7 @@ class ExtenderService:
                 self._inflight.discard(uid)
                 if reserved is not None and self.model.allocations.get(uid) is reserved:
                     self.model.release(uid, departed=False)  # the pod never ran
+                    self._unknown.pop(uid, None)
             # The binder's message is meant for the user (BindError); anything else is shown as is.
             msg = str(exc) or repr(exc)
             log.warning("bind %s -> %s failed%s: %s", key, node,
@@ -920,6 +949,8 @@ class ExtenderService:
             return f"cannot bind {key} to {node}: {msg}"
         with self.model.lock:
             self._inflight.discard(uid)
+            if self._unknown:
+                self._unknown.pop(uid, None)
         if record is None:
             log.info("bound %s -> %s (no GPU)", key, node)
         else:
@@ -944,6 +975,12 @@ class ExtenderService:
                 return ""
             if uid in self._inflight:
                 return f"a bind of pod {key} to {prev.node} is still in progress"
+            until = self._unknown.get(uid)
+            left = until - self._clock() if until is not None else 0.0
+            if left > 0:
+                return (f"a Binding of pod {key} to {prev.node} may still be applied (its outcome is unknown): its "
+                        f"cards there stay reserved, and it is not bound elsewhere, for up to {left:.0f}s more "
+                        "unless the watch shows it bound or deleted first")
         refusal = f"pod {key} already holds cards {list(prev.cards)} on node {prev.node}"
         if self.pod_source is None:
             return refusal
@@ -962,7 +999,58 @@ class ExtenderService:
                 log.warning("pod %s held cards %s on %s but is unbound and being bound to %s: "
                             "releasing the stale reservation", key, list(prev.cards), prev.node, node)
                 self.model.release(uid, departed=False)
+                self._unknown.pop(uid, None)
         return ""
+
+    def _hold_unknown(self, uid: str) -> None:
+        """(Under ``model.lock``.) Keep pod ``uid``'s reservation as "outcome unknown": a Binding
+        of it was sent and its answer was a 5xx or was lost, so the API server may apply it later,
+        even after a read-back found the pod unbound (its timeout filter answers 504 while the
+        storage update goes on). Released at once, the cards went to the next pod while the
+        Binding, and the record naming them, landed: two pods on one card (the device plugin then
+        refuses the second's devices whole; shares it does not check, and a card's memory was
+        booked past its size).
+
+        It ends when the watch shows the pod bound (:meth:`learn_pod`: the reservation is its
+        record's, or the feed replaces it), or deleted (:meth:`pod_deleted`); a bind of it to the
+        same node writes the Binding again on the same cards (a 409 "already assigned" is then
+        resolved by the read-back). It is released only once the Binding can no longer be applied
+        (``unknown_outcome_hold_s`` after it was sent) and the pod is still seen unbound: at its
+        next filter (the watch's copy, :meth:`_end_lapsed_hold`) or at a bind elsewhere
+        (:meth:`_release_if_stale`), which is refused until then. kube-scheduler forgets its
+        assumed pod on any bind error (its cache counts the pod again if the informer shows it
+        bound later, and the kubelet's admission refuses what does not fit); the kubelet does not
+        see which card a record names, so the extender must not give it away first.
+
+        Entries of pods no longer holding anything are dropped here: only this rare path adds."""
+        for gone in [u for u in self._unknown if u not in self.model.allocations]:
+            del self._unknown[gone]
+        self._unknown[uid] = self._clock() + self.unknown_outcome_hold_s
+
+    def _end_lapsed_hold(self, uid: str, key: str) -> None:
+        """Release pod ``uid``'s "outcome unknown" reservation (:meth:`_hold_unknown`) when its
+        time is up and the watch's copy of the pod (``pending_uid``, no API call: this runs on
+        filter's thread) shows it still unbound: the Binding was not applied and no longer can be.
+        Without a watch's copy it is left to a bind elsewhere, which may read the pod."""
+        with self.model.lock:
+            until = self._unknown.get(uid)
+            if until is None or self._clock() < until or uid in self._inflight:
+                return
+            alloc = self.model.allocations.get(uid)
+            if alloc is None:
+                del self._unknown[uid]
+                return
+        pending = getattr(self.pod_source, "pending_uid", None)
+        if pending is not None and pending(key) != uid:
+            return
+        with self.model.lock:
+            if self.model.allocations.get(uid) is alloc and self._unknown.get(uid) == until \
+                    and uid not in self._inflight:
+                del self._unknown[uid]
+                self.model.release(uid, departed=False)
+                log.warning("pod %s: its Binding to %s (outcome unknown) was not applied in %.0fs and the pod is "
+                            "still unbound: cards %s released", key, alloc.node, self.unknown_outcome_hold_s,
+                            list(alloc.cards))
 
     # ---------------------------------------------------------------- preempt, nominations
     def _bind_priority(self, info: PodInfo) -> int:
@@ -1091,6 +1179,9 @@ class ExtenderService:
             allocs = {uid: {"pod": al.name, "node": al.node, "cards": list(al.cards), "memoryMiB": list(al.mem_mib),
                             "coreMilli": list(al.core_milli), "whole": al.whole}
                       for uid, al in self.model.allocations.items()}
+            for uid in self._unknown:   # kept for a Binding whose outcome is unknown (_hold_unknown)
+                if uid in allocs:
+                    allocs[uid]["bindOutcomeUnknown"] = True
         # Outside the model's lock: the summary takes the pods lock first, never under the model's.
         return {"nodes": nodes, "allocations": allocs, "learned": self.learned_summary()}
 

@@ -7,7 +7,7 @@ import pytest
 from extender_kube_helpers import FakeKube, gfd_node, inv_node, make_pod, new_feeder, row
 
 from extender.errors import BindError, BindOutcomeUnknown
-from extender.kube_binder import KubeBinder
+from extender.kube_binder import BindMayLand, KubeBinder
 from packing.model import ClusterModel, PodAllocation
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, decode_allocation, encode_allocation
 from stowage.resources import GpuRequest
@@ -262,6 +262,29 @@ def test_unknown_outcome_is_said_and_a_refusal_is_not(kube):
     kube.fail_next(1, status=403, path="/binding$")
     with pytest.raises(BindError) as err:
         binder.bind("default", "p", p["metadata"]["uid"], "n1", record("n1", [0]))
+    assert not isinstance(err.value, BindOutcomeUnknown)
+
+
+
+@pytest.mark.parametrize("status", [500, 503, 504])
+def test_a_5xx_with_the_pod_read_back_unbound_may_still_land(kube, status):
+    """A 5xx does not say the Binding was not applied (kube-apiserver's timeout filter answers 504
+    while the storage update goes on; etcd's "request timed out" is a 500 whose proposal may still
+    commit): read back unbound, it is BindMayLand, an outcome unknown (the service keeps the cards)."""
+    p = kube.create_pod(make_pod("p", gpus=1))
+    kube.hold_bindings(1, status=status, reason="Timeout")
+    with pytest.raises(BindMayLand, match=f"{status}.*may still apply the Binding"):
+        make_binder(kube).bind("default", "p", p["metadata"]["uid"], "n1", record("n1", [0]))
+    assert kube.apply_held()[0]["code"] == 201           # ... and so it can be
+
+
+@pytest.mark.parametrize("status", [403, 422, 429])
+def test_a_4xx_with_the_pod_read_back_unbound_is_a_plain_refusal(kube, status):
+    """A 4xx (429 included: priority and fairness sheds a request before it is handled) applied nothing."""
+    p = kube.create_pod(make_pod("p", gpus=1))
+    kube.fail_next(1, status=status, path="/binding$")
+    with pytest.raises(BindError) as err:
+        make_binder(kube).bind("default", "p", p["metadata"]["uid"], "n1", record("n1", [0]))
     assert not isinstance(err.value, BindOutcomeUnknown)
 
 
