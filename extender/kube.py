@@ -475,6 +475,7 @@ class KubeFeeder:
         self._records: dict[str, AllocationRecord] = {}  # uid -> record applied from its annotation
         self._pod_errors: dict[str, str] = {}    # uid -> malformed-annotation message (logged once)
         self._uid_clashes: dict[str, str] = {}   # held uid -> why an object of another name under it is ignored
+        self._overbooked: dict[str, str] = {}    # uid -> which of its record's cards others hold too (_note_overbooked)
         self._unrecorded: dict[str, str] = {}    # uid -> node: GPU pods bound without our record
         # ns/name -> pending pod of Stowage's schedulers, only what bind reads (pod_for_bind): for
         # get_pod at bind and pending_uid at requeue. Small whatever the pod's annotations and
@@ -581,7 +582,7 @@ class KubeFeeder:
             out: dict[str, Any] = {k: dict(vars(st)) for k, st in self.streams.items()}
             out["node_errors"] = dict(self.node_errors)
             out["pod_errors"] = dict(self._pod_errors)
-            for uid, why in self._uid_clashes.items():   # (another object's error, under the holder's uid)
+            for uid, why in [*self._uid_clashes.items(), *self._overbooked.items()]:   # (both counted, not ignored)
                 out["pod_errors"][uid] = f"{out['pod_errors'][uid]}; {why}" if uid in out["pod_errors"] else why
             out["unrecorded_gpu_pods"] = dict(self._unrecorded)
             out["bounds"] = self._bounds()
@@ -606,7 +607,7 @@ class KubeFeeder:
                     silent_s=max(0.0, now - st.last_contact) if st.synced else None)
             return FeedHealth(streams=streams, stale_after_s=self.stale_after_s, silent_after_s=self.silent_after_s,
                               node_errors=len(self.node_errors),
-                              pod_errors=len(self._pod_errors) + len(self._uid_clashes),
+                              pod_errors=len(self._pod_errors) + len(self._uid_clashes) + len(self._overbooked),
                               unrecorded_gpu_pods=len(self._unrecorded))
 
     def bounds(self) -> dict[str, BoundUse | ListLearnUse]:
@@ -1116,6 +1117,7 @@ class KubeFeeder:
             self._records.pop(uid, None)
             self._pod_errors.pop(uid, None)
             self._uid_clashes.pop(uid, None)
+            self._overbooked.pop(uid, None)
             self._unrecorded.pop(uid, None)
         alloc = self.model.release(uid, departed=departed)
         if departed and alloc is not None and alloc.cards and self.on_cards_freed is not None:
@@ -1210,11 +1212,14 @@ class KubeFeeder:
             return
         if v.record is not None:
             if known == v.record:
-                return  # nothing new for the model (status updates, our own bind echo)
-            self.model.assign(v.uid, v.key, **assign_args(self._placed(v.record), v.cpu_milli, v.host_mem_mib))
-            with self._lock:
-                self._records[v.uid] = v.record
-                self._unrecorded.pop(v.uid, None)
+                if not (self._overbooked and v.uid in self._overbooked):
+                    return  # nothing new for the model (status updates, our own bind echo)
+            else:
+                self.model.assign(v.uid, v.key, **assign_args(self._placed(v.record), v.cpu_milli, v.host_mem_mib))
+                with self._lock:
+                    self._records[v.uid] = v.record
+                    self._unrecorded.pop(v.uid, None)
+            self._note_overbooked(v.uid, v.key)
             return
         if known is not None:
             # The record we applied was removed (a failed bind rolled it back): the cards are free.
@@ -1222,6 +1227,47 @@ class KubeFeeder:
         if v.node:
             self._note_unrecorded(pod, v.uid, v.key, v.node)
             self._hold_host(v)
+
+    def _note_overbooked(self, uid: str, key: str) -> None:
+        """Pod ``uid``'s record was applied (or it was said overbooked before): whether its cards
+        are now booked past what they have (free memory or compute below zero: a whole card that
+        another pod holds too, shares past its memory), and if so, a pod error that names them and
+        their other holders, logged once, until the pod or they go (re-checked at each of its
+        events while it stands). Both records stay booked: the feed replays records with no check
+        (a pod bound there may run there, and counting one only would give the card to a third);
+        the device plugin decides on the node (it refuses the devices of a second whole holder;
+        shares past a card's memory it does not check). The pod said is the one whose record came
+        second, in watch order (list order after a relist). Before, nothing was said: such a
+        record came from a Binding applied after its failure was answered (ExtenderService.
+        _hold_unknown), or from a hand. Two array reads per card of each new record."""
+        model = self.model
+        with model.lock:
+            alloc = model.allocations.get(uid)
+            i = model.index.get(alloc.node) if alloc is not None and alloc.applied else None
+            over: list[int] = []
+            others: list[str] = []
+            if alloc is not None and i is not None:
+                a = model.a
+                over = [k for k in alloc.cards if k < a.shape[1] and (a.mem_free[i, k] < 0 or a.core_free[i, k] < 0)]
+            if over:
+                meta = model.meta.get(alloc.node)
+                others = sorted({o.name for u in (meta.pods if meta is not None else ()) if u != uid
+                                 for o in (model.allocations.get(u),) if o is not None and set(o.cards) & set(over)})
+        if not over:
+            if self._overbooked:
+                with self._lock:
+                    self._overbooked.pop(uid, None)
+            return
+        assert alloc is not None
+        msg = (f"its record books card{'s' if len(over) > 1 else ''} {', '.join(map(str, over))} of node "
+               f"{alloc.node} past what {'they have' if len(over) > 1 else 'it has'}, with "
+               f"{', '.join(others) if others else 'the pods there'} (both counted; on the node the device plugin "
+               "decides)")
+        with self._lock:
+            first = self._overbooked.get(uid) != msg
+            self._overbooked[uid] = msg
+        if first:
+            log.error("pod %s (uid %s): %s", key, uid, msg)
 
     def _uid_taken(self, v: Any, holder: str, deleted: bool, listing: PodListing | None) -> None:
         """Pod ``v.key`` came with the uid of pod ``holder``, which holds it in the model. A real
