@@ -26,7 +26,8 @@ binds can never take the same card whatever the interleaving. The binder (which 
 API server and may be slow) runs OUTSIDE the lock, so binds of different pods write concurrently
 while each holds its reservation; if it fails, the reservation is released under the lock (the
 next pod can take the cards), except when the write's outcome is unknown
-(:class:`~extender.errors.BindOutcomeUnknown`: the pod may be running on them).
+(:class:`~extender.errors.BindOutcomeUnknown`: the pod may be running on them, or be bound on
+them when the API server applies the Binding late; :meth:`ExtenderService._hold_unknown`).
 """
 from __future__ import annotations
 
@@ -965,7 +966,9 @@ class ExtenderService:
         are then a stale reservation: a bind whose Binding failed and whose clean-up failed too,
         leaving the record on the pod (the feeder re-reads it). Keeping it would refuse the pod
         forever, so it is released — but only once the pod source confirms the pod is unbound
-        (one lookup, outside the model lock), never while a bind of the pod is in flight, and
+        (one lookup, outside the model lock), never while a bind of the pod is in flight, never
+        while a Binding of it whose outcome is unknown may still be applied (:meth:`_hold_unknown`:
+        it would meet this one, and the cards released here would be given away under it), and
         never without a pod source (embedded mode has no stale records). Returns '' or the
         refusal message.
         """
