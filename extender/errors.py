@@ -15,10 +15,12 @@ class BindError(RuntimeError):
 
 
 class BindOutcomeUnknown(BindError):
-    """The Binding may or may not have been applied (its answer was lost and the pod could not be
-    read back). The pod may be running on the cards, so the service keeps their reservation
-    instead of handing them to another pod: a retry of the pod to the same node completes on it,
-    a bind to another node releases it once the pod is seen unbound, a deletion releases it."""
+    """The Binding may or may not have been applied: its answer was lost and the pod could not be
+    read back, or (``kube_binder.BindMayLand``) it was answered 5xx or lost and the pod reads back
+    unbound, so the API server may still apply it. The pod may be running on the cards, so the
+    service keeps their reservation instead of handing them to another pod: a retry of the pod to
+    the same node completes on it, a deletion releases it, and a bind to another node releases it
+    once the pod is seen unbound (for ``BindMayLand``: once the Binding can no longer land)."""
 
 
 class KubeConfigError(RuntimeError):
