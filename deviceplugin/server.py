@@ -690,14 +690,15 @@ class DevicePlugin:
         self._dir_present = True
 
     def _discover(self) -> list[GpuInfo]:
+        """The cards to serve from the start. Each NVML call is waited for at most ``nvml_deadline_s``
+        (:meth:`gpunode.nvml.Nvml.start_within`): one that hangs (a card off the bus) kept ``start``
+        from ever serving before, silently; now it is said, and what it was about is read in the
+        background (:class:`~gpunode.nvml.LateCards`) once it returns."""
         try:
-            self.nvml.init()
+            cards, self.nvml_ok = self.nvml.start_within(self.cfg.nvml_deadline_s)
         except NvmlUnavailable as exc:
             log.error("%s -- advertising no GPUs", exc)
             return []
-        self.nvml_ok = True
-        try:
-            cards = self.nvml.discover()
         except Exception as exc:
             log.error("GPU discovery failed (%s) -- advertising no GPUs", exc)
             return []

@@ -8,6 +8,7 @@ expected ones (no driver, not supported, GPU lost) into values and log lines, ne
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import re
 import threading
@@ -21,6 +22,7 @@ from stowage.inventory import MAX_CARDS_PER_NODE, MAX_NUMA_NODE
 from stowage.resources import MAX_CARD_MEMORY_MIB
 
 from .backoff import Backoff
+from .deadline import DeadlineCalls, Stuck
 
 log = logging.getLogger("stowage.gpunode.nvml")
 
@@ -151,16 +153,71 @@ class NvmlUnavailable(RuntimeError):
     """No usable NVML: no driver, no library, or no permission. The message says which."""
 
 
+# The keys of the start-up calls that are not about one card (a card's read is keyed by its index).
+INIT, COUNT = "init", "count"
+
+
 class Nvml:
-    """An initialised NVML session."""
+    """An initialised NVML session.
+
+    The start-up calls (:meth:`init`, the count, each card's read) may be made on a worker thread
+    that outlives its deadline (:meth:`start_within`); so each of them is made by one thread at a
+    time: while one hangs, the same call asked again (by :class:`LateCards`, on another thread)
+    answers that it is still running, without calling NVML, so a card that hangs NVML holds one
+    thread however often it is retried.
+    """
 
     def __init__(self) -> None:
         self._ok = False
         self._read: dict[int, dict[str, Any]] = {}   # index -> what was read of the card, NVLink peers by bus id
         self.unreadable: dict[int, str] = {}         # index -> why it could not be read, last try
         self.uncounted: str | None = None            # why nvmlDeviceGetCount failed, last try (None: counted)
+        self._lock = threading.Lock()
+        self._running: dict[Hashable, str] = {}      # INIT, COUNT or an index -> the NVML function it is in now
+        self._abandoned: set[int] = set()            # indices whose running read passed its deadline
+
+    def _enter(self, key: Hashable, first: str) -> str | None:
+        """Mark ``key``'s call as running (in NVML function ``first``); why not when it runs already."""
+        with self._lock:
+            if key in self._running:
+                return f"the call made earlier has not returned yet (it is in {self._running[key]})"
+            self._running[key] = first
+            return None
+
+    def _note(self, key: Hashable, what: str) -> None:
+        """Note ``what`` ``key``'s call is in now (named when it hangs)."""
+        with self._lock:
+            self._running[key] = what
+
+    def _nv(self, key: Hashable, name: str) -> Any:
+        """``pynvml.<name>``, noted as the function ``key``'s call is in."""
+        self._note(key, name)
+        return getattr(pynvml, name)
+
+    def _noted(self, key: Hashable, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        self._note(key, what)
+        return fn(*args)
+
+    def _leave(self, key: Hashable) -> None:
+        with self._lock:
+            self._running.pop(key, None)
+            self._abandoned.discard(key)
+
+    def running_in(self, key: Hashable) -> str | None:
+        """The NVML function ``key``'s call is in now (INIT, COUNT or a card index); None when none runs."""
+        with self._lock:
+            return self._running.get(key)
 
     def init(self) -> None:
+        why = self._enter(INIT, "nvmlInit")
+        if why is not None:
+            raise NvmlUnavailable(f"nvmlInit: {why}")
+        try:
+            self._init()
+        finally:
+            self._leave(INIT)
+
+    def _init(self) -> None:
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
@@ -175,24 +232,90 @@ class Nvml:
             _optional(pynvml.nvmlShutdown)
             self._ok = False
 
-    def discover(self) -> list[GpuInfo]:
+    def start_within(self, deadline_s: float) -> tuple[list[GpuInfo], bool]:
+        """:meth:`init` and :meth:`discover`, each NVML call waited for at most ``deadline_s``:
+        ``(the cards read, whether NVML is initialised or may still be)``.
+
+        NVML may never answer a call (a card fallen off the bus can hang the driver), and no Python
+        code can interrupt it: made inline, one such call kept the device plugin from ever serving.
+        Here a call past its deadline is said (which call, and for which card) and left to finish on
+        its worker (one thread per call): a hung ``nvmlInit`` or count leaves no card read now and
+        ``uncounted`` saying why, a hung card read leaves that card in ``unreadable``; either is what
+        :class:`LateCards` reads again once it answers. Raises :class:`NvmlUnavailable` as :meth:`init`.
+        """
+        calls = DeadlineCalls(deadline_s, name="nvml-start")
+        done = calls.run({INIT: self.init})[INIT]
+        if isinstance(done, Stuck):
+            self.uncounted = f"nvmlInit did not return within {deadline_s:g} s"
+            log.error("%s (NVML or the driver is hung?); no GPU is advertised until it returns, then they are "
+                      "counted and read in the background", self.uncounted)
+            return [], True
+        return self.discover(calls), True
+
+    def discover(self, calls: DeadlineCalls | None = None) -> list[GpuInfo]:
         """All cards NVML reports, with NVLink peers resolved to card indices by PCI bus id.
 
         A card that cannot be read now (its handle, UUID, name or memory; off the bus, a transient
         NVML error) is left out and named in ``unreadable`` with the error: its device IDs are made
         from the UUID, so it cannot even be advertised Unhealthy. When NVML cannot even say how many
         cards there are (``nvmlDeviceGetCount`` fails), there is no card and ``uncounted`` says why.
-        :class:`LateCards` tries both again.
+        :class:`LateCards` tries both again. ``calls``: make each NVML call on a worker, waited for at
+        most its deadline (:meth:`start_within`); a call past it is one that failed.
         """
-        error = self.count_and_read()
+        error = self.count_and_read(calls)
         if error is not None:
             log.error("NVML cannot count this node's GPUs (%s); none is advertised until it can, and they are "
                       "counted again in the background with back-off", error)
         return self.cards()
 
-    def count_and_read(self) -> str | None:
+    def count_and_read(self, calls: DeadlineCalls | None = None) -> str | None:
         """Ask NVML how many cards there are and read each; None when counted (``uncounted`` cleared,
-        each card read or named in ``unreadable``, the error logged), else why not (``uncounted``)."""
+        each card read or named in ``unreadable``, the error logged), else why not (``uncounted``).
+        ``calls``: each call waited for at most its deadline (:meth:`start_within`)."""
+        if calls is None:
+            count: int | str = self._count()
+        else:
+            got = calls.run({COUNT: self._count})[COUNT]
+            count = got if not isinstance(got, Stuck) else \
+                f"{self.running_in(COUNT) or 'nvmlDeviceGetCount'} did not return within {calls.deadline_s:g} s"
+        if isinstance(count, str):
+            self.uncounted = count
+            return count
+        self.uncounted = None
+        for i in range(count):
+            if calls is None:
+                error = self.read_index(i)
+            else:
+                got = calls.run({i: functools.partial(self.read_index, i)})[i]
+                error = got if not isinstance(got, Stuck) else self._stuck_read(i, calls.deadline_s)
+            if error is not None:
+                log.error("GPU %d could not be read (%s); it is not advertised until it can be, and is read "
+                          "again in the background with back-off", i, error)
+        return None
+
+    def _stuck_read(self, index: int, deadline_s: float) -> str | None:
+        """Why card ``index`` is not read: its read is past its deadline (named in ``unreadable``).
+
+        The read is abandoned: should it return, what it read is dropped and :class:`LateCards`
+        reads the card afresh (it had been named unreadable, so it is one LateCards waits for;
+        taken in meanwhile, it would be advertised by neither). None when it was read just now.
+        """
+        with self._lock:
+            if index in self._read:
+                return None
+            self._abandoned.add(index)
+            why = (f"NVML did not return from {self._running.get(index, 'reading it')} within {deadline_s:g} s "
+                   "(the card may have fallen off the bus)")
+            self.unreadable[index] = why
+            return why
+
+    def _count(self) -> int | str:
+        """How many cards NVML counts, or why it cannot say (an error, or a count still running)."""
+        if self.running_in(INIT) is not None:   # counting before nvmlInit returned: NVML is not initialised
+            return "nvmlInit: the call made at start has not returned yet"
+        why = self._enter(COUNT, "nvmlDeviceGetCount")
+        if why is not None:
+            return f"nvmlDeviceGetCount: {why}"
         try:
             count = pynvml.nvmlDeviceGetCount()
             if not _int_within(0, MAX_CARDS_PER_NODE)(count):
@@ -200,26 +323,32 @@ class Nvml:
                 # answer to count again later, not one to read 2**32 indices by
                 raise ValueError(f"NVML counts {str(count)[:40]!r} GPUs, not a number of 0 to {MAX_CARDS_PER_NODE}")
         except pynvml.NVMLError as exc:
-            self.uncounted = str(exc)
-            return self.uncounted
+            return str(exc)
         except Exception as exc:   # an answer of the wrong kind, a broken call: counted again, as above
-            self.uncounted = unreadable_answer(exc)
-            return self.uncounted
-        self.uncounted = None
-        for i in range(count):
-            error = self.read_index(i)
-            if error is not None:
-                log.error("GPU %d could not be read (%s); it is not advertised until it can be, and is read "
-                          "again in the background with back-off", i, error)
-        return None
+            return unreadable_answer(exc)
+        finally:
+            self._leave(COUNT)
+        return count
 
     def read_index(self, index: int) -> str | None:
-        """Read card ``index`` into this session's cards; None when read, else why it could not be."""
+        """Read card ``index`` into this session's cards; None when read, else why it could not be
+        (also when an earlier read of it is still running: NVML is not asked twice about a hung card)."""
+        why = self._enter(index, "nvmlDeviceGetHandleByIndex")
+        if why is not None:
+            self.unreadable[index] = why
+            return why
         try:
-            h = pynvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = _card_uuid(pynvml.nvmlDeviceGetUUID(h))
-            name = _nvml_text(pynvml.nvmlDeviceGetName(h), "name")
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            return self._read_index(index)
+        finally:
+            self._leave(index)
+
+    def _read_index(self, index: int) -> str | None:
+        nv = functools.partial(self._nv, index)
+        try:
+            h = nv("nvmlDeviceGetHandleByIndex")(index)
+            uuid = _card_uuid(nv("nvmlDeviceGetUUID")(h))
+            name = _nvml_text(nv("nvmlDeviceGetName")(h), "name")
+            mem = nv("nvmlDeviceGetMemoryInfo")(h)
             total_mib = int(mem.total) // (1024 * 1024)
             if not 0 <= total_mib <= MAX_CARD_MEMORY_MIB:   # what the inventory (the extender) accepts
                 raise ValueError(f"its memory, {total_mib} MiB, is outside 0..{MAX_CARD_MEMORY_MIB}")
@@ -243,9 +372,9 @@ class Nvml:
             why = f"it reads as {uuid}, the UUID of GPU {holder}"
             self.unreadable[index] = why
             return why
-        pci = _extra(pynvml.nvmlDeviceGetPciInfo, h)
+        pci = _extra(nv("nvmlDeviceGetPciInfo"), h)
         bus = _extra(getattr, pci, "busId", "")
-        minor = _extra(pynvml.nvmlDeviceGetMinorNumber, h, default=-1, valid=_int_within(0, 2 ** 31 - 1))
+        minor = _extra(nv("nvmlDeviceGetMinorNumber"), h, default=-1, valid=_int_within(0, 2 ** 31 - 1))
         owner = next((i for i, r in self._read.items() if r["minor"] == minor and i != index), None) \
             if minor >= 0 else None
         if owner is not None:
@@ -254,12 +383,15 @@ class Nvml:
             log.warning("GPU %d reads minor number %d, the minor of GPU %d; its device node is not known", index,
                         minor, owner)
             minor = -1
-        self._read[index] = dict(index=index, uuid=uuid, name=name, memory_mib=total_mib, minor=minor,
-                                 numa=_extra(pynvml.nvmlDeviceGetNumaNodeId, h, default=-1,
-                                             valid=_int_within(0, MAX_NUMA_NODE)),
-                                 pci_bus_id=_text(bus) if _bus_key(bus) is not None else "",
-                                 peers=tuple(self._nvlink_peers(h)))
-        self.unreadable.pop(index, None)
+        read = dict(index=index, uuid=uuid, name=name, memory_mib=total_mib, minor=minor,
+                    numa=_extra(nv("nvmlDeviceGetNumaNodeId"), h, default=-1, valid=_int_within(0, MAX_NUMA_NODE)),
+                    pci_bus_id=_text(bus) if _bus_key(bus) is not None else "",
+                    peers=tuple(self._noted(index, "its NVLink queries", self._nvlink_peers, h)))
+        with self._lock:
+            if index in self._abandoned:   # its caller has given up on it and left the card to LateCards
+                return "its read returned after its deadline"
+            self._read[index] = read
+            self.unreadable.pop(index, None)
         return None
 
     def cards_read(self) -> list[int]:
