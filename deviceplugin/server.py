@@ -169,6 +169,7 @@ class PluginConfig:
     probe_interval_s: float = 10.0
     event_wait_ms: int = 1000
     nvml_deadline_s: float = 5.0       # a probe or late-card read NVML has not answered by then: the card is Unhealthy
+    health_stall_s: float = 60.0       # the health thread stuck in one NVML call this long: every card is Unhealthy
     event_retry_first_s: float = 0.1   # a failed event wait is retried after this, doubling ...
     event_retry_max_s: float = 5.0     # ... up to this
     event_recreate_after: int = 5      # failed waits in a row before the event set is made anew
@@ -502,6 +503,12 @@ class HealthMonitor:
         # Probes and late-card reads are made on workers with a deadline: a call NVML never answers
         # (a card off the bus) blocked this thread for ever before (gpunode.deadline).
         self.calls = DeadlineCalls(cfg.nvml_deadline_s, name="health-nvml")
+        # The event wait, the event set's making and a late card's registration are made here, with no
+        # deadline; the watchdog notices when one of them does not return (_watch_progress).
+        self._progress = time.monotonic()   # when this thread last finished a round (or started)
+        self._doing = "starting"            # the call it is in, said when it stalls
+        self._stalled_in = ""                # what it was in when the watchdog last saw it stall
+        self._watchdog = threading.Thread(target=self._watch_progress, name="health-watchdog", daemon=True)
 
     def start(self) -> None:
         """Probe every card once, then watch in the background. The first probes run here, before
@@ -512,7 +519,43 @@ class HealthMonitor:
         if self._probe_all(time.monotonic()):
             self.state.set_health(self.tracker.snapshot())
             self.on_change()
+        self._progress = time.monotonic()
         self._thread.start()
+        self._watchdog.start()
+
+    def _watch_progress(self) -> None:
+        """Say when the health thread has finished no round for ``health_stall_s``, and advertise
+        every card Unhealthy until it finishes one again.
+
+        The event wait (``nvmlEventSetWait``), the event set's making and a late card's registration
+        for XID events are made on the health thread itself: they return at once or after the wait's
+        timeout but in a driver fault, and a worker for each wait (every second) would cost more than
+        the fault it guards against. Such a call that never returns stopped the thread silently: no
+        XID and no probe was seen again, and every card stayed as last advertised (Healthy). Now its
+        cards' health is not known, and is said to be bad: the kubelet admits no new pod to them. The
+        thread's own view wins again at the end of its next round (it compares what it last
+        advertised with what is advertised). This thread only reads the health thread's progress and
+        replaces the advertised health, never the tracker or the XID watch (the health thread's alone).
+        """
+        limit = self.cfg.health_stall_s
+        stalled_at: float | None = None
+        while not self._stop.wait(min(1.0, limit / 4)):
+            progress = self._progress
+            if stalled_at is not None:
+                if progress > stalled_at:
+                    log.warning("the health thread goes on again, after %.0f s stalled in %s; the cards' health is "
+                                "its own again", progress - stalled_at, self._stalled_in)
+                    stalled_at = None
+                continue
+            if time.monotonic() - progress < limit:
+                continue
+            stalled_at, self._stalled_in = progress, self._doing
+            cards = sorted(self.state.health)
+            log.error("the health thread has finished no round for %g s: it is stuck in %s (NVML does not return; "
+                      "a card may have fallen off the bus). Every card is advertised Unhealthy until it goes on: %s",
+                      limit, self._stalled_in, ", ".join(cards) or "no card yet")
+            self.state.set_health({u: False for u in cards})
+            self.on_change()
 
     def _probe_all(self, now: float, uuids: list[str] | None = None) -> set[str]:
         """Probe every tracked card (or ``uuids``) at once, each waited for at most ``nvml_deadline_s``;
@@ -558,6 +601,7 @@ class HealthMonitor:
         cfg = self.cfg
         watch = None
         if not cfg.health_disabled:   # an event set NVML cannot make yet is retried by the watch
+            self._doing = "making the NVML event set (nvmlEventSetCreate, nvmlDeviceRegisterEvents of each card)"
             watch = XidWatch(list(self.tracker.cards), self._stop, cfg.event_retry_first_s,
                              cfg.event_retry_max_s, cfg.event_recreate_after)
         pacer = XidLogPacer(cfg.xid_log_every_s)
@@ -576,7 +620,9 @@ class HealthMonitor:
                         log.debug("a round of the health thread failed again (%d in a row)", failing.failures,
                                   exc_info=True)
                     self._stop.wait(delay)
+                    self._progress = time.monotonic()
                     continue
+                self._progress = time.monotonic()
                 if failing.succeeded():
                     log.warning("the health thread's rounds work again")
         finally:
@@ -591,7 +637,10 @@ class HealthMonitor:
             self._stop.wait(cfg.event_wait_ms / 1000)
             now = time.monotonic()
         else:
+            self._doing = ("re-making the NVML event set (nvmlEventSetCreate, nvmlDeviceRegisterEvents of each card)"
+                           if watch.remaking else "the NVML event wait (nvmlEventSetWait)")
             ev = watch.wait(cfg.event_wait_ms)   # backs off by itself while the channel is broken
+            self._doing = "the probes or late-card reads"   # each with its deadline
             now = time.monotonic()
             changed = self.tracker.on_wait(ev, watch.watched, watch.broken, now)
             if ev is not None and ev.wait_failed:   # the failure itself is logged by the watch, once
@@ -663,7 +712,9 @@ class HealthMonitor:
         for card in added:
             self.tracker.add(card.uuid)
             if watch is not None:
+                self._doing = f"registering {card.uuid} for XID events (nvmlDeviceRegisterEvents)"
                 watch.add(card.uuid)
+        self._doing = "the probes or late-card reads"
         self._probe_all(now, [c.uuid for c in added])
         self.state.set_table(DeviceTable(self.nvml.cards(indices), cfg.memory_unit_mib), self.tracker.snapshot())
         return {c.uuid for c in added}

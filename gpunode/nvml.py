@@ -691,6 +691,11 @@ class XidWatch:
     def failures(self) -> int:
         return self._backoff.failures
 
+    @property
+    def remaking(self) -> bool:
+        """Whether the next :meth:`wait` that is not a back-off sleep makes the event set (anew) first."""
+        return self._events is None
+
     def wait(self, timeout_ms: int) -> XidEvent | None:
         """The next XID event, None after a quiet wait (or a back-off sleep while ``broken``), or an
         ``XidEvent(wait_failed=True)`` for each wait (or re-creation) that failed."""
