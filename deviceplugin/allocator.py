@@ -428,6 +428,17 @@ def preferred(table: DeviceTable, resource: str, available: list[str], must_incl
     # the kubelet offers each device once; an ID sent twice must not be proposed twice
     available, must_include = list(dict.fromkeys(available)), list(dict.fromkeys(must_include))
     card_of = _cards_of(table, resource, available + must_include)
+    # The kubelet's must_include are devices the container already has (an init container's): among
+    # those it offers, and no more than the size. A request breaking that matches no pod whatever
+    # the node holds; "no pod waiting matches" would send its reader looking for a pod at fault.
+    if len(must_include) > size:
+        raise AllocationRefused(INVALID_ARGUMENT, f"{resource}: must_include names {len(must_include)} devices, "
+                                f"more than the allocation size {size}")
+    offered_ids = set(available)
+    not_offered = [i for i in must_include if i not in offered_ids]
+    if not_offered:
+        raise AllocationRefused(INVALID_ARGUMENT, f"{resource}: must_include device(s) {some_ids(not_offered)} "
+                                "are not among the available ones")
     fits = []
     for c in found.candidates:
         if c.next_size != size or any(card_of[i] not in c.cards for i in must_include):

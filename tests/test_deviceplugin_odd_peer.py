@@ -221,3 +221,22 @@ def test_steering_left_by_preferred_calls_without_an_allocate_stays_bounded(monk
                     available_deviceIDs=[f"{r.uuid(0)}::{k}" for k in range(n, 80)], allocation_size=1)]))
         assert len(r.plugin.allocs._steered) <= MAX_STEERED
         assert r.kubelet.admit(pod)["main"][RESOURCE_GPU_MEMORY].envs["NVIDIA_VISIBLE_DEVICES"] == r.uuid(0)
+
+
+@pytest.mark.parametrize("case", ["more must_include than the size", "must_include not offered"])
+def test_a_preferred_request_that_contradicts_itself_is_refused_as_such(monkeypatch, case):
+    """The kubelet's must_include are the devices a container already has (an init container's),
+    always among the available ones and never more than the size. Before: a request breaking that
+    was answered FAILED_PRECONDITION "no pod waiting on this node matches", sending whoever reads it
+    looking for a pod or record at fault; now it is INVALID_ARGUMENT naming the request's own fault."""
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        pod = _pending_whole(r)
+        u = [r.uuid(i) for i in range(4)]
+        available, must = (u, u[:2]) if case == "more must_include than the size" else (u[1:], u[:1])
+        err = _refusal(r, RESOURCE_GPU, "GetPreferredAllocation", pb.PreferredAllocationRequest(container_requests=[
+            pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, must_include_deviceIDs=must,
+                                                   allocation_size=1)]))
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (err.code(), err.details())
+        assert "must_include" in err.details(), err.details()
+        assert r.kubelet.admit(pod)["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == r.uuid(0)
