@@ -551,11 +551,14 @@ class HealthMonitor:
                 continue
             stalled_at, self._stalled_in = progress, self._doing
             cards = sorted(self.state.health)
+            judged = not self.cfg.health_disabled   # health checks disabled: no card is judged, this neither
             log.error("the health thread has finished no round for %g s: it is stuck in %s (NVML does not return; "
-                      "a card may have fallen off the bus). Every card is advertised Unhealthy until it goes on: %s",
-                      limit, self._stalled_in, ", ".join(cards) or "no card yet")
-            self.state.set_health({u: False for u in cards})
-            self.on_change()
+                      "a card may have fallen off the bus).%s", limit, self._stalled_in,
+                      f" Every card is advertised Unhealthy until it goes on: {', '.join(cards) or 'no card yet'}"
+                      if judged else "")
+            if judged:
+                self.state.set_health({u: False for u in cards})
+                self.on_change()
 
     def _probe_all(self, now: float, uuids: list[str] | None = None) -> set[str]:
         """Probe every tracked card (or ``uuids``) at once, each waited for at most ``nvml_deadline_s``;

@@ -33,7 +33,7 @@ def _errors(caplog: Any, *words: str) -> list[str]:
 
 
 def test_a_hung_event_wait_makes_every_card_unhealthy_until_the_health_thread_goes_on(monkeypatch, caplog):
-    with rig(monkeypatch, health_stall_s=1.0, recovery_quiet_s=0.3) as r:
+    with rig(monkeypatch, health_stall_s=2.0, recovery_quiet_s=0.3) as r:
         assert r.registered()
         every = {r.uuid(i) for i in range(4)}
         assert r.kubelet.wait_for(lambda: set(_health(r)) == every and set(_health(r).values()) == {"Healthy"})
@@ -55,7 +55,7 @@ def test_a_hung_event_wait_makes_every_card_unhealthy_until_the_health_thread_go
 def test_a_hung_xid_registration_of_a_late_card_is_noticed(monkeypatch, caplog):
     cards = default_cards()
     cards[1].lost = True            # index 1 cannot be read at start, and is read again in the background
-    with rig(monkeypatch, cards=cards, health_stall_s=1.0, rediscover_first_s=0.05, rediscover_max_s=0.1) as r:
+    with rig(monkeypatch, cards=cards, health_stall_s=2.0, rediscover_first_s=0.05, rediscover_max_s=0.1) as r:
         assert r.registered()
         u1 = r.uuid(1)
         hang = Hang("nvmlDeviceRegisterEvents", lambda h, *a: getattr(h, "uuid", None) == u1)
