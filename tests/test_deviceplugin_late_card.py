@@ -214,5 +214,7 @@ def test_a_late_card_reading_as_an_advertised_cards_uuid_is_refused_by_the_read_
         assert set(r.kubelet.devices(RESOURCE_GPU)) == {cards[i].uuid for i in (0, 1, 3)}
         cards[2].uuid = own              # reads as itself at last
         assert r.kube.wait_for(lambda: [c.index for c in _inventory(r) or []] == [0, 1, 2, 3], timeout=15)
+        # the inventory and ListAndWatch are sent apart: the kubelet may not have the new list yet
+        assert r.kubelet.wait_for(lambda: len(r.kubelet.plugins[RESOURCE_GPU].ids) >= 4)
         ids = r.kubelet.plugins[RESOURCE_GPU].ids
         assert len(ids) == len(set(ids)) == 4
