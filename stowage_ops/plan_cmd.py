@@ -18,7 +18,7 @@ from stowage.resources import fmt_cards
 from stowage_ops.cluster_source import (LearnFrom, LiveFacts, OperatorCommand, Source, cluster_options,
                                         learn_options, load, output_option, say, shapes_option)
 from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, Learned, PreemptPlan, Shape,
-                              capacity, drain_plan, placer_names, preemption_plan, unmatched_models)
+                              capacity, drain_plan, placer_names, pod_asks, preemption_plan, unmatched_models)
 from stowage.textable import render
 
 # Long work (a --shape counted to --limit, --drain's candidates: minutes each on thousands of
@@ -133,8 +133,10 @@ def _check_plan(ctx: click.Context) -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=DEFAULT_LIMIT, show_default=True,
               help="Stop counting a shape after this many pods.")
 @click.option("--any-model", is_flag=True,
-              help="With --drain: let pods move to other GPU models (whole-GPU pods still only to cards "
-                   "at least as large). Default: a pod only moves to its current model.")
+              help="With --drain, for pods whose own ask is unknown (a simulated cluster's; a live "
+                   "cluster's pods move as they ask): let them move to other GPU models (whole-GPU pods "
+                   "still only to cards at least as large). Default: such a pod only moves to its "
+                   "current model.")
 @click.option("--max-nodes", type=click.IntRange(min=1), default=None, help="With --drain: empty at most this many nodes.")
 @click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="Nodes listed per shape.")
 @learn_options
@@ -174,6 +176,7 @@ def plan(source: Source, shapes: list[Shape], drain: bool, preempt_shapes: list[
                for s in shapes]
     dplan = (drain_plan(model, placer=placer, keep_model=not any_model, max_nodes=max_nodes, learned=learned,
                         stays=facts.daemon_pods if facts else (), unrecorded=facts.unrecorded if facts else None,
+                        asks=pod_asks(learn.pods, source.memory_unit_mib) if learn is not None else None,
                         progress=_every(lambda n, total: f"drain: {n} of {total} GPU nodes tried..."))
              if drain else None)
     if output == "json":

@@ -33,11 +33,11 @@ from extender.service import ExtenderService, pod_shape
 from packing.fit import card_mask, fit, reason
 from packing.model import CardArrays, ClusterModel, PodAllocation
 from packing.placer import Placer, attach_placer
-from packing.pod_policy import PodPolicy
+from packing.pod_policy import PodPolicy, PolicyError, parse_policy
 from packing.registry import PLACERS, POLICY_PLACER, get_placer, placer_for
 from stowage.inventory import model_matches
 from stowage.resources import (CORE_MILLI_PER_CARD, MAX_CARD_MEMORY_MIB, MAX_GPUS_PER_POD, GpuRequest, RequestError,
-                               fmt_mib, parse_quantity)
+                               fmt_mib, parse_quantity, pod_request)
 
 DEFAULT_LIMIT = 10_000
 
@@ -369,9 +369,34 @@ def _size_key(al: PodAllocation) -> tuple:
     return (-(len(al.cards) * CORE_MILLI_PER_CARD if al.whole else 0), -sum(al.mem_mib), -sum(al.core_milli), al.uid)
 
 
+# What a pod asks of the extender: its request and its card constraints (models, card size).
+Ask = tuple[GpuRequest, PodPolicy]
+
+
+def pod_asks(pods: Iterable[Mapping[str, Any]], memory_unit_mib: int) -> dict[str, Ask]:
+    """Pod uid -> what the pod asks, parsed as the extender's filter parses it (its request and
+    ``stowage.io/`` annotations), for :func:`drain_plan` to move each pod as what it asks rather
+    than as a guess from what it holds. A pod that cannot be parsed (the extender never placed
+    it, so it holds no card) or has no uid is left out; hostile values fail here as at filter."""
+    out: dict[str, Ask] = {}
+    for pod in pods:
+        meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+        uid = meta.get("uid") if isinstance(meta, Mapping) else None
+        if not isinstance(uid, str):
+            continue
+        ann = meta.get("annotations")
+        if ann is not None and not isinstance(ann, Mapping):
+            continue
+        try:
+            out[uid] = (pod_request(pod, memory_unit_mib), parse_policy(ann))
+        except (RequestError, PolicyError, TypeError, AttributeError, ValueError):
+            continue
+    return out
+
+
 def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_model: bool = True,
                max_nodes: int | None = None, learned: Learned | None = None, stays: Collection[str] = (),
-               unrecorded: Mapping[str, str] | None = None,
+               unrecorded: Mapping[str, str] | None = None, asks: Mapping[str, Ask] | None = None,
                progress: Callable[[int, int], None] | None = None) -> DrainPlan:
     """Greedy: try to empty nodes with the fewest, lightest GPU pods first.
 
@@ -380,10 +405,13 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
     the cluster the candidate's pods leave (as evicted pods do), and each is sent to filter with
     the nodes kube-scheduler would send once the candidate is cordoned — never the candidate
     itself nor a node already emptied — biggest first. A node that received moved pods is never
-    emptied in turn (so each pod moves once). With ``keep_model`` a pod asks for the GPU model
-    it runs on now (``stowage.io/gpu-model``), because the model does not record which model
-    constraints the pod asked for; without it a whole-GPU pod still asks for cards with at least
-    as much memory as it has now, and a slice for any card with room. Empty GPU nodes come first
+    emptied in turn (so each pod moves once). A pod in ``asks`` (a live cluster's pods, by uid:
+    :func:`pod_asks`) asks what it asks itself, its request and card constraints, as the
+    extender would see it when recreated. Any other pod (a simulated cluster's) asks what it
+    holds, and, since the model does not record which constraints it asked for: with
+    ``keep_model`` the GPU model it runs on now (``stowage.io/gpu-model``); without it a
+    whole-GPU pod cards with at least as much memory as it has now, and a slice any card with
+    room. Empty GPU nodes come first
     and cost no move. Each candidate gets a fresh placer primed on the pods that stay (or, with
     ``learned``, knowing what the live extender's placer knows), so a candidate that cannot be
     emptied teaches the next nothing.
@@ -438,7 +466,7 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
         moves: list[Move] = []
         failed = ""
         for al in sorted(pods[node], key=_size_key):
-            req, pol = _move_request(sim, i, al, keep_model)
+            req, pol = (asks or {}).get(al.uid) or _move_request(sim, i, al, keep_model)
             namespace, _, name = al.name.rpartition("/")
             pod = request_pod(name or al.uid, req, pol, namespace=namespace or "default", uid=al.uid)
             target = schedule(service, pod, targets)
