@@ -341,7 +341,9 @@ def node_going_away(node: Mapping[str, Any]) -> str:
 def node_takes_no_pods(node: Mapping[str, Any]) -> bool:
     """Whether kube-scheduler sends ``node`` no new pod for a reason the feed does not read itself
     (cordons and the Ready condition it does): the cluster autoscaler's
-    ``ToBeDeletedByClusterAutoscaler`` taint (NoSchedule), which Stowage's pods do not tolerate.
+    ``ToBeDeletedByClusterAutoscaler`` taint (NoSchedule). A pod tolerating every taint
+    (``operator: Exists``, no key) would still be sent there, but a plan that moves a pod onto a
+    node about to be deleted frees nothing, so the node is closed to every pod of a plan.
     Not a ``deletionTimestamp`` alone: kube-scheduler v1.28.7 still places pods on such a node,
     and so does the extender (tests/integration/test_real_node_deleting.py)."""
     spec = node.get("spec") if isinstance(node.get("spec"), Mapping) else {}
