@@ -254,3 +254,32 @@ def test_hpas_shown_in_the_docs_use_served_metrics_too():
         for m in d.body["spec"]["metrics"]:
             assert m["type"] == "Pods" and m["pods"]["metric"]["name"] in served
         assert d.body["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 300
+
+
+# --------------------------------------------------------------------- PromQL that parses
+def exporter_series() -> dict[str, frozenset[str]]:
+    """Every family the exporter's collector declares, with the labels it declares them with."""
+    from exporter.collector import GpuCollector
+
+    return {f.name: frozenset(f._labelnames) for f in GpuCollector._families()}
+
+
+def test_the_adapter_and_keda_queries_parse_and_read_the_exporters_own_labels():
+    """The adapter's queries (its templates filled as the adapter fills them for a namespaced
+    ``pods`` request) and the KEDA trigger are parsed by a real PromQL parser and checked against
+    the labels the exporter's collector declares: a typo in a label (``pods=~``) or a ``by``
+    on a label the series lacks evaluates to nothing, and the HPA or KEDA then never scales."""
+    from promql_check import check_expr
+
+    served = exporter_series()
+    for rule in adapter_rules():
+        (series,) = re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{", rule["seriesQuery"])
+        query = (rule["metricsQuery"].replace("<<.Series>>", series)
+                 .replace("<<.LabelMatchers>>", 'namespace="default",pod=~"a|b"').replace("<<.GroupBy>>", "pod"))
+        for expr in (rule["seriesQuery"], query):
+            check = check_expr(expr, served)
+            assert not check.problems and check.metrics == {series}, (expr, check)
+    (so,) = [d for d in example_docs() if d.kind == "ScaledObject"]
+    query = so.body["spec"]["triggers"][0]["metadata"]["query"]
+    check = check_expr(query, served)
+    assert not check.problems and check.metrics, (query, check)
