@@ -44,6 +44,14 @@ def _capacity_text(res: CapacityResult, top: int, unmatched: list[str], models: 
     return "\n".join(lines)
 
 
+# What a drain plan does not check. Before, this line said "Only GPU pods are modelled: CPU-only
+# pods ... must also be movable", although a live cluster's CPU-only pods are moved like the rest.
+DRAIN_CAVEAT = ("  Moves are checked as the extender checks them (cards, host CPU and memory, pod slots): "
+                "kube-scheduler's own rules (node selectors and affinity, taints, volumes) and "
+                "PodDisruptionBudgets are not; DaemonSet pods stay with their node, as the cluster "
+                "autoscaler leaves them.")
+
+
 def _drain_text(plan: DrainPlan, nodes_total: int) -> str:
     lines = [f"{len(plan.drained)} of {nodes_total} GPU node(s) can be emptied ({plan.gpus_freed} GPUs) "
              f"by moving {len(plan.moves)} pod(s):"]
@@ -59,8 +67,7 @@ def _drain_text(plan: DrainPlan, nodes_total: int) -> str:
         lines.append(f"  {len(plan.kept)} node(s) stay: " +
                      "; ".join(f"{n}: {why}" for n, why in list(plan.kept.items())[:10]) +
                      (" ..." if len(plan.kept) > 10 else ""))
-    lines.append("  Only GPU pods are modelled: CPU-only pods and DaemonSets on these nodes must also be movable "
-                 "for the cluster autoscaler to remove them.")
+    lines.append(DRAIN_CAVEAT)
     return "\n".join(lines)
 
 

@@ -87,3 +87,21 @@ def test_a_whole_gpu_pod_that_takes_any_card_moves_to_a_smaller_one(whole):
     """It asked 1 GPU of any size and any model: the extender places it on a 40 GiB card."""
     for flags in ((), ("--any-model",)):
         assert emptied(drain(whole, *flags)).get("big") == [("ml/any-card", "small")]
+
+
+def test_the_drain_text_says_what_it_checks_not_that_only_gpu_pods_count(tmp_path):
+    """A live cluster's CPU-only pods are moved like the rest (``no GPU; 1 CPU ...``); the closing
+    line said "Only GPU pods are modelled: CPU-only pods ... must also be movable"."""
+    from test_inspect_plan_live import bound
+
+    with FakeKube() as kube:
+        kube.create_node(make_node("gpu-a", gpus=1, annotations=inv("gpu-a", "Tesla T4", 16)))
+        kube.create_node(make_node("gpu-b", gpus=1, annotations=inv("gpu-b", "Tesla T4", 16)))
+        kube.create_pod(stowage_pod("held", namespace="ml", gpus=1, node="gpu-a", phase="Running",
+                                    annotations=alloc("gpu-a", [(0, 16 * GiB, 1000)], True)))
+        kube.create_pod(bound("web", "gpu-b"))
+        r = CliRunner().invoke(main, ["plan", "--drain", "--kubeconfig", kubeconfig_file(tmp_path, kube.url)])
+    assert r.exit_code == 0, r.output
+    assert "no GPU; 1 CPU" in r.stdout          # the CPU-only pod moves, as a GPU pod does
+    assert "Only GPU pods are modelled" not in r.stdout
+    assert "DaemonSet pods stay with their node" in r.stdout
