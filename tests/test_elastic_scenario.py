@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
+import re
+
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from benchmarks.binpack.trace import Nodes, Pods
 from benchmarks.elastic.cli import default_policies, main
@@ -16,6 +20,8 @@ from packing.registry import POLICY_PLACER
 from stowage.resources import GpuRequest
 
 from shared_paths import SHARED
+
+ADAPTER = Path(__file__).resolve().parent.parent / "scheduler-config" / "autoscaling" / "prometheus-adapter-config.yaml"
 
 
 def nodes(n: int, gpus: int = 4) -> Nodes:
@@ -58,8 +64,10 @@ def test_scale_out_without_room_stays_pending_and_is_scaled_away_first():
     # 1 node x 4 GPUs. Demand 6 replicas: the HPA grows 1 -> 2 -> 4 -> 6 (per-pod metric capped
     # at 100 % against a 60 % target); the last 2 find no card; demand drops and the scale-in
     # removes those 2 Pending replicas before any running one.
+    # (the instant metric, metric_window_s=0: the arithmetic below; the adapter's 2-minute
+    # average is worked out in test_the_hpa_reads_the_adapters_two_minute_average_...)
     sc = scenario([1, 6, 6, 6, 1, 1, 1, 1, 1, 1])
-    r = run(sc, nodes(1), "most-allocated", 42, HpaSettings(scale_down_window_s=0))
+    r = run(sc, nodes(1), "most-allocated", 42, HpaSettings(scale_down_window_s=0, metric_window_s=0))
     assert (r.scale_outs, r.scale_outs_placed, r.scale_outs_pending) == (3, 2, 1)
     assert (r.replicas_created, r.replicas_immediate, r.replicas_delayed, r.replicas_never) == (5, 3, 0, 2)
     assert r.pending_replica_hours == pytest.approx(2 * 60 / 3600)
@@ -68,7 +76,7 @@ def test_scale_out_without_room_stays_pending_and_is_scaled_away_first():
 
 def test_scale_down_waits_for_the_stabilisation_window():
     sc = scenario([1, 6, 6, 6, 1, 1, 1, 1, 1, 1])
-    r = run(sc, nodes(1), "most-allocated", 42, HpaSettings(scale_down_window_s=300))
+    r = run(sc, nodes(1), "most-allocated", 42, HpaSettings(scale_down_window_s=300, metric_window_s=0))
     # the 2 Pending replicas live from step 3 until the recommendation of step 3 (t=180 s)
     # leaves the 300 s window at step 8 (t=480 s): steps 3..7
     assert r.pending_replica_hours == pytest.approx(5 * 2 * 60 / 3600)
@@ -335,3 +343,29 @@ def test_a_restart_with_the_kept_past_learns_what_the_running_extender_had(tmp_p
         with pytest.raises(SystemExit) as exc:   # refused while parsing; 5 is past the quick run's 1-day window
             main(argv)
         assert exc.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_the_hpa_reads_the_adapters_two_minute_average_not_the_instant_load():
+    """The shipped adapter rule serves avg_over_time(...[2m]): at a sync the HPA sees the mean
+    of each replica's last two minutes, so a step in load is answered in two syncs and
+    overshoots, as on a cluster. Worked by hand (target 60 %, one-minute syncs, 2 nodes x 4
+    GPUs, demand 2 -> 4 replicas at step 2):
+
+    - instant (0, and a 60 s window, which holds one sync's sample): step 2 reads 100 % on both
+      replicas, asks ceil(2 x 100/60) = 4; step 3 reads 60 % on 4: done. One scale-out of 2.
+    - 120 s: step 2 reads (60 + 100)/2 = 80 % each, asks ceil(160/60) = 3; step 3 reads 90 %
+      on the two old replicas and 80 % on the new one, asks ceil(260/60) = 5; step 4 reads
+      64 + 64 + 64 + 48 + 48 = 288 against 300 (within tolerance); step 5 reads 48 % on all
+      five, asks 4: one scale-in. Before, the simulation gave the HPA the instant load, which
+      no cluster's metric pipeline gives it."""
+    sc = scenario([2, 2, 4, 4, 4, 4, 4, 4])
+    for window in (0.0, 60.0):
+        r = run(sc, nodes(2), "most-allocated", 42, HpaSettings(scale_down_window_s=0, metric_window_s=window))
+        assert (r.scale_outs, r.replicas_created, r.scale_ins) == (1, 2, 0), window
+    r = run(sc, nodes(2), "most-allocated", 42, HpaSettings(scale_down_window_s=0, metric_window_s=120))
+    assert (r.scale_outs, r.replicas_created, r.scale_ins) == (2, 3, 1)
+    # the default is the shipped rule's window
+    (rule,) = [r for r in yaml.safe_load(ADAPTER.read_text())["rules"]
+               if r["seriesQuery"].startswith("stowage_pod_gpu_utilization_ratio{")]
+    (minutes,) = re.findall(r"avg_over_time\(<<\.Series>>\{<<\.LabelMatchers>>\}\[(\d+)m\]\)", rule["metricsQuery"])
+    assert HpaSettings().metric_window_s == int(minutes) * 60

@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", type=positive_number, default=60.0, help="HPA target: average GPU utilisation per replica, %%")
     p.add_argument("--tolerance", type=float, default=0.1, help="HPA tolerance")
     p.add_argument("--window", type=float, default=300.0, help="HPA scale-down stabilisation window, s")
+    p.add_argument("--metric-window", type=float, default=120.0,
+                   help="seconds the HPA's metric is averaged over (the shipped adapter rule: 120); 0: the "
+                        "instant load")
     p.add_argument("--learn-before", action="store_true",
                    help="the extender ran before the window: it learned every trace pod that came and went "
                         "before it (the past only), as a long-running extender's watch would have; default: "
@@ -121,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.seeds
     policies = args.policies or default_policies()
     directory = str(data_dir(args.data_dir))
-    hpa = HpaSettings(target=args.target, tolerance=args.tolerance, scale_down_window_s=args.window)
+    hpa = HpaSettings(target=args.target, tolerance=args.tolerance, scale_down_window_s=args.window,
+                      metric_window_s=args.metric_window)
     try:
         nodes, sc = _scenario(directory, args.trace, args.node_stride, args.days, args.step, args.deployments,
                               args.peak, seeds[0])

@@ -61,6 +61,11 @@ class HpaSettings:
     scale_down_window_s: float = 300.0
     min_replicas: int = 1
     max_factor: float = 1.5         # maxReplicas = ceil(max_factor * peak demand)
+    # The window the metric pipeline averages each replica's utilisation over: the shipped
+    # prometheus-adapter rule reads avg_over_time(...[2m]) (scheduler-config/autoscaling), so the
+    # HPA sees the mean of the last two minutes' samples, not the load of this instant. 0: the
+    # instant value (what the simulation gave the HPA before).
+    metric_window_s: float = 120.0
 
 
 @dataclass(eq=False)
@@ -222,6 +227,7 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
     hpas: list[Hpa] = []
     reps: list[list[Item]] = []          # every live replica per deployment (pending or placed)
     pend_n = [0] * len(sc.deployments)
+    util_hist: list[deque[tuple[int, float]]] = [deque() for _ in sc.deployments]   # (step, per-replica %)
     for d in sc.deployments:
         hpas.append(Hpa(HpaSpec(target=hpa.target, min_replicas=hpa.min_replicas,
                                 max_replicas=max(hpa.min_replicas, 1, math.ceil(hpa.max_factor * d.peak)),
@@ -332,7 +338,20 @@ def run(sc: Scenario, nodes: Nodes, policy: str, seed: int, hpa: HpaSettings = H
                 continue
             ready = cur - pend_n[k]
             per_pod = min(100.0, hpa.target * need / ready) if ready > 0 else 0.0
-            new = hpas[k].step(now, cur, ready, per_pod * ready, pend_n[k])
+            if hpa.metric_window_s > 0 and ready > 0:
+                hist = util_hist[k]
+                hist.append((s, per_pod))
+                first = s - int(hpa.metric_window_s // sc.step_s) + 1   # samples in (now - window, now]
+                while hist and hist[0][0] < first:
+                    hist.popleft()
+                metric_sum = 0.0
+                for r in reps[k]:
+                    if r.placed >= 0:   # ready from the step after its placement: its samples since
+                        vals = [u for j, u in hist if j > r.placed]
+                        metric_sum += sum(vals) / len(vals)
+            else:
+                metric_sum = per_pod * ready
+            new = hpas[k].step(now, cur, ready, metric_sum, pend_n[k])
             if new > cur:
                 scale_out(k, new - cur, s, initial=False)
             elif new < cur:
