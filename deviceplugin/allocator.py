@@ -7,7 +7,10 @@ still waiting for this resource. Which containers are served is learned from the
 PodResources API (:class:`~deviceplugin.corrections.KubeletView`, which survives a plugin restart)
 and from the :class:`Ledger` of Allocate calls this process answered (one per container, init
 containers first as the kubelet does; the only source when PodResources is unreachable, and the
-only one for init containers, which a v1.28 kubelet does not list). A pod that holds some but not
+only one for init containers, which a v1.28 kubelet does not list). While PodResources answers, a
+regular container counts as served only once it lists it: an answer the kubelet never took up
+(another caller's, or one cut off by a kubelet restart) must not refuse the pod's real admission
+(:func:`_progress`). A pod that holds some but not
 all of its devices is the one the kubelet is admitting (admission is serial): while there is
 one, only it is a candidate, so all of a container's resources land on the same card. Records
 that the kubelet has already contradicted are matched in their corrected form
@@ -162,7 +165,13 @@ def _container_sizes(pod: Mapping[str, Any], resource: str) -> tuple[int, ...]:
 
 
 def _named_sizes(pod: Mapping[str, Any], resource: str) -> list[tuple[str, int]]:
-    """(container name, devices of ``resource``) for containers that need some, init first.
+    """(container name, devices of ``resource``) for containers that need some, init first."""
+    return [(name, n) for name, n, _ in _sized_containers(pod, resource)]
+
+
+def _sized_containers(pod: Mapping[str, Any], resource: str) -> list[tuple[str, int, bool]]:
+    """(container name, devices of ``resource``, is an init container) for containers that need
+    some, init first (the kubelet's admission order).
 
     Read by the request rule's own readers (:func:`~stowage.resources.pod_containers`,
     :func:`~stowage.resources.container_requests`), so containers or resources that are not what
@@ -171,14 +180,14 @@ def _named_sizes(pod: Mapping[str, Any], resource: str) -> list[tuple[str, int]]
     none of the resource (the API server refuses such a pod)."""
     _, app, init = pod_containers(pod, None)
     sizes = []
-    for c in init + app:
+    for c, is_init in [(c, True) for c in init] + [(c, False) for c in app]:
         q = container_requests(c).get(resource, 0)
         try:
             n = quantity_to_int(q, f"{resource} of container {c.get('name', '?')}")
         except RequestError:
             n = 0
         if n > 0:
-            sizes.append((str(c.get("name") or ""), n))
+            sizes.append((str(c.get("name") or ""), n, is_init))
     return sizes
 
 
@@ -207,14 +216,45 @@ class PodSurvey:
 
 def _progress(pod: Mapping[str, Any], uid: str, ref: tuple[str, str], ledger: Ledger,
               view: KubeletView | None) -> dict[str, tuple[int, int]]:
-    """resource -> (containers served, served as the kubelet lists them), for each of our resources the pod uses."""
+    """resource -> (containers served, served as the kubelet lists them), for each of our resources the pod uses.
+
+    With the kubelet's list, a regular container is served only once the kubelet lists its devices
+    (it records them before its next call): an Allocate this process answered but the kubelet never
+    took up (another caller's, or one cut off while a restarting kubelet deleted the socket) must
+    not count, or the pod's real admission is refused as "no pod waiting". The ledger still counts
+    the init containers, which a v1.28 kubelet does not list (and reuses for the next container
+    without a GetPreferredAllocation), up to their number: an extra answer (a lost one, or the
+    kubelet asking again) cannot push the count into the regular containers. Without the list
+    (PodResources unreachable) the ledger is all there is, as before.
+    """
     out = {}
     for r in (RESOURCE_GPU, RESOURCE_GPU_MEMORY, RESOURCE_GPU_CORE):
-        named = _named_sizes(pod, r)
-        if named:
+        sized = _sized_containers(pod, r)
+        if sized:
+            named = [(name, n) for name, n, _ in sized]
             listed = _view_done(view, ref, named, r)
-            out[r] = (max(ledger.count(uid, r), listed), listed)
+            answered = ledger.count(uid, r)
+            if view is not None:
+                answered = min(answered, sum(1 for _, _, is_init in sized if is_init))
+            out[r] = (max(answered, listed), listed)
     return out
+
+
+def given_any(pod: Mapping[str, Any], ledger: Ledger, view: KubeletView | None) -> bool:
+    """Whether any device of our resources counts as given to ``pod``, as :func:`survey` counts it.
+
+    The server keeps a pod's moved record (:func:`relocation`) only while this holds: a move whose
+    answer the kubelet never took up must not outlive it, or the pod's next admission is steered to
+    the card it was moved to, which the extender may have given another pod since, instead of its
+    own recorded card, offered again by then."""
+    meta = pod.get("metadata") or {}
+    ref = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    uid = str(meta.get("uid") or f"{ref[0]}/{ref[1]}")
+    try:
+        progress = _progress(pod, uid, ref, ledger, view)
+    except RequestError:
+        return False
+    return any(served > 0 for served, _ in progress.values())
 
 
 def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: Ledger,

@@ -283,10 +283,12 @@ class Allocations:
             self.ledger.reattribute(lambda r, i: uid_of.get(owners[r][i]) if i in owners.get(r, {}) else None)
             fixes, _ = corrections.corrections(pods, view, self.node, table, self.trust)
             fixed = {f.uid: f.new for f in fixes}
-        # Moved pods this process answered for (a moved pod whose answers the kubelet lists under
-        # another pod was not the one admitted).
-        answered = self.ledger.uids()
-        self._moved = {u: r for u, r in self._moved.items() if u in answered}
+        # Moved pods that count as given devices (a moved pod whose answers the kubelet lists under
+        # another pod was not the one admitted; one whose answer the kubelet never took up was not
+        # moved at all: it is judged afresh from its record when the kubelet asks again).
+        given = {str((p.get("metadata") or {}).get("uid")) for p in pods
+                 if str((p.get("metadata") or {}).get("uid")) in self._moved and allocator.given_any(p, self.ledger, view)}
+        self._moved = {u: r for u, r in self._moved.items() if u in given}
         return allocator.survey(pods, self.node, resource, self.ledger, view, {**self._moved, **fixed},
                                 trust=self.trust, table=table)
 

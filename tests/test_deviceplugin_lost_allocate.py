@@ -1,0 +1,134 @@
+"""An Allocate the plugin answered but the kubelet never took up must not count the container as served.
+
+Such an answer comes from another caller of the plugin's socket, or is cut off when a restarting
+kubelet deletes the socket and the plugin serves it again. Before, the plugin's ledger of answered
+Allocate calls counted it (``max(ledger, listed)``), so the pod's real admission was then refused
+("no pod waiting on this node matches"). The kubelet's PodResources list is what says a regular
+container has its devices; the ledger remains the only record of init containers (a v1.28 kubelet
+does not list them), so their reuse must keep working.
+"""
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from dp_harness import bind_pod, container, record, rig
+
+from deviceplugin.v1beta1 import api_pb2 as pb
+from stowage.resources import RESOURCE_GPU, RESOURCE_GPU_MEMORY
+
+
+def _allocate(r, resource, ids):
+    """An Allocate whose answer the kubelet never records (another caller, or one cut off)."""
+    req = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
+    return r.kubelet.call_raw(resource, "Allocate", req).container_responses[0]
+
+
+def test_lost_allocate_does_not_block_the_pods_real_admission(monkeypatch):
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        u0 = r.uuid(0)
+        pod = bind_pod(r, "w", [container("main", gpus=1)], record([(0, u0)], whole=True), "2024-01-01T00:00:01Z")
+        r.kubelet.take_up(pod)
+        assert _allocate(r, RESOURCE_GPU, [u0]).envs["NVIDIA_VISIBLE_DEVICES"] == u0
+        got = r.kubelet.admit(pod)["main"][RESOURCE_GPU]
+        assert got.envs["NVIDIA_VISIBLE_DEVICES"] == u0 and got.envs["STOWAGE_POD"] == "default/w"
+        assert r.kubelet.allocated[pod["metadata"]["uid"]]["main"][RESOURCE_GPU] == [u0]
+
+
+def test_lost_share_allocate_does_not_block_the_pods_real_admission(monkeypatch):
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        u1 = r.uuid(1)
+        pod = bind_pod(r, "s", [container("main", mem=4)], record([(1, u1)], whole=False, mem_mib=4096),
+                       "2024-01-01T00:00:01Z")
+        r.kubelet.take_up(pod)
+        _allocate(r, RESOURCE_GPU_MEMORY, [f"{u1}::{n}" for n in range(4)])
+        got = r.kubelet.admit(pod)["main"][RESOURCE_GPU_MEMORY]
+        assert got.envs["NVIDIA_VISIBLE_DEVICES"] == u1
+        assert got.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+
+
+def test_lost_init_container_allocate_keeps_init_reuse_working(monkeypatch):
+    """The init container's answer was lost; the kubelet then admits the pod whole: its init container
+    (GetPreferredAllocation + Allocate) and the main container reusing those devices (Allocate only)."""
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        u3 = r.uuid(3)
+        pod = bind_pod(r, "init", [container("main", gpus=1)], record([(3, u3)], whole=True),
+                       "2024-01-01T00:00:01Z", init=[container("setup", gpus=1)])
+        r.kubelet.take_up(pod)
+        _allocate(r, RESOURCE_GPU, [u3])
+        got = r.kubelet.admit(pod)
+        assert got["setup"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == u3
+        assert got["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == u3
+
+
+def test_init_container_reuse_with_a_larger_main_container(monkeypatch):
+    """Init 1 card, main 2 (one reused, one new): the ledger's init entry still counts until the kubelet lists main."""
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        u0, u1 = r.uuid(0), r.uuid(1)
+        pod = bind_pod(r, "grow", [container("main", gpus=2)], record([(0, u0), (1, u1)], whole=True),
+                       "2024-01-01T00:00:01Z", init=[container("setup", gpus=1)])
+        got = r.kubelet.admit(pod)
+        assert got["setup"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] in (u0, u1)
+        assert got["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == f"{u0},{u1}"
+
+
+def test_an_admitted_container_is_not_served_again(monkeypatch):
+    """What the kubelet lists stays served: a replayed Allocate of an admitted pod's devices is refused,
+    and a second pod cannot be answered onto the card the first one holds."""
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        u0 = r.uuid(0)
+        pod = bind_pod(r, "w", [container("main", gpus=1)], record([(0, u0)], whole=True), "2024-01-01T00:00:01Z")
+        r.kubelet.admit(pod)
+        with pytest.raises(grpc.RpcError) as err:
+            _allocate(r, RESOURCE_GPU, [u0])
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        other = bind_pod(r, "w2", [container("main", gpus=1)], record([(0, u0)], whole=True), "2024-01-01T00:00:02Z")
+        r.kubelet.take_up(other)
+        with pytest.raises(grpc.RpcError) as err:
+            _allocate(r, RESOURCE_GPU, [u0])
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "already holds" in err.value.details()
+
+
+def test_without_podresources_the_ledger_still_counts_answers(monkeypatch):
+    """The fallback has nothing else to go by: an answered Allocate counts, so an admitted pod is not
+    served twice (the lost-answer case stays a documented limit there)."""
+    with rig(monkeypatch, podresources=False) as r:
+        assert r.registered()
+        u0 = r.uuid(0)
+        pod = bind_pod(r, "w", [container("main", gpus=1)], record([(0, u0)], whole=True), "2024-01-01T00:00:01Z")
+        r.kubelet.admit(pod)
+        with pytest.raises(grpc.RpcError) as err:
+            _allocate(r, RESOURCE_GPU, [u0])
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_a_lost_move_does_not_outlive_its_answer(monkeypatch):
+    """A pod moved off a card the kubelet did not offer (its checkpoint still gave it to a pod deleted
+    while it was down), by an answer the kubelet never took up, is judged afresh from its record when
+    the kubelet asks again: by then its own card is free, and the card it was moved to is another
+    pod's."""
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        u0, u1 = r.uuid(0), r.uuid(1)
+        whole = lambda i: record([(i, r.uuid(i))], whole=True, mem_mib=r.nvml.cards[i].memory_mib, core_milli=1000)
+        old = bind_pod(r, "old", [container("main", gpus=1)], whole(0), "2024-01-01T00:00:01Z")
+        r.kubelet.admit(old)
+        r.kube.delete_pod("default", "old")
+        r.kubelet.forget(old["metadata"]["uid"])       # gone, but the kubelet still holds card 0
+        new = bind_pod(r, "new", [container("main", gpus=1)], whole(0), "2024-01-01T00:00:02Z")
+        r.kubelet.take_up(new)
+        offered = [r.uuid(i) for i in (1, 2, 3)]
+        hint = r.kubelet.call_raw(RESOURCE_GPU, "GetPreferredAllocation", pb.PreferredAllocationRequest(
+            container_requests=[pb.ContainerPreferredAllocationRequest(available_deviceIDs=offered, allocation_size=1)]))
+        assert list(hint.container_responses[0].deviceIDs) == [u1]   # moved to card 0's twin
+        assert _allocate(r, RESOURCE_GPU, [u1]).envs["NVIDIA_VISIBLE_DEVICES"] == u1   # ... and lost
+        r.kubelet.release(old["metadata"]["uid"])       # the kubelet drops the stale allocation
+        other = bind_pod(r, "other", [container("main", gpus=1)], whole(1), "2024-01-01T00:00:03Z")
+        assert r.kubelet.admit(new)["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == u0
+        assert r.kubelet.admit(other)["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == u1
