@@ -40,9 +40,8 @@ def test_lost_share_allocate_does_not_block_the_pods_real_admission(monkeypatch)
     with rig(monkeypatch) as r:
         assert r.registered()
         u1 = r.uuid(1)
-        pod = bind_pod(r, "s", [container("main", mem=4)], record([(1, u1)], whole=False, mem_mib=4096),
-                       "2024-01-01T00:00:01Z")
-        r.kubelet.take_up(pod)
+        share = record([(1, u1)], whole=False, mem_mib=4096)
+        r.kubelet.take_up(pod := bind_pod(r, "s", [container("main", mem=4)], share, "2024-01-01T00:00:01Z"))
         _allocate(r, RESOURCE_GPU_MEMORY, [f"{u1}::{n}" for n in range(4)])
         got = r.kubelet.admit(pod)["main"][RESOURCE_GPU_MEMORY]
         assert got.envs["NVIDIA_VISIBLE_DEVICES"] == u1
@@ -76,21 +75,28 @@ def test_init_container_reuse_with_a_larger_main_container(monkeypatch):
         assert got["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == f"{u0},{u1}"
 
 
+def _admitted_and_replayed(r):
+    """A whole-card pod on card 0 admitted by the kubelet; an Allocate replaying its device is refused."""
+    u0 = r.uuid(0)
+    pod = bind_pod(r, "w", [container("main", gpus=1)], record([(0, u0)], whole=True), "2024-01-01T00:00:01Z")
+    r.kubelet.admit(pod)
+    with pytest.raises(grpc.RpcError) as err:
+        _allocate(r, RESOURCE_GPU, [u0])
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    return pod
+
+
 def test_an_admitted_container_is_not_served_again(monkeypatch):
     """What the kubelet lists stays served: a replayed Allocate of an admitted pod's devices is refused,
     and a second pod cannot be answered onto the card the first one holds."""
     with rig(monkeypatch) as r:
         assert r.registered()
-        u0 = r.uuid(0)
-        pod = bind_pod(r, "w", [container("main", gpus=1)], record([(0, u0)], whole=True), "2024-01-01T00:00:01Z")
-        r.kubelet.admit(pod)
-        with pytest.raises(grpc.RpcError) as err:
-            _allocate(r, RESOURCE_GPU, [u0])
-        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        other = bind_pod(r, "w2", [container("main", gpus=1)], record([(0, u0)], whole=True), "2024-01-01T00:00:02Z")
+        _admitted_and_replayed(r)
+        other = bind_pod(r, "w2", [container("main", gpus=1)], record([(0, r.uuid(0))], whole=True),
+                         "2024-01-01T00:00:02Z")
         r.kubelet.take_up(other)
         with pytest.raises(grpc.RpcError) as err:
-            _allocate(r, RESOURCE_GPU, [u0])
+            _allocate(r, RESOURCE_GPU, [r.uuid(0)])
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "already holds" in err.value.details()
 
@@ -100,12 +106,7 @@ def test_without_podresources_the_ledger_still_counts_answers(monkeypatch):
     served twice (the lost-answer case stays a documented limit there)."""
     with rig(monkeypatch, podresources=False) as r:
         assert r.registered()
-        u0 = r.uuid(0)
-        pod = bind_pod(r, "w", [container("main", gpus=1)], record([(0, u0)], whole=True), "2024-01-01T00:00:01Z")
-        r.kubelet.admit(pod)
-        with pytest.raises(grpc.RpcError) as err:
-            _allocate(r, RESOURCE_GPU, [u0])
-        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        _admitted_and_replayed(r)
 
 
 def test_a_lost_move_does_not_outlive_its_answer(monkeypatch):
