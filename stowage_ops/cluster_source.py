@@ -122,6 +122,8 @@ def _check_source(ctx: click.Context) -> None:
     src = _source_of(ctx.params)
     if src.fill and src.live:
         raise click.UsageError("--fill only applies to --simulated clusters (a live cluster has its own pods)", ctx)
+    if not src.fill and ctx.get_parameter_source("seed") == click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--seed only applies with --fill (it seeds the random pods --fill places)", ctx)
     if src.simulated is not None and (src.kubeconfig or src.context or src.in_cluster):
         raise click.UsageError("--simulated cannot be combined with --kubeconfig/--context/--in-cluster", ctx)
     if src.in_cluster and (src.kubeconfig or src.context):
@@ -256,7 +258,8 @@ def _refuse_on_simulated(ctx: click.Context, src: Source, flags: Mapping[str, st
     given = [flag for param, flag in flags.items()
              if ctx.get_parameter_source(param) == click.core.ParameterSource.COMMANDLINE]
     if given and not src.live:
-        raise click.UsageError(f"{' and '.join(given)} read a live cluster's extender; a simulated cluster has none",
+        verb = "describes" if len(given) == 1 else "describe"
+        raise click.UsageError(f"{' and '.join(given)} {verb} a live cluster's extender; a simulated cluster has none",
                                ctx)
 
 

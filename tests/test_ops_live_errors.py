@@ -54,9 +54,9 @@ def test_the_server_being_read_is_said_before_waiting_for_it(tmp_path):
     (("plan", "--simulated", "--learned-configmap", "foo", "--shape", "1"), "--learned-configmap"),
     (("plan", "--simulated", "--scheduler-name", "x", "--shape", "1"), "--scheduler-name"),
     (("inspect", "--simulated", "--learned-configmap", "foo"), "--learned-configmap"),
-    (("inspect", "--simulated", "--record-key-file", "/etc/hostname"), "--record-key-file read a live cluster"),
+    (("inspect", "--simulated", "--record-key-file", "/etc/hostname"), "--record-key-file describes a live cluster"),
     (("plan", "--simulated", "--record-key-file", "/etc/hostname", "--shape", "1"),
-     "--record-key-file read a live cluster"),
+     "--record-key-file describes a live cluster"),
 ])
 def test_options_that_would_be_ignored_are_refused(args, needle):
     r = run(*args)
