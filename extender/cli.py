@@ -34,7 +34,7 @@ from .learned_uids import LEARNED_BYTES
 from .pending_pods import PENDING_BYTES
 from packing.model import ClusterModel
 from packing.pod_policy import PACK, SPREAD, PodPolicy
-from .service import FILTER_KEEPS, FILTER_KEEPS_BEST, POD_CACHE_BYTES, ExtenderService
+from .service import FILTER_KEEPS, FILTER_KEEPS_BEST, POD_CACHE_BYTES, UNKNOWN_OUTCOME_HOLD_S, ExtenderService
 from .simcluster import BUILTIN, SimCluster, SimClusterError, describe, load_cluster
 
 log = logging.getLogger("stowage.extender")
@@ -46,7 +46,7 @@ DEFAULT_BIND = "127.0.0.1:8888"
 KUBE_ONLY_OPTIONS = {"record_key_file": "--record-key-file", "scheduler_names": "--scheduler-name",
                      "stale_after_s": "--stale-after", "learned_configmap": "--learned-configmap",
                      "learned_interval_s": "--learned-interval", "pending_pods_mib": "--pending-pods-mib",
-                     "list_learn_mib": "--list-learn-mib"}
+                     "list_learn_mib": "--list-learn-mib", "bind_outcome_hold_s": "--bind-outcome-hold"}
 # The largest memory bound a flag sets (16 GiB; the shipped extender container has 1 GiB in all):
 # a bigger number is a typo (MiB taken for bytes), not a cluster.
 MAX_BOUND_MIB = 16384
@@ -68,6 +68,8 @@ class ServeConfig:
     scheduler_names: tuple[str, ...] = ()   # kube mode: honour records only on these schedulers' pods (none: any)
     stale_after_s: float = 60.0             # kube mode: a watch failing this long makes the model stale
     filter_keeps: str = FILTER_KEEPS_BEST   # filter answers the best nodes, or every node that fits
+    # kube mode: how long a Binding answered 5xx (or lost) keeps its cards while the pod reads unbound
+    bind_outcome_hold_s: float = UNKNOWN_OUTCOME_HOLD_S
     learned_configmap: tuple[str, str] | None = None  # kube mode: (namespace, name) keeping the departed pods' past
     learned_interval_s: float = 60.0        # kube mode: how often that ConfigMap is written (when changed)
     # The memory bounds (extender/bounds.py: what passing each costs), in bytes.
@@ -146,7 +148,7 @@ def _build_app(cfg: ServeConfig) -> Flask:
     service = ExtenderService(model, binder=KubeBinder(api_client, trust=trust), pod_source=feeder,
                               memory_unit_mib=cfg.memory_unit_mib, default_policy=cfg.default_policy,
                               filter_keeps=cfg.filter_keeps, pod_cache_bytes=cfg.pod_cache_bytes,
-                              learned_bytes=cfg.learned_bytes)
+                              learned_bytes=cfg.learned_bytes, unknown_outcome_hold_s=cfg.bind_outcome_hold_s)
     # Pods refused on a model the watch has since given room are tried again (extender/requeue.py).
     requeuer = Requeuer(lambda ns, name, body: feeder.core.patch_namespaced_pod(
         name, ns, body, _content_type=MERGE_PATCH, _request_timeout=10), feeder.pending_uid).start()
@@ -342,6 +344,12 @@ def _learned_configmap(ctx: click.Context, param: click.Parameter, value: str) -
 @click.option("--stale-after", "stale_after_s", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
               help="Kube mode: seconds a failing node or pod watch may go on before the model counts as stale: "
                    "/readyz answers 503 and every verb refuses until the watch is back.")
+@click.option("--bind-outcome-hold", "bind_outcome_hold_s", type=click.FloatRange(1, 3600),
+              default=UNKNOWN_OUTCOME_HOLD_S, show_default=True,
+              help="Kube mode: seconds a bind whose Binding was answered 5xx (or whose answer was lost) keeps "
+                   "its cards while the pod reads unbound, since the API server may still apply it; the pod is "
+                   "not bound elsewhere meanwhile. At least twice kube-apiserver's --request-timeout (60 s by "
+                   "default).")
 @click.option("--client-timeout", type=click.FloatRange(1, 600), default=DEFAULT_CLIENT_TIMEOUT_S, show_default=True,
               help="Seconds a client has to send a whole request (TLS handshake, head, body) once it started, "
                    "and again to take the answer; past it: 408, and the thread serves others.")
@@ -383,7 +391,8 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
           allow_unauthenticated: bool, workers: int, threads: int, url_prefix: str, simulated: str | None,
           kubeconfig: str | None, in_cluster: bool, default_node_policy: str, default_card_policy: str,
           memory_unit_mib: int, max_body_mib: int, metrics_bind: str | None, record_key_file: str | None,
-          scheduler_names: tuple[str, ...], stale_after_s: float, client_timeout: float, timeout: int,
+          scheduler_names: tuple[str, ...], stale_after_s: float, bind_outcome_hold_s: float,
+          client_timeout: float, timeout: int,
           log_level: str, filter_keeps: str, learned_configmap: tuple[str, str] | None, learned_interval_s: float,
           pod_cache_mib: int, learned_pods_mib: int, pending_pods_mib: int, list_learn_mib: int) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind, /healthz, /readyz, /metrics).
@@ -425,7 +434,7 @@ def serve(bind: str, tls_cert: str | None, tls_key: str | None, tls_client_ca: s
                       memory_unit_mib=memory_unit_mib, max_body_bytes=max_body_mib << 20,
                       metrics_bind=metrics_bind, record_key_file=record_key_file,
                       scheduler_names=tuple(scheduler_names), stale_after_s=stale_after_s,
-                      filter_keeps=filter_keeps,
+                      filter_keeps=filter_keeps, bind_outcome_hold_s=bind_outcome_hold_s,
                       learned_configmap=learned_configmap,
                       learned_interval_s=learned_interval_s,
                       pod_cache_bytes=pod_cache_mib << 20, learned_bytes=learned_pods_mib << 20,

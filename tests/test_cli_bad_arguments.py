@@ -62,7 +62,7 @@ def test_plan_names_a_model_no_card_is():
 
 @pytest.mark.parametrize("extra", [["--record-key-file", "/nonexistent/key"], ["--scheduler-name", "other"],
                                    ["--stale-after", "30"], ["--learned-configmap", "off"],
-                                   ["--learned-interval", "5"]])
+                                   ["--learned-interval", "5"], ["--bind-outcome-hold", "300"]])
 def test_the_extender_refuses_kube_mode_options_on_a_simulated_cluster(extra, monkeypatch):
     """They were silently ignored with --simulated (inspect and plan already refused theirs)."""
     import extender.cli as cli

@@ -221,3 +221,41 @@ def test_the_flags_reach_the_feed_and_the_service(tmp_path, kube):  # noqa: F811
             (("bound", "pending_pods"),): 7 << 20, (("bound", "list_learn"),): 9 << 20}
     finally:
         run_exit_callbacks()
+
+
+def test_the_bind_outcome_hold_reaches_the_service(tmp_path, kube):  # noqa: F811
+    """--bind-outcome-hold: how long a Binding answered 5xx (or lost) keeps its cards while the pod
+    reads unbound; an API server whose --request-timeout is longer than the default's 60 s needs
+    more than the default 120 s, else a late Binding lands on cards given to another pod."""
+    import socket
+
+    from click.testing import CliRunner
+
+    import extender.cli as cli
+    from extender.cli import ServeConfig, _build_app
+    from extender.gunicorn_conf import run_exit_callbacks
+    from extender.service import UNKNOWN_OUTCOME_HOLD_S
+    from fakekube import kubeconfig_file
+    from stowage.cli import main
+
+    seen: dict = {}
+    kubeconfig = kubeconfig_file(tmp_path, kube.url)
+    original = cli.run_server
+    try:
+        cli.run_server = lambda cfg, **kw: seen.setdefault("cfg", cfg)
+        for args, want in (([], UNKNOWN_OUTCOME_HOLD_S), (["--bind-outcome-hold", "300"], 300.0)):
+            seen.clear()
+            with socket.socket() as free:   # a port nothing listens on (the command checks it can)
+                free.bind(("127.0.0.1", 0))
+                port = free.getsockname()[1]
+            r = CliRunner().invoke(main, ["extender", "--kubeconfig", kubeconfig, "--bind", f"127.0.0.1:{port}",
+                                          "--learned-configmap", "off", *args])
+            assert r.exit_code == 0, r.output
+            assert seen["cfg"].bind_outcome_hold_s == want
+    finally:
+        cli.run_server = original
+    app = _build_app(ServeConfig(kubeconfig=kubeconfig, learned_configmap=None, bind_outcome_hold_s=300.0))
+    try:
+        assert app.extensions["stowage"]["service"].unknown_outcome_hold_s == 300.0
+    finally:
+        run_exit_callbacks()
