@@ -33,7 +33,7 @@ from gpunode.podresources.client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_
 from . import allocator, corrections
 from gpunode.devices import UNHEALTHY, DeviceTable, id_lengths
 from .podres import KubeletAllocations
-from gpunode.backoff import Backoff
+from gpunode.backoff import Backoff, RoundGuard
 from gpunode.deadline import DeadlineCalls, Stuck
 from gpunode.health import DEFAULT_IGNORED_XIDS, HealthTracker, XidLogPacer
 from gpunode.nvml import GpuInfo, LateCards, Nvml, NvmlUnavailable, XidEvent, XidWatch
@@ -610,26 +610,18 @@ class HealthMonitor:
             watch = XidWatch(list(self.tracker.cards), self._stop, cfg.event_retry_first_s,
                              cfg.event_retry_max_s, cfg.event_recreate_after)
         pacer = XidLogPacer(cfg.xid_log_every_s)
-        failing = Backoff(0.1, 5.0)
+        rounds = RoundGuard("health thread", log)
         self._next_probe = time.monotonic() + cfg.probe_interval_s
         try:
             while not self._stop.is_set():
                 try:
                     self._round(watch, pacer)
                 except Exception as exc:
-                    delay, new = failing.failed(f"{type(exc).__name__}: {exc}")
-                    if new:
-                        log.exception("a round of the health thread failed; going on in %.1f s (the same failure "
-                                      "again is logged at debug)", delay)
-                    else:
-                        log.debug("a round of the health thread failed again (%d in a row)", failing.failures,
-                                  exc_info=True)
-                    self._stop.wait(delay)
+                    self._stop.wait(rounds.failed(exc))
                     self._progress = time.monotonic()
                     continue
                 self._progress = time.monotonic()
-                if failing.succeeded():
-                    log.warning("the health thread's rounds work again")
+                rounds.succeeded()
         finally:
             if watch is not None:
                 watch.close()

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import pynvml
 
-from gpunode.backoff import Backoff
+from gpunode.backoff import RoundGuard
 from gpunode.health import DEFAULT_IGNORED_XIDS, CardHealth, HealthTracker
 from gpunode.nvml import (LOST_ERRORS, Nvml, NvmlUnavailable, XidWatch, _card_uuid, _nvml_text,
                           unreadable_answer)
@@ -217,36 +217,25 @@ class NvmlReader:
 
         A round that raises (a call that broke below pynvml where nothing above expected it, as
         freeing an event set did before the watch dropped the set whatever its free raised; or a
-        bug) is logged once with its traceback
-        (repeats at debug) and the next one follows after a back-off, as in the device plugin's
-        health thread. Before, it ended this thread: its traceback went to stderr past the log, no
-        XID was seen until a scrape started a new watcher, and a fault that came back ended each one.
+        bug) is logged once with its traceback (repeats at debug) and the next one follows after a
+        back-off, as in the device plugin's health thread (:class:`gpunode.backoff.RoundGuard`).
+        Before, it ended this thread: its traceback went to stderr past the log, no XID was seen
+        until a scrape started a new watcher, and a fault that came back ended each one.
         """
-        failing = Backoff(0.1, 5.0)
+        rounds = RoundGuard("XID watcher", log)
         try:
             while not stop.is_set():
                 try:
                     self._xid_round(watch)
                 except Exception as exc:
-                    stop.wait(self._round_failed(failing, exc))
+                    stop.wait(rounds.failed(exc))
                     continue
-                if failing.succeeded():
-                    log.warning("the XID watcher's rounds work again")
+                rounds.succeeded()
         finally:
             try:
                 watch.close()
             except Exception:   # the same call may break on the way out; the thread ends either way
                 log.debug("closing the XID watch failed", exc_info=True)
-
-    @staticmethod
-    def _round_failed(failing: Backoff, exc: Exception) -> float:
-        """Count and log a round that raised: the first of its kind at error with its traceback,
-        the same again at debug. Returns how long to wait before the next round."""
-        delay, new = failing.failed(f"{type(exc).__name__}: {exc}")
-        level = logging.ERROR if new else logging.DEBUG
-        log.log(level, "a round of the XID watcher failed (%d in a row); going on in %.1f s (the same failure again "
-                "is logged at debug)", failing.failures, delay, exc_info=exc)
-        return delay
 
     def _xid_round(self, watch: XidWatch) -> None:
         """One event wait, applied to the health tracker; logs the cards it marks."""

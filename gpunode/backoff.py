@@ -6,6 +6,7 @@ agents' loops share this so they back off and log the same way.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -43,3 +44,28 @@ class Backoff:
         """Reset after a success; returns how many failures in a row it ends (0: none, nothing to log)."""
         n, self.failures, self.retry_at, self.last_error = self.failures, 0, 0.0, ""
         return n
+
+
+class RoundGuard:
+    """The rounds of an agent's background loop, any of which may raise (a bug, or NVML failing
+    in a way nothing above expected). Uncaught, such a raise ended the thread silently: the
+    device plugin's health thread, the exporter's XID watcher. Each raise is logged, the first of
+    its kind at error with its traceback and the same again at debug, and the loop goes on after
+    :meth:`failed`'s delay; the first round that works again is said once."""
+
+    def __init__(self, what: str, log: logging.Logger, backoff: Backoff | None = None) -> None:
+        self.what, self.log = what, log
+        self.backoff = backoff if backoff is not None else Backoff(0.1, 5.0)
+
+    def failed(self, exc: BaseException) -> float:
+        """Count and log a round that raised ``exc``; the seconds to wait before the next round."""
+        delay, new = self.backoff.failed(f"{type(exc).__name__}: {exc}")
+        self.log.log(logging.ERROR if new else logging.DEBUG, "a round of the %s failed (%d in a row); going on "
+                     "in %.1f s (the same failure again is logged at debug)", self.what, self.backoff.failures,
+                     delay, exc_info=exc)
+        return delay
+
+    def succeeded(self) -> None:
+        """A round worked: said once after failures."""
+        if self.backoff.succeeded():
+            self.log.warning("the %s's rounds work again", self.what)
