@@ -240,6 +240,13 @@ def _progress(pod: Mapping[str, Any], uid: str, ref: tuple[str, str], ledger: Le
     return out
 
 
+def _pod_ids(meta: Mapping[str, Any]) -> tuple[str, tuple[str, str]]:
+    """A pod's uid as the ledger and the candidates key it (``namespace/name`` when it has none),
+    and its (namespace, name) as the kubelet's list names it."""
+    uid = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+    return uid, (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
 def given_any(pod: Mapping[str, Any], ledger: Ledger, view: KubeletView | None) -> bool:
     """Whether any device of our resources counts as given to ``pod``, as :func:`survey` counts it.
 
@@ -247,9 +254,7 @@ def given_any(pod: Mapping[str, Any], ledger: Ledger, view: KubeletView | None) 
     answer the kubelet never took up must not outlive it, or the pod's next admission is steered to
     the card it was moved to, which the extender may have given another pod since, instead of its
     own recorded card, offered again by then."""
-    meta = pod.get("metadata") or {}
-    ref = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-    uid = str(meta.get("uid") or f"{ref[0]}/{ref[1]}")
+    uid, ref = _pod_ids(pod.get("metadata") or {})
     try:
         progress = _progress(pod, uid, ref, ledger, view)
     except RequestError:
@@ -294,8 +299,7 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
             continue
         if not sizes:
             continue
-        uid = str(meta.get("uid") or ref)
-        pod_ref = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        uid, pod_ref = _pod_ids(meta)
         progress = _progress(pod, uid, pod_ref, ledger, view)
         done = progress[resource][0]
         if done >= len(sizes):
@@ -365,7 +369,7 @@ def _claims(pods: list[Mapping[str, Any]], node: str, ledger: Ledger, view: Kube
         meta = pod.get("metadata") or {}
         if (pod.get("status") or {}).get("phase") in _TERMINAL:
             continue
-        uid = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")   # as survey names candidates
+        uid, _ = _pod_ids(meta)   # as survey names candidates
         try:
             rec = overrides.get(uid) or trust.record_of(pod)
         except AllocationError:

@@ -286,8 +286,8 @@ class Allocations:
         # Moved pods that count as given devices (a moved pod whose answers the kubelet lists under
         # another pod was not the one admitted; one whose answer the kubelet never took up was not
         # moved at all: it is judged afresh from its record when the kubelet asks again).
-        given = {str((p.get("metadata") or {}).get("uid")) for p in pods
-                 if str((p.get("metadata") or {}).get("uid")) in self._moved and allocator.given_any(p, self.ledger, view)}
+        given = {uid for p in pods if (uid := str((p.get("metadata") or {}).get("uid"))) in self._moved
+                 and allocator.given_any(p, self.ledger, view)}
         self._moved = {u: r for u, r in self._moved.items() if u in given}
         return allocator.survey(pods, self.node, resource, self.ledger, view, {**self._moved, **fixed},
                                 trust=self.trust, table=table)
