@@ -194,9 +194,10 @@ class Nvml:
         self._note(key, name)
         return getattr(pynvml, name)
 
-    def _noted(self, key: Hashable, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        self._note(key, what)
-        return fn(*args)
+    def _read_by_another(self, field: str, value: Any, index: int) -> int | None:
+        """The card read before whose ``field`` (its UUID, its minor) is ``value`` too, other than
+        ``index``: a value two cards cannot share (None when no other card has it)."""
+        return next((i for i, r in self._read.items() if r[field] == value and i != index), None)
 
     def _leave(self, key: Hashable) -> None:
         with self._lock:
@@ -364,7 +365,7 @@ class Nvml:
             why = unreadable_answer(exc)
             self.unreadable[index] = why
             return why
-        holder = next((i for i, r in self._read.items() if r["uuid"] == uuid and i != index), None)
+        holder = self._read_by_another("uuid", uuid, index)
         if holder is not None:
             # Two cards of one UUID cannot both be advertised: their device IDs would be the same, and
             # the extender would place two pods on "one" card. The first keeps it (NVML's own lookups
@@ -375,18 +376,18 @@ class Nvml:
         pci = _extra(nv("nvmlDeviceGetPciInfo"), h)
         bus = _extra(getattr, pci, "busId", "")
         minor = _extra(nv("nvmlDeviceGetMinorNumber"), h, default=-1, valid=_int_within(0, 2 ** 31 - 1))
-        owner = next((i for i, r in self._read.items() if r["minor"] == minor and i != index), None) \
-            if minor >= 0 else None
+        owner = self._read_by_another("minor", minor, index) if minor >= 0 else None
         if owner is not None:
             # /dev/nvidia<minor> is one card's node: given to this card's containers too, it handed them
             # the other card's node (and not their own). The first card keeps it, as with a UUID.
             log.warning("GPU %d reads minor number %d, the minor of GPU %d; its device node is not known", index,
                         minor, owner)
             minor = -1
-        read = dict(index=index, uuid=uuid, name=name, memory_mib=total_mib, minor=minor,
-                    numa=_extra(nv("nvmlDeviceGetNumaNodeId"), h, default=-1, valid=_int_within(0, MAX_NUMA_NODE)),
+        numa = _extra(nv("nvmlDeviceGetNumaNodeId"), h, default=-1, valid=_int_within(0, MAX_NUMA_NODE))
+        self._note(index, "its NVLink queries")
+        read = dict(index=index, uuid=uuid, name=name, memory_mib=total_mib, minor=minor, numa=numa,
                     pci_bus_id=_text(bus) if _bus_key(bus) is not None else "",
-                    peers=tuple(self._noted(index, "its NVLink queries", self._nvlink_peers, h)))
+                    peers=tuple(self._nvlink_peers(h)))
         with self._lock:
             if index in self._abandoned:   # its caller has given up on it and left the card to LateCards
                 return "its read returned after its deadline"
