@@ -235,21 +235,30 @@ class BindWrite:
         return err
 
 
-def pod_shape(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB,
-              default_policy: PodPolicy | None = None) -> Shape | None:
-    """What the placers learn from a pod: its request (GPU, host CPU and memory) and its list of
-    allowed GPU models; None for a pod Stowage cannot schedule (it teaches nothing, as at filter).
-    The one parse of a pod for learning: the watch's (``learn_pod``) and ``stowage plan``'s."""
+def pod_ask(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB,
+            default_policy: PodPolicy | None = None) -> tuple[GpuRequest, PodPolicy] | None:
+    """What a pod asks: its request (GPU, host CPU and memory) and its policy from its
+    ``stowage.io/`` annotations; None for a pod Stowage cannot schedule (as at filter). The one
+    parse of a pod outside filter: what the placers learn (:func:`pod_shape`) and what ``stowage
+    plan --drain`` moves a live cluster's pods as."""
     meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
     try:
         req = pod_request(pod, memory_unit_mib)
         ann = meta.get("annotations")
         if ann is not None and not isinstance(ann, Mapping):
             return None
-        policy = parse_policy(ann, default_policy or PodPolicy())
+        return req, parse_policy(ann, default_policy or PodPolicy())
     except (RequestError, PolicyError, TypeError, AttributeError, ValueError):
         return None
-    return req, policy.models_include
+
+
+def pod_shape(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB,
+              default_policy: PodPolicy | None = None) -> Shape | None:
+    """What the placers learn from a pod: its request and its list of allowed GPU models; None
+    for a pod Stowage cannot schedule (it teaches nothing, as at filter). The watch's
+    (``learn_pod``) and ``stowage plan``'s."""
+    ask = pod_ask(pod, memory_unit_mib, default_policy)
+    return None if ask is None else (ask[0], ask[1].models_include)
 
 
 MAX_META_TEXT = 253   # characters: the longest name or namespace Kubernetes allows

@@ -29,15 +29,15 @@ from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 import numpy as np
 
 from extender.placing import request_pod, schedule, serve
-from extender.service import ExtenderService, pod_shape
+from extender.service import ExtenderService, pod_ask, pod_shape
 from packing.fit import card_mask, fit, reason
 from packing.model import CardArrays, ClusterModel, PodAllocation
 from packing.placer import Placer, attach_placer
-from packing.pod_policy import PodPolicy, PolicyError, parse_policy
+from packing.pod_policy import PodPolicy
 from packing.registry import PLACERS, POLICY_PLACER, get_placer, placer_for
 from stowage.inventory import model_matches
 from stowage.resources import (CORE_MILLI_PER_CARD, MAX_CARD_MEMORY_MIB, MAX_GPUS_PER_POD, GpuRequest, RequestError,
-                               fmt_mib, parse_quantity, pod_request)
+                               fmt_mib, parse_quantity)
 
 DEFAULT_LIMIT = 10_000
 
@@ -374,23 +374,18 @@ Ask = tuple[GpuRequest, PodPolicy]
 
 
 def pod_asks(pods: Iterable[Mapping[str, Any]], memory_unit_mib: int) -> dict[str, Ask]:
-    """Pod uid -> what the pod asks, parsed as the extender's filter parses it (its request and
-    ``stowage.io/`` annotations), for :func:`drain_plan` to move each pod as what it asks rather
-    than as a guess from what it holds. A pod that cannot be parsed (the extender never placed
-    it, so it holds no card) or has no uid is left out; hostile values fail here as at filter."""
+    """Pod uid -> what the pod asks, parsed as the extender parses it (``extender.service.pod_ask``:
+    its request and ``stowage.io/`` annotations), for :func:`drain_plan` to move each pod as what
+    it asks rather than as a guess from what it holds. A pod that cannot be parsed (the extender
+    never placed it, so it holds no card) or has no uid is left out; hostile values fail here as
+    at filter."""
     out: dict[str, Ask] = {}
     for pod in pods:
         meta = pod.get("metadata") if isinstance(pod, Mapping) else None
         uid = meta.get("uid") if isinstance(meta, Mapping) else None
-        if not isinstance(uid, str):
-            continue
-        ann = meta.get("annotations")
-        if ann is not None and not isinstance(ann, Mapping):
-            continue
-        try:
-            out[uid] = (pod_request(pod, memory_unit_mib), parse_policy(ann))
-        except (RequestError, PolicyError, TypeError, AttributeError, ValueError):
-            continue
+        ask = pod_ask(pod, memory_unit_mib) if isinstance(uid, str) else None
+        if ask is not None:
+            out[uid] = ask
     return out
 
 
