@@ -11,16 +11,17 @@ from typing import Callable
 import numpy as np
 
 from packing.fit import (FITS, NO_GPUS, NOT_SCHEDULABLE, POD_LIMIT, WHOLE_ONLY, msg_compute, msg_cpu,
-                         msg_free_cards, msg_host_memory, msg_memory, msg_no_usable_card, msg_tail, row_any,
-                         row_count)
+                         msg_free_cards, msg_host_memory, msg_memory, msg_no_usable_card, msg_tail, open_nodes,
+                         row_any, row_count)
 from packing.model import CardArrays, ClusterModel
 from stowage.resources import GpuRequest
 
 SMALL_SETTLE = 128  # up to this many rows per branch, distinct keys found with a dict
 
 
-def reasons(a: CardArrays, rows: np.ndarray, req: GpuRequest, allowed: np.ndarray) -> list[str]:
-    """``[reason(a, i, req, allowed, detail=False) for i in rows]`` (what filter answers: no
+def reasons(a: CardArrays, rows: np.ndarray, req: GpuRequest, allowed: np.ndarray,
+            tolerates: int = 0) -> list[str]:
+    """``[reason(a, i, req, allowed, detail=False, tolerates=tolerates) for i in rows]`` (what filter answers: no
     per-node numbers, so kube-scheduler adds equal causes up), computed for all rows at once.
 
     Why: a filter on a large cluster can fail thousands of nodes (a 4-GPU pod on a half-used
@@ -68,7 +69,7 @@ def reasons(a: CardArrays, rows: np.ndarray, req: GpuRequest, allowed: np.ndarra
         texts[:] = [fmt(*u) for u in uniq.tolist()]
         out[pos] = texts[inverse.ravel()]
 
-    node_ok = a.node_ok[rows]
+    node_ok = open_nodes(a, tolerates)[rows]
     present = a.exists[rows]
     cpu, hmem = a.cpu_free[rows], a.hmem_free[rows]
     settle(~node_ok, [], lambda: NOT_SCHEDULABLE)

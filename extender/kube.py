@@ -62,6 +62,7 @@ from .kube_objects import (LIST_LEARN_BYTES, assign_args, meta, node_into_model,
                            pod_for_learn, pod_view, record_by_uuid, resource_version)
 from .pending_pods import PENDING_BYTES, PENDING_ENTRIES, PendingPods, pack, unpack
 from packing.model import ClusterModel
+from stowage.taints import NodeClosure
 
 log = logging.getLogger("stowage.kube")
 
@@ -499,7 +500,7 @@ class KubeFeeder:
         # Asked of every node the feed applies (listed or watched; not a deleted one), before it
         # is applied: True when the node takes no new pods for a reason the feed does not read
         # itself (it reads spec.unschedulable and the Ready condition), so it is applied as
-        # cordoned. Also where a reader notes nodes (stowage inspect/plan: why a node takes no
+        # closed for a reason no pod's toleration opens (stowage.taints.NodeClosure.OTHER). Also where a reader notes nodes (stowage inspect/plan: why a node takes no
         # pods). An exception it raises is logged and reads as False. The extender sets none:
         # kube-scheduler applies taints itself before it asks the extender, and it still places
         # pods on a node that only has a deletionTimestamp (v1.28.7:
@@ -1048,8 +1049,8 @@ class KubeFeeder:
             if not v.name:
                 log.error("node without metadata.name ignored")
                 return
-            if self._closed(node) and v.schedulable:
-                v = replace(v, schedulable=False)
+            if self._closed(node) and not v.closed & NodeClosure.OTHER:
+                v = replace(v, closed=v.closed | NodeClosure.OTHER)
             with self._lock:
                 if v.error and self.node_errors.get(v.name) != v.error:
                     log.error("node %s: cannot read its GPU inventory (%s); it gets no schedulable cards until fixed",

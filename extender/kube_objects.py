@@ -14,6 +14,7 @@ from stowage.allocation import (ALLOCATION_ANNOTATION, AllocationError, Allocati
 from packing.model import ClusterModel
 from stowage.inventory import Inventory, InventoryError, inventory_from_node
 from packing.pod_policy import policy_annotations, small_like
+from stowage.taints import NodeClosure, tolerated_closures, tolerations_for
 from stowage.resources import (MAX_CONTAINERS_PER_POD, REQUEST_RESOURCES, GpuRequest, RequestError, parse_quantity,
                                pod_host_request, quantity_to_bytes, quantity_to_milli)
 
@@ -38,8 +39,9 @@ def pod_key(pod: Mapping[str, Any]) -> str:
 
 def pod_for_bind(pod: Mapping[str, Any]) -> dict:
     """The parts of a pending pod that bind reads (``ExtenderService.pod_info``: identity, the
-    requests by :func:`~stowage.resources.pod_request`, the ``stowage.io/`` policy annotations;
-    the stale-reservation check: uid and ``spec.nodeName``), as a pod object of its own.
+    requests by :func:`~stowage.resources.pod_request`, the ``stowage.io/`` policy annotations,
+    the closed nodes its tolerations open; the stale-reservation check: uid and
+    ``spec.nodeName``), as a pod object of its own.
 
     Why: the feed keeps every pending pod of Stowage's schedulers until it is bound, and a pod
     author can keep pods pending forever, each with 256 KiB of annotations (~5 MiB parsed, as many
@@ -53,7 +55,8 @@ def pod_for_bind(pod: Mapping[str, Any]) -> dict:
     containers (the app ones, then the init ones, those that are objects), at most one past
     :data:`~stowage.resources.MAX_CONTAINERS_PER_POD` in all: a pod with more is refused by their
     count alone, before any is read, and so is the copy; a pod within the limit is kept whole.
-    Kept all, a pod of ~18,000 containers (within etcd's 1.5 MiB) kept ~11.5 MiB.
+    Kept all, a pod of ~18,000 containers (within etcd's 1.5 MiB) kept ~11.5 MiB. Of the
+    tolerations, one per closure they open (:func:`~stowage.taints.tolerations_for`), at most three.
     """
     m = meta(pod)
     out_meta: dict[str, Any] = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in m}
@@ -69,6 +72,10 @@ def pod_for_bind(pod: Mapping[str, Any]) -> dict:
             out["spec"] = spec
         return out
     out_spec: dict[str, Any] = {k: spec[k] for k in ("nodeName", "schedulerName") if k in spec}
+    # Of the tolerations, the fewest that open the same closed nodes (a pod may write thousands).
+    tolerates = tolerated_closures(pod)
+    if tolerates:
+        out_spec["tolerations"] = tolerations_for(tolerates)
     room = MAX_CONTAINERS_PER_POD + 1   # containers kept, app ones first: see the docstring
     for key in ("containers", "initContainers"):
         if key in spec:
@@ -140,18 +147,36 @@ def node_cordoned(node: Mapping[str, Any]) -> bool:
     return bool(isinstance(spec, Mapping) and spec.get("unschedulable"))
 
 
-def node_ready(node: Mapping[str, Any]) -> bool:
-    """The node's (first) ``Ready`` condition is ``True``."""
+def ready_status(node: Mapping[str, Any]) -> Any:
+    """The status of the node's (first) ``Ready`` condition ("True", "False", "Unknown"), None
+    when it has none."""
     conditions = (node.get("status") or {}).get("conditions") or []
     for c in conditions:
         if isinstance(c, Mapping) and c.get("type") == "Ready":
-            return c.get("status") == "True"
-    return False
+            return c.get("status")
+    return None
+
+
+def node_ready(node: Mapping[str, Any]) -> bool:
+    """The node's (first) ``Ready`` condition is ``True``."""
+    return ready_status(node) == "True"
 
 
 def node_schedulable(node: Mapping[str, Any]) -> bool:
     """Ready condition True and not cordoned (``spec.unschedulable``)."""
-    return not node_cordoned(node) and node_ready(node)
+    return not node_closure(node)
+
+
+def node_closure(node: Mapping[str, Any]) -> NodeClosure:
+    """Why the node takes no new pods (0: it does), as the taints kube-scheduler tests for it
+    (:mod:`stowage.taints`): cordoned; Ready condition False, or none yet (the kubelet registers a
+    node with the not-ready taint); Ready condition Unknown (the node lifecycle controller's
+    unreachable taint)."""
+    closure = NodeClosure.CORDONED if node_cordoned(node) else NodeClosure(0)
+    ready = ready_status(node)
+    if ready == "True":
+        return closure
+    return closure | (NodeClosure.UNREACHABLE if ready == "Unknown" else NodeClosure.NOT_READY)
 
 
 @dataclass(frozen=True)
@@ -160,7 +185,7 @@ class NodeView:
 
     name: str
     inventory: Inventory
-    schedulable: bool
+    closed: int     # why it takes no new pods (stowage.taints.NodeClosure bits; 0: open)
     error: str = ""  # set when the inventory could not be read (the node then has no cards)
     cpu_milli: float = INF   # status.allocatable (INF: not stated, not modelled)
     mem_mib: float = INF
@@ -168,7 +193,11 @@ class NodeView:
 
     def fingerprint(self) -> tuple:
         """Equal fingerprints mean an update would not change the model (heartbeats are skipped)."""
-        return (self.inventory, self.schedulable, self.error, self.cpu_milli, self.mem_mib, self.max_pods)
+        return (self.inventory, self.closed, self.error, self.cpu_milli, self.mem_mib, self.max_pods)
+
+    @property
+    def schedulable(self) -> bool:
+        return not self.closed
 
 
 def node_allocatable(node: Mapping[str, Any]) -> tuple[float, float, float]:
@@ -202,7 +231,7 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
         inv = Inventory(cards=(), source="invalid")
         err = str(exc) or repr(exc)
     cpu, mem, pods = node_allocatable(node)
-    return NodeView(name=name, inventory=inv, schedulable=node_schedulable(node), error=err,
+    return NodeView(name=name, inventory=inv, closed=int(node_closure(node)), error=err,
                     cpu_milli=cpu, mem_mib=mem, max_pods=pods)
 
 
@@ -211,7 +240,7 @@ def node_into_model(model: ClusterModel, v: NodeView) -> None:
     schedulability. The watch does this for every node it sees, and so does every simulation
     that stands in for an API server (the bin-packing replay), so both models hold the same."""
     model.upsert_node(v.name, v.inventory, cpu_milli=v.cpu_milli, host_mem_mib=v.mem_mib,
-                      max_pods=v.max_pods, schedulable=v.schedulable)
+                      max_pods=v.max_pods, closed=v.closed)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import logging
 import threading
 from typing import Any, Iterable, Mapping
 
-from packing.pod_policy import PodPolicy, PolicyError, parse_policy
+from packing.pod_policy import PodPolicy, PolicyError, pod_policy
 from packing.preempt import Nominee
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, RequestError, pod_gpu_request
 
@@ -67,7 +67,7 @@ class PodMarks:
         try:
             req = pod_gpu_request(pod, self.memory_unit_mib)
             ann = m.get("annotations")
-            policy = parse_policy(ann if isinstance(ann, Mapping) else None, self.default_policy)
+            policy = pod_policy(pod, ann if isinstance(ann, Mapping) else None, self.default_policy)
         except (RequestError, PolicyError, TypeError, ValueError, AttributeError):
             return None  # a pod Stowage cannot place holds nothing
         if not req.is_gpu:

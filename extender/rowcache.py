@@ -50,8 +50,10 @@ FIT_DEDUP_MIN_ROWS = 256
 
 def shape_key(req: GpuRequest, policy: PodPolicy) -> tuple:
     """Everything a node's cached results depend on besides the node itself: the request, the
-    policy fields the card mask reads, and the node-level policy (which placer scores)."""
-    return (req, policy.models_include, policy.models_exclude, policy.min_card_mem_mib, policy.node)
+    policy fields the card mask reads, the node closures its tolerations open (the fit reads
+    them), and the node-level policy (which placer scores)."""
+    return (req, policy.models_include, policy.models_exclude, policy.min_card_mem_mib, policy.tolerates,
+            policy.node)
 
 
 def sorted_unique(rows: np.ndarray, n: int) -> np.ndarray:
@@ -214,7 +216,7 @@ class RowCache:
             self.rows_evaluated += int(reps.size)
             sub = take_rows(a, reps)
             mask = card_mask(sub, model.models, policy, req)
-            f = fit(sub, req, mask)
+            f = fit(sub, req, mask, policy.tolerates)
             usable, ok, unres = f.usable, f.ok, f.unresolvable
             if inv is not None:
                 mask, usable, ok, unres = mask[inv], usable[inv], ok[inv], unres[inv]

@@ -49,7 +49,7 @@ from packing.fit import reason
 from packing.model import AllocationConflict, CardArrays, ClusterModel, PodAllocation
 from packing.placer import Placer, attach_placer
 from packing.preempt import DEFAULT_BUDGET, judge_node, pdb_violations, reserve, row_copy
-from packing.pod_policy import PACK, SPREAD, PodPolicy, PolicyError, parse_policy
+from packing.pod_policy import PACK, SPREAD, PodPolicy, PolicyError, pod_policy
 from packing.registry import placer_for
 from packing.stranded import typical_one_gpu_host_request, stranded_whole_cards
 from stowage.allocation import AllocationRecord, CardShare
@@ -187,10 +187,13 @@ class ReferencePath:
         mask, f = decide.feasible(model.a, model.models, req, policy)
         return Feasibility(ok=f.ok, unres=f.unresolvable, mask=mask, usable=f.usable)
 
-    def reasons(self, model: ClusterModel, feas: Feasibility, rows: np.ndarray, req: GpuRequest) -> list[str]:
+    def reasons(self, model: ClusterModel, feas: Feasibility, rows: np.ndarray, req: GpuRequest,
+                tolerates: int = 0) -> list[str]:
         """Why each of ``rows`` cannot take the pod, without per-node numbers (filter's answer:
-        kube-scheduler counts the nodes per reason, :func:`packing.fit.reason`)."""
-        return [node_reason(model, model.a, i, req, feas.mask, model.names[i], detail=False) for i in rows.tolist()]
+        kube-scheduler counts the nodes per reason, :func:`packing.fit.reason`); ``tolerates``:
+        the node closures the pod's tolerations open."""
+        return [node_reason(model, model.a, i, req, feas.mask, model.names[i], detail=False, tolerates=tolerates)
+                for i in rows.tolist()]
 
     def scores(self, model: ClusterModel, feas: Feasibility, placer: Placer, req: GpuRequest,
                rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -204,11 +207,13 @@ class ReferencePath:
 
 
 def node_reason(model: ClusterModel, a: CardArrays, i: int, req: GpuRequest, mask: np.ndarray,
-                name: str | None, detail: bool = True) -> str:
+                name: str | None, detail: bool = True, tolerates: int = 0) -> str:
     """:func:`packing.fit.reason` of row i of ``a`` (the model's arrays, or one node's row of
-    them), knowing whether node ``name`` is whole-only (its card memory is unknown)."""
+    them), knowing whether node ``name`` is whole-only (its card memory is unknown), for a pod
+    whose tolerations open the node closures ``tolerates``."""
     meta = model.meta.get(name) if name else None
-    return reason(a, i, req, mask, whole_only=meta is not None and meta.whole_only, detail=detail)
+    return reason(a, i, req, mask, whole_only=meta is not None and meta.whole_only, detail=detail,
+                  tolerates=tolerates)
 
 
 @dataclass
@@ -247,7 +252,7 @@ def pod_ask(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UNIT_M
         ann = meta.get("annotations")
         if ann is not None and not isinstance(ann, Mapping):
             return None
-        return req, parse_policy(ann, default_policy or PodPolicy())
+        return req, pod_policy(pod, ann, default_policy or PodPolicy())
     except (RequestError, PolicyError, TypeError, AttributeError, ValueError):
         return None
 
@@ -453,7 +458,7 @@ class ExtenderService:
             ann = meta.get("annotations")
             if ann is not None and not isinstance(ann, Mapping):
                 raise PolicyError("metadata.annotations must be an object")
-            policy = parse_policy(ann, self.default_policy)
+            policy = pod_policy(pod, ann, self.default_policy)
             return PodInfo(uid=uid, namespace=namespace, name=name, req=req, policy=policy, resource_version=rv)
         except (RequestError, PolicyError) as exc:
             return PodInfo(uid=uid, namespace=namespace, name=name, req=None, policy=None,
@@ -645,7 +650,7 @@ class ExtenderService:
             if fail.size:
                 rows = idx[fail]
                 fail_names = entry.take(fail)
-                texts = path.reasons(self.model, feas, rows, req)
+                texts = path.reasons(self.model, feas, rows, req, policy.tolerates)
                 unres = feas.unres[rows]
             sel = np.flatnonzero(ok)
             generation = self.model.generation
@@ -885,7 +890,7 @@ class ExtenderService:
             row = row_view(self.model.a, i)
             mask, f = decide.feasible(row, self.model.models, req, policy)   # step 1, this node
             if not f.ok[0]:
-                why = node_reason(self.model, row, 0, req, mask, node)
+                why = node_reason(self.model, row, 0, req, mask, node, tolerates=policy.tolerates)
                 msg = f"cannot bind {info.key} to {node} now: {why}"
                 log.info("bind refused: %s", msg)
                 return msg

@@ -164,7 +164,8 @@ class FastPath:
     def feasible(self, model: ClusterModel, req: GpuRequest, policy: PodPolicy) -> RowEntry:
         return self.row_cache.fit(model, req, policy)
 
-    def reasons(self, model: ClusterModel, feas: RowEntry, rows: np.ndarray, req: GpuRequest) -> list[str]:
+    def reasons(self, model: ClusterModel, feas: RowEntry, rows: np.ndarray, req: GpuRequest,
+                tolerates: int = 0) -> list[str]:
         """Failure texts of ``rows`` from the row cache, computing (once) those not known yet."""
         got = feas.reason[rows]
         missing = np.flatnonzero(np.equal(got, None))
@@ -172,7 +173,7 @@ class FastPath:
             new = sorted_unique(rows[missing], len(feas.reason))
             # One row per distinct content: the text depends on the row's content only.
             reps, inv = self.row_cache.representatives(model, new)
-            texts = reasons(model.a, reps, req, feas.mask)
+            texts = reasons(model.a, reps, req, feas.mask, tolerates)
             if req.is_shared:
                 texts = whole_only_override(model, reps, texts)
             filled = object_array(texts)

@@ -40,7 +40,7 @@ def feasible(a: CardArrays, models: Sequence[str], req: GpuRequest, policy: PodP
     (it depends only on the cards' existence, model and size)."""
     if mask is None:
         mask = card_mask(a, models, policy, req)
-    return mask, fit(a, req, mask)
+    return mask, fit(a, req, mask, policy.tolerates)
 
 
 def score(placer: Placer, a: CardArrays, req: GpuRequest, rows: np.ndarray, f: Fit) -> np.ndarray:

@@ -87,15 +87,32 @@ class Fit:
     unresolvable: np.ndarray  # [N] no preemption could help (cards too small/wrong model/too few)
 
 
-def fit(a: CardArrays, req: GpuRequest, allowed: np.ndarray) -> Fit:
-    """Which nodes can take ``req`` now, using only cards in ``allowed`` ([N, K])."""
+def open_nodes(a: CardArrays, tolerates: int = 0) -> np.ndarray:
+    """[N] nodes open to a pod whose tolerations open the closures ``tolerates``
+    (:class:`stowage.taints.NodeClosure` bits, :attr:`PodPolicy.tolerates`): the open nodes, and
+    the closed ones all of whose reasons it tolerates (kube-scheduler's NodeUnschedulable and
+    TaintToleration filters let such a pod there too)."""
+    if not tolerates:
+        return a.node_ok
+    return a.node_ok | ((a.closed != 0) & ((a.closed & np.uint8(~tolerates & 0xFF)) == 0))
+
+
+def _opened(closed: int, tolerates: int) -> bool:
+    """:func:`open_nodes` of one closed node: it has reasons, and the pod tolerates them all."""
+    return closed != 0 and not closed & ~tolerates
+
+
+def fit(a: CardArrays, req: GpuRequest, allowed: np.ndarray, tolerates: int = 0) -> Fit:
+    """Which nodes can take ``req`` now, using only cards in ``allowed`` ([N, K]), on the nodes
+    open to it (:func:`open_nodes`)."""
     healthy = allowed & a.healthy
-    host_ok = (a.node_ok & (a.cpu_free >= req.cpu_milli) & (a.hmem_free >= req.host_mem_mib)
+    node_ok = open_nodes(a, tolerates)
+    host_ok = (node_ok & (a.cpu_free >= req.cpu_milli) & (a.hmem_free >= req.host_mem_mib)
                & (a.pod_room >= 1))
     if not req.is_gpu:
         # A pod without GPUs needs host room only (any node, with cards or not). ``usable``
         # stays the healthy cards: the placers' fragmentation what-ifs read it as they always have.
-        return Fit(ok=host_ok, usable=healthy, unresolvable=~a.node_ok & ~host_ok)
+        return Fit(ok=host_ok, usable=healthy, unresolvable=~node_ok & ~host_ok)
     if req.is_whole:
         usable = healthy & (a.pods == 0)
         ok = host_ok & (row_count(usable) >= req.gpus)
@@ -106,7 +123,7 @@ def fit(a: CardArrays, req: GpuRequest, allowed: np.ndarray) -> Fit:
         big_enough = healthy & (a.mem_total >= req.mem_mib)
         unresolvable = ~row_any(big_enough)
     unresolvable &= ~ok
-    return Fit(ok=ok, usable=usable, unresolvable=unresolvable | (~a.node_ok & ~ok))
+    return Fit(ok=ok, usable=usable, unresolvable=unresolvable | (~node_ok & ~ok))
 
 
 NOT_SCHEDULABLE = "node is not schedulable for GPU pods (unknown to Stowage or cordoned)"
@@ -175,14 +192,15 @@ def msg_compute(req: GpuRequest, tail: str, best: tuple[int, int] | None = None)
 
 
 def reason(a: CardArrays, i: int, req: GpuRequest, allowed: np.ndarray, whole_only: bool = False,
-           detail: bool = True) -> str:
+           detail: bool = True, tolerates: int = 0) -> str:
     """Why node i cannot take the pod, in words a person understands. ``whole_only``: the
     node's card memory is unknown (:attr:`packing.model.NodeMeta.whole_only`). ``detail``: say
     this node's own free CPU, memory and best card; filter answers without (``False``), so that
-    kube-scheduler's count of nodes per reason adds equal causes up."""
+    kube-scheduler's count of nodes per reason adds equal causes up. ``tolerates``: the closures
+    the pod's tolerations open (:func:`open_nodes`)."""
     if whole_only and req.is_shared and a.exists[i].any():
         return WHOLE_ONLY
-    if not a.node_ok[i]:
+    if not a.node_ok[i] and not (tolerates and _opened(int(a.closed[i]), tolerates)):
         return NOT_SCHEDULABLE
     if req.is_gpu and not a.exists[i].any():
         return NO_GPUS

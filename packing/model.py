@@ -25,6 +25,7 @@ import numpy as np
 
 from stowage.inventory import Card, Inventory, normalize_model
 from stowage.resources import CORE_MILLI_PER_CARD, GpuRequest
+from stowage.taints import NodeClosure
 
 INF = float("inf")
 
@@ -52,7 +53,7 @@ class CardArrays:
     model: np.ndarray      # int ids into ClusterModel.models
     numa: np.ndarray       # -1 unknown
     nvlink: np.ndarray     # [N, K, K] bool adjacency
-    node_ok: np.ndarray    # [N] node present and schedulable
+    node_ok: np.ndarray    # [N] node present and open to every pod
     cpu_free: np.ndarray   # [N] milli-CPU (inf when not modelled)
     hmem_free: np.ndarray  # [N] host MiB (inf when not modelled)
     pod_room: np.ndarray   # [N] pods the node may still take: allocatable pods - pods on it (inf when not modelled)
@@ -60,6 +61,10 @@ class CardArrays:
     # modelled): what the node could offer a pod when empty (placers' capability pressure).
     cpu_total: np.ndarray = field(default_factory=lambda: np.zeros(0))
     hmem_total: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # [N] why a present node is closed (:class:`stowage.taints.NodeClosure` bits; 0 where
+    # ``node_ok`` or no node): a pod whose tolerations cover them all may still go there
+    # (:func:`packing.fit.open_nodes`), as kube-scheduler lets it.
+    closed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
 
     @classmethod
     def empty(cls, n: int, k: int) -> "CardArrays":
@@ -70,7 +75,7 @@ class CardArrays:
             model=np.zeros((n, k), np.int32), numa=np.full((n, k), -1, np.int32),
             nvlink=np.zeros((n, k, k), bool), node_ok=np.zeros(n, bool),
             cpu_free=np.full(n, INF), hmem_free=np.full(n, INF), pod_room=np.full(n, INF),
-            cpu_total=np.full(n, INF), hmem_total=np.full(n, INF))
+            cpu_total=np.full(n, INF), hmem_total=np.full(n, INF), closed=np.zeros(n, np.uint8))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -83,7 +88,7 @@ class CardArrays:
         for name in ("exists", "healthy", "mem_total", "mem_free", "core_free", "pods", "model", "numa"):
             getattr(out, name)[:n0, :k0] = getattr(self, name)
         out.nvlink[:n0, :k0, :k0] = self.nvlink
-        for name in ("node_ok", "cpu_free", "hmem_free", "pod_room", "cpu_total", "hmem_total"):
+        for name in ("node_ok", "cpu_free", "hmem_free", "pod_room", "cpu_total", "hmem_total", "closed"):
             getattr(out, name)[:n0] = getattr(self, name)
         return out
 
@@ -291,9 +296,14 @@ class ClusterModel:
         return slot
 
     def upsert_node(self, name: str, inventory: Inventory, *, cpu_milli: float = INF,
-                    host_mem_mib: float = INF, max_pods: float = INF, schedulable: bool = True) -> None:
+                    host_mem_mib: float = INF, max_pods: float = INF, schedulable: bool = True,
+                    closed: int = 0) -> None:
         """Add a node or replace its cards and allocatable CPU, memory and pod count (INF: not
-        modelled); allocations already held on it are kept."""
+        modelled); allocations already held on it are kept. ``closed``: why it takes no new pods
+        (:class:`stowage.taints.NodeClosure` bits); ``schedulable=False`` alone closes it for a
+        reason no toleration opens."""
+        if not schedulable and not closed:
+            closed = NodeClosure.OTHER
         with self.lock:
             cards = list(inventory.cards)
             width = max((c.index for c in cards), default=-1) + 1
@@ -320,7 +330,8 @@ class ClusterModel:
                         a.nvlink[i, k, peer] = a.nvlink[i, peer, k] = True
                 meta.uuids[k] = c.uuid
                 meta.models[k] = c.model
-            a.node_ok[i] = schedulable
+            a.node_ok[i] = not closed
+            a.closed[i] = closed
             a.cpu_free[i] = a.cpu_total[i] = cpu_milli
             a.hmem_free[i] = a.hmem_total[i] = host_mem_mib
             a.pod_room[i] = max_pods
@@ -377,6 +388,7 @@ class ClusterModel:
             a = self.a
             for arr in (a.exists, a.healthy, a.node_ok):
                 arr[i] = False
+            a.closed[i] = 0
             a.mem_total[i] = a.mem_free[i] = a.core_free[i] = a.pods[i] = 0
             a.nvlink[i] = False
             self.names[i] = None

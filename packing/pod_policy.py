@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from stowage.resources import MAX_CARD_MEMORY_MIB, QuantityOutOfRange, RequestError, shown, split_quantity
+from stowage.taints import tolerated_closures
 
 PREFIX = "stowage.io/"
 NODE_POLICY = PREFIX + "node-policy"
@@ -50,6 +51,9 @@ class PodPolicy:
     models_exclude: tuple[str, ...] = ()
     min_card_mem_mib: int = 0
     topology: str = PREFER_LOCAL
+    # Closures of a node (stowage.taints.NodeClosure bits) the pod's spec.tolerations open: not
+    # an annotation (parse_policy leaves it 0); the pod's parse sets it from the Pod object.
+    tolerates: int = 0
 
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:
@@ -151,6 +155,16 @@ def small_like(value: Any) -> Any:
         return type(value)()
     except (TypeError, ValueError):   # a type without an empty value (None): kept; JSON has no other
         return value
+
+
+def pod_policy(pod: Mapping[str, Any], annotations: Mapping[str, Any] | None,
+               default: PodPolicy | None = None) -> PodPolicy:
+    """A pod's placement policy: :func:`parse_policy` of its annotations (which raises
+    :class:`PolicyError`), and the node closures its ``spec.tolerations`` open
+    (:func:`stowage.taints.tolerated_closures`: a DaemonSet's pod may go to a cordoned node)."""
+    policy = parse_policy(annotations, default)
+    tolerates = tolerated_closures(pod)
+    return replace(policy, tolerates=int(tolerates)) if tolerates else policy
 
 
 def parse_policy(annotations: Mapping[str, Any] | None, default: PodPolicy | None = None) -> PodPolicy:

@@ -581,7 +581,7 @@ def fragmentation(model: ClusterModel, shapes: Sequence[Shape] | None = None) ->
         models = list(model.models)
     usable_any = np.zeros(a.shape, bool)
     for s in shapes:
-        f = fit(a, s.req, card_mask(a, models, s.policy, s.req))
+        f = fit(a, s.req, card_mask(a, models, s.policy, s.req), s.policy.tolerates)
         usable_any |= f.usable & f.ok[:, None]
     free = free_share(a)
     stranded = np.where(usable_any, 0, free)
@@ -689,18 +689,20 @@ def preemption_plan(model: ClusterModel, shape: Shape, priority: int,
         mask = card_mask(model.a, model.models, shape.policy, shape.req)
         for i, name in iter_nodes(model):
             row = row_copy(model.a, i)
-            f = fit(row, shape.req, mask[i:i + 1])
+            f = fit(row, shape.req, mask[i:i + 1], shape.policy.tolerates)
             if f.ok[0]:
                 options.append(PreemptOption(name, ()))
                 continue
             if f.unresolvable[0]:  # wrong model, cards too small or too few: no eviction helps
-                why[reason(model.a, i, shape.req, mask, _whole_only(model, name), detail=False)] += 1
+                why[reason(model.a, i, shape.req, mask, _whole_only(model, name), detail=False,
+                       tolerates=shape.policy.tolerates)] += 1
                 continue
             pods = {al.uid: al for al in _pods_on(model, name)}
             lower = sorted((u for u in pods if prio.get(u, 0) < priority), key=lambda u: (prio.get(u, 0), u))
             if not lower:
                 why["no pod of lower priority holds cards here" if pods else
-                    reason(model.a, i, shape.req, mask, _whole_only(model, name), detail=False)] += 1
+                    reason(model.a, i, shape.req, mask, _whole_only(model, name), detail=False,
+                           tolerates=shape.policy.tolerates)] += 1
                 continue
             verdict = judge_node(model, name, shape.req, shape.policy, lower, prio)
             if verdict.victims is None:

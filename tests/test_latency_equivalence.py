@@ -33,9 +33,16 @@ MEM = {"NVIDIA H100-SXM5-80GB": 81920, "NVIDIA A100-SXM4-80GB": 81920, "NVIDIA A
 
 
 # ------------------------------------------------------------------ the references (slow, obvious)
-def ref_fit(a: CardArrays, req: GpuRequest, allowed: np.ndarray) -> Fit:
+def ref_open(a: CardArrays, tolerates: int) -> np.ndarray:
+    """Node by node: open, or closed only for reasons the pod tolerates."""
+    return np.array([bool(a.node_ok[i]) or (int(a.closed[i]) != 0 and int(a.closed[i]) | tolerates == tolerates)
+                     for i in range(a.shape[0])], bool)
+
+
+def ref_fit(a: CardArrays, req: GpuRequest, allowed: np.ndarray, tolerates: int = 0) -> Fit:
     healthy = allowed & a.healthy
-    host_ok = a.node_ok & (a.cpu_free >= req.cpu_milli) & (a.hmem_free >= req.host_mem_mib)
+    node_ok = ref_open(a, tolerates)
+    host_ok = node_ok & (a.cpu_free >= req.cpu_milli) & (a.hmem_free >= req.host_mem_mib)
     if req.is_whole:
         usable = healthy & (a.pods == 0)
         ok = host_ok & (usable.sum(axis=1) >= req.gpus)
@@ -46,7 +53,7 @@ def ref_fit(a: CardArrays, req: GpuRequest, allowed: np.ndarray) -> Fit:
         big_enough = healthy & (a.mem_total >= req.mem_mib)
         unresolvable = ~big_enough.any(axis=1)
     unresolvable &= ~ok
-    return Fit(ok=ok, usable=usable, unresolvable=unresolvable | (~a.node_ok & ~ok))
+    return Fit(ok=ok, usable=usable, unresolvable=unresolvable | (~node_ok & ~ok))
 
 
 # ------------------------------------------------------------------------------ random data
@@ -62,6 +69,7 @@ def random_arrays(rng: np.random.Generator, n: int, k: int) -> CardArrays:
     a.pods[:] = np.where(a.core_free < 1000, rng.integers(1, 4, (n, k)), 0)
     a.model[:] = rng.integers(0, 4, (n, k))
     a.node_ok[:] = rng.random(n) < 0.93
+    a.closed[:] = np.where(a.node_ok, 0, rng.integers(1, 16, n))   # why (stowage.taints.NodeClosure bits)
     a.cpu_free[:] = np.where(rng.random(n) < 0.3, rng.choice([0.0, 500.0, 4000.5, 64000.0], n), np.inf)
     a.hmem_free[:] = np.where(rng.random(n) < 0.3, rng.choice([0.0, 512.0, 3000.0, 900000.0], n), np.inf)
     return a
@@ -98,15 +106,18 @@ def test_fit_and_reasons_match_the_reference(seed):
     for _ in range(25):
         req = random_req(prng)
         policy = PodPolicy(models_include=prng.choice([(), ("H100",), ("A100-SXM4-40GB", "A10")]),
-                           models_exclude=prng.choice([(), ("A10",)]), min_card_mem_mib=prng.choice([0, 81920]))
+                           models_exclude=prng.choice([(), ("A10",)]), min_card_mem_mib=prng.choice([0, 81920]),
+                           tolerates=prng.choice([0, 0, 1, 2, 3, 5, 7]))
+        tol = policy.tolerates
         mask = card_mask(a, models, policy, req)
-        got, want = fit(a, req, mask), ref_fit(a, req, mask)
+        got, want = fit(a, req, mask, tol), ref_fit(a, req, mask, tol)
         for field in ("ok", "usable", "unresolvable"):
             assert np.array_equal(getattr(got, field), getattr(want, field)), field
         rows = np.flatnonzero(~got.ok)
         rng.shuffle(rows)                                   # any order, repeats allowed
         rows = np.r_[rows, rows[:5]]
-        assert reasons(a, rows, req, mask) == [reason(a, int(i), req, mask, detail=False) for i in rows]
+        assert reasons(a, rows, req, mask, tol) == [reason(a, int(i), req, mask, detail=False, tolerates=tol)
+                                                    for i in rows]
     assert reasons(a, np.array([], np.int64), GpuRequest(gpus=1), a.exists) == []
 
 
@@ -128,8 +139,10 @@ def upsert_random(model: ClusterModel, rng: random.Random, name: str) -> None:
     host = {} if rng.random() < 0.3 else {"cpu_milli": float(rng.choice([4000, 16000, 64000])),
                                           "host_mem_mib": float(rng.choice([16384, 65536, 262144])),
                                           "max_pods": float(rng.choice([2, 4, 110]))}
+    # Closed for a reason (stowage.taints.NodeClosure bits) now and then: cordoned, not Ready, ...
+    closed = 0 if rng.random() < 0.8 else rng.choice([1, 2, 3, 4, 5, 8, 9])
     model.upsert_node(name, Inventory(cards=cards, source="simulated", whole_only=rng.random() < 0.1),
-                      schedulable=rng.random() < 0.95, **host)
+                      closed=closed, **host)
 
 
 POD_LIMITS = [{"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "2"}, {"nvidia.com/gpu": "4"}, {"nvidia.com/gpu": "8"},
@@ -140,6 +153,14 @@ POD_LIMITS = [{"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "2"}, {"nvidia.com/gpu
 POD_ANNOTATIONS = [{}, {}, {"stowage.io/node-policy": "spread"}, {"stowage.io/gpu-model": "H100,L40S"},
                    {"stowage.io/gpu-model-exclude": "A10"}, {"stowage.io/min-card-memory": "80Gi"},
                    {"stowage.io/card-policy": "spread"}]
+# spec.tolerations: none, a DaemonSet's, a blanket one, one that opens nothing (NoExecute only).
+POD_TOLERATIONS = [None, None, None,
+                   [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+                    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}],
+                   [{"operator": "Exists"}],
+                   [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}],
+                   [{"key": "node.kubernetes.io/not-ready", "operator": "Exists"},
+                    {"key": "node.kubernetes.io/unreachable", "operator": "Exists"}]]
 
 
 def churn(models: list[ClusterModel], rng: random.Random, live: list[str], step: int) -> None:
@@ -174,6 +195,9 @@ def test_service_answers_match_the_reference_on_a_changing_cluster(seed):
     for step in range(120):
         limits = rng.choice(POD_LIMITS)
         pod = bench_cluster.pod_object(f"p{seed}-{step}", limits, rng.choice(POD_ANNOTATIONS))
+        tolerations = rng.choice(POD_TOLERATIONS)
+        if tolerations is not None:
+            pod["spec"]["tolerations"] = tolerations
         names = fast_model.node_names()
         rng.shuffle(names)
         names = names[: rng.randint(1, len(names))] + rng.choice([[], ["ghost-node"]])

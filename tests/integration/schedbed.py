@@ -95,6 +95,7 @@ class PodSpec:
     init_gpus: int = 0          # an init container asking for this many whole GPUs
     init_sidecar: bool = False  # ... with restartPolicy: Always (a KEP-753 sidecar)
     cpu: str = ""               # host CPU the pod asks for ("" none)
+    tolerations: list[dict] = field(default_factory=list)   # spec.tolerations
 
     @property
     def whole(self) -> bool:
@@ -170,6 +171,7 @@ class Pool:
                          "terminationGracePeriodSeconds": 0,
                          "containers": [{"name": "main", "image": IMAGE,
                                          "resources": {"limits": spec.limits()}}],
+                         **({"tolerations": spec.tolerations} if spec.tolerations else {}),
                          **({"initContainers": [{
                              "name": "init", "image": IMAGE,
                              "resources": {"limits": {"nvidia.com/gpu": str(spec.init_gpus)}},
