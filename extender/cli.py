@@ -155,6 +155,7 @@ def _build_app(cfg: ServeConfig) -> Flask:
     feeder.on_cards_freed = requeuer.cards_freed
     connect_feed(feeder, service)
     service.on_refused = requeuer.refused
+    service.start_hold_timer()   # ends "bind outcome unknown" holds whose time is up (extender/hold_timer.py)
     keeper = None
     if cfg.learned_configmap is not None:
         # What the placers learned from pods deleted before this start (extender/learned_past.py):
@@ -172,6 +173,7 @@ def _build_app(cfg: ServeConfig) -> Flask:
     if keeper is not None:
         register_exit(keeper.stop)   # runs first (last registered): one last write of the past
     register_exit(requeuer.stop)
+    register_exit(service.stop_hold_timer)
     return create_app(service, url_prefix=cfg.url_prefix, ready=feeder.ready, max_body_bytes=cfg.max_body_bytes,
                       feed_bounds=feeder.bounds, feed_health=feeder.health)
 

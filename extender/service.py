@@ -57,6 +57,8 @@ from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError,
 
 from .bounds import BoundUse
 from .errors import BindError, BindOutcomeUnknown  # noqa: F401  (BindError re-exported: binders raise it)
+from .hold_timer import HoldTimer
+from .kube_objects import TERMINAL_PHASES
 from .learned_past import DepartedPods, Shape, replay
 from .learned_uids import LEARNED_BYTES, LearnedUids
 from .nominated import PodMarks
@@ -286,6 +288,9 @@ DELETED_UIDS = 10_000
 # ``--request-timeout`` (60 s by default), and its storage update runs under that request's
 # context; twice that leaves room for a proposal etcd commits late (docs/kube.md, "What it writes").
 UNKNOWN_OUTCOME_HOLD_S = 120.0
+# How soon a hold whose time is up, but whose pod could not be read (the API server did not
+# answer) or is being bound again, is looked at again by the hold timer (end_lapsed_holds).
+HOLD_RECHECK_S = 5.0
 
 
 def pod_info_bytes(info: "PodInfo", shared: PodPolicy | None = None) -> int:
@@ -300,6 +305,14 @@ def pod_info_bytes(info: "PodInfo", shared: PodPolicy | None = None) -> int:
             if models and models is not common:
                 n += sys.getsizeof(models) + sum(sys.getsizeof(m) for m in models)
     return n
+
+
+def _bound_or_finished(pod: Mapping[str, Any]) -> bool:
+    """Whether ``pod`` is bound (``spec.nodeName``) or finished (phase Succeeded or Failed): no
+    Binding of it can land any more, so a hold of its cards for one has nothing left to wait for."""
+    spec, status = pod.get("spec"), pod.get("status")
+    return bool(isinstance(spec, Mapping) and spec.get("nodeName")) or (
+        isinstance(status, Mapping) and status.get("phase") in TERMINAL_PHASES)
 
 
 def _identity(meta: Mapping[str, Any]) -> tuple[str, str, str, str]:
@@ -391,6 +404,9 @@ class ExtenderService:
         self._unknown: dict[str, float] = {}
         self.unknown_outcome_hold_s = unknown_outcome_hold_s
         self._clock = clock
+        # Ends those holds when their time is up (start_hold_timer: kube mode); None: only at the
+        # pod's filter or a bind of it elsewhere.
+        self._hold_timer: HoldTimer | None = None
         # UIDs of pods the watch saw deleted, the oldest forgotten first past DELETED_UIDS
         # (pod_deleted): bind refuses them. Guarded by _pods_lock.
         self._deleted: OrderedDict[str, None] = OrderedDict()
@@ -949,6 +965,8 @@ class ExtenderService:
                 held = self.model.allocations.get(uid)
                 if held is not None and held.node == node:
                     self._hold_unknown(uid)
+            if self._hold_timer is not None:
+                self._hold_timer.wake()
             log.warning("bind %s -> %s: outcome unknown, reservation kept: %s", key, node, exc)
             return f"cannot bind {key} to {node}: {exc}"
         except Exception as exc:  # BindError or anything else: never keep the reservation
@@ -1048,26 +1066,101 @@ class ExtenderService:
         """Release pod ``uid``'s "outcome unknown" reservation (:meth:`_hold_unknown`) when its
         time is up and the watch's copy of the pod (``pending_uid``, no API call: this runs on
         filter's thread) shows it still unbound: the Binding was not applied and no longer can be.
-        Without a watch's copy it is left to a bind elsewhere, which may read the pod."""
-        with self.model.lock:
-            until = self._unknown.get(uid)
-            if until is None or self._clock() < until or uid in self._inflight:
-                return
-            alloc = self.model.allocations.get(uid)
-            if alloc is None:
-                del self._unknown[uid]
-                return
+        Without a watch's copy it is left to the hold timer (:meth:`end_lapsed_holds`) or a bind
+        elsewhere, which may read the pod."""
+        lapsed = self._lapsed_hold(uid)
+        if lapsed is None:
+            return
         pending = getattr(self.pod_source, "pending_uid", None)
         if pending is not None and pending(key) != uid:
             return
+        self._release_lapsed(uid, *lapsed, "is still unbound")
+
+    def _lapsed_hold(self, uid: str) -> tuple[PodAllocation, float] | None:
+        """(The reservation, the time its hold ended) when pod ``uid``'s hold is up and no bind of
+        it is under way; else None. A hold whose reservation is gone is dropped here."""
         with self.model.lock:
-            if self.model.allocations.get(uid) is alloc and self._unknown.get(uid) == until \
-                    and uid not in self._inflight:
+            until = self._unknown.get(uid)
+            if until is None or self._clock() < until or uid in self._inflight:
+                return None
+            alloc = self.model.allocations.get(uid)
+            if alloc is None:
                 del self._unknown[uid]
-                self.model.release(uid, departed=False)
-                log.warning("pod %s: its Binding to %s (outcome unknown) was not applied in %.0fs and the pod is "
-                            "still unbound: cards %s released", key, alloc.node, self.unknown_outcome_hold_s,
-                            list(alloc.cards))
+                return None
+            return alloc, until
+
+    def _release_lapsed(self, uid: str, alloc: PodAllocation, until: float, why: str) -> None:
+        """Release ``alloc``, the reservation of a lapsed hold, unless something changed it
+        meanwhile (a bind of the pod began, the feed replaced it, a new hold was made)."""
+        with self.model.lock:
+            if self.model.allocations.get(uid) is not alloc or self._unknown.get(uid) != until \
+                    or uid in self._inflight:
+                return
+            del self._unknown[uid]
+            self.model.release(uid, departed=False)
+        log.warning("pod %s: its Binding to %s (outcome unknown) was not applied in %.0fs and the pod %s: "
+                    "cards %s released", alloc.name, alloc.node, self.unknown_outcome_hold_s, why,
+                    list(alloc.cards))
+
+    def end_lapsed_holds(self) -> float | None:
+        """End every "outcome unknown" hold whose time is up (the hold timer's round, off the
+        request path: it may read pods with a GET). The pod is read from the pod source (the
+        watch's copy when it keeps one, else the API server): unbound, gone, or re-created under
+        its name (the Binding's uid precondition fails), its cards are released; bound, the hold
+        is confirmed and the cards stay held as any bound pod's; unreadable, the hold stays and is
+        looked at again in :data:`HOLD_RECHECK_S`. Holds whose reservation went are dropped.
+        Returns the seconds until the next round is due, None when no hold is left."""
+        with self.model.lock:
+            for gone in [u for u in self._unknown if u not in self.model.allocations]:
+                del self._unknown[gone]
+            now = self._clock()
+            due = [u for u, until in self._unknown.items() if until <= now]
+        for uid in due:
+            lapsed = self._lapsed_hold(uid)
+            if lapsed is not None:
+                self._settle_lapsed(uid, *lapsed)
+        with self.model.lock:
+            if not self._unknown:
+                return None
+            now = self._clock()
+            waits = [until - now for until in self._unknown.values()]
+        return min(HOLD_RECHECK_S if w <= 0 else w for w in waits)
+
+    def _settle_lapsed(self, uid: str, alloc: PodAllocation, until: float) -> None:
+        """One lapsed hold of :meth:`end_lapsed_holds`: read the pod, release or confirm."""
+        if self.pod_source is None:   # nothing to ask (no Binding of this mode can land late)
+            self._release_lapsed(uid, alloc, until, "has no pod source to be read from")
+            return
+        namespace, _, name = alloc.name.partition("/")
+        try:
+            pod = self.pod_source.get_pod(namespace, name)
+        except Exception as exc:  # noqa: BLE001 - the API server may be down: looked at again later
+            log.info("pod %s: its bind hold is up but the pod cannot be read (%s); tried again in %.0fs",
+                     alloc.name, exc, HOLD_RECHECK_S)
+            return
+        meta = (pod or {}).get("metadata") if isinstance((pod or {}).get("metadata"), Mapping) else {}
+        if pod is None:
+            self._release_lapsed(uid, alloc, until, "is gone")
+        elif meta.get("uid") != uid:
+            self._release_lapsed(uid, alloc, until, f"was re-created (uid {meta.get('uid')})")
+        elif _bound_or_finished(pod):
+            with self.model.lock:
+                if self._unknown.get(uid) == until:
+                    del self._unknown[uid]
+            log.info("pod %s: read back bound or finished after its bind hold; its cards stay held as the "
+                     "pod's own", alloc.name)
+        else:
+            self._release_lapsed(uid, alloc, until, "is still unbound")
+
+    def start_hold_timer(self) -> None:
+        """End lapsed holds on a thread of their own (kube mode: :mod:`extender.hold_timer`)."""
+        if self._hold_timer is None:
+            self._hold_timer = HoldTimer(self.end_lapsed_holds)
+        self._hold_timer.start()
+
+    def stop_hold_timer(self) -> None:
+        if self._hold_timer is not None:
+            self._hold_timer.stop()
 
     # ---------------------------------------------------------------- preempt, nominations
     def _bind_priority(self, info: PodInfo) -> int:
