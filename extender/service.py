@@ -571,9 +571,10 @@ class ExtenderService:
         uid = meta.get("uid")
         if not isinstance(uid, str) or not uid:
             return
-        if self._unknown and uid in self._unknown and isinstance(pod.get("spec"), Mapping) \
-                and pod["spec"].get("nodeName"):
-            with self.model.lock:   # bound: the Binding whose outcome was unknown was applied (or another)
+        if self._unknown and uid in self._unknown and _bound_or_finished(pod):
+            # Bound: the Binding whose outcome was unknown was applied (or another). Finished: the
+            # feed frees what it held, and a Binding can no longer land on it.
+            with self.model.lock:
                 self._unknown.pop(uid, None)
         with self._pods_lock:
             if self._learned.touch(uid):

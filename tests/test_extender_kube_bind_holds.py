@@ -125,3 +125,18 @@ def test_end_lapsed_holds_checks_the_pod_when_its_copy_is_gone(kube, stopping):
     assert snapshot(svc)[0] == {"default/c": ("n2", (0,), (80 * GiB,), (1000,))}
     assert "bindOutcomeUnknown" not in str(svc.state()["allocations"])
     assert kube.get_pod("default", "c")["spec"]["nodeName"] == "n2"
+
+
+@pytest.mark.parametrize("phase", ["Failed", "Succeeded"])
+def test_a_pod_that_finished_while_held_leaves_no_hold_entry(kube, stopping, phase):
+    """The pod finished while its hold stood (the feed frees its cards): its entry in the hold
+    table went too. Before, it stayed until the next hold of any pod was made."""
+    f, svc = extender(kube)
+    stopping.append((f, svc))
+    a = gpu_pod(kube, "a")
+    caught_up(kube, f)
+    held_never_applied(kube, svc, a, "n1")
+    kube.patch_pod("default", "a", {"status": {"phase": phase}})
+    caught_up(kube, f)
+    assert snapshot(svc)[0] == {}
+    assert svc._unknown == {}
