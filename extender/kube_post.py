@@ -21,10 +21,21 @@ connections); one the API server closed anyway fails on its next request before 
 that request is sent once more on a new connection. Re-sending is safe for a Binding: if the first one
 was applied after all, the second is refused (409, the pod is already bound) and the binder's
 read-back finds the pod bound to our node with our record (:mod:`extender.kube_binder`).
+
+An answer is bounded in time and size, whatever the peer sends: the whole request (answer
+included) gets ``timeout`` seconds, not each socket read (:class:`Deadlines` shuts the socket of
+a request still running then: a ``TimeoutError``, an outcome unknown to the binder), and at most
+:data:`MAX_ANSWER_BYTES` of the body are read (a Binding's answer is a Status of a few hundred
+bytes). Found by experiment: an answer sent a byte at a time, each within the socket timeout,
+held a bind (and its pod's reservation, in flight) for as long as the peer liked; a 300 MiB
+answer was read whole (600 MiB at the peak).
 """
 from __future__ import annotations
 
+import heapq
 import http.client
+import itertools
+import socket
 import ssl
 import threading
 import time
@@ -40,6 +51,59 @@ STALE_CONNECTION = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionR
 # A connection idle this long is replaced before use rather than tried: kube-apiserver closes idle
 # connections (Go's http.Server IdleTimeout), and a request on one it closed costs a failed try.
 MAX_IDLE_S = 30.0
+# The most of an answer's body read; past it the rest is left unread and the connection closed.
+MAX_ANSWER_BYTES = 1 << 20
+
+
+class Deadlines:
+    """Shuts the socket of a request still running at its deadline, so that a peer that answers
+    slowly (a byte within each read's timeout) cannot hold the request past it. One thread for
+    all of a poster's requests, started at the first; arming and disarming a request is a heap
+    push and a flag under a lock (the hot path pays no thread per request)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[list[Any]] = []   # [deadline, seq, connection or None once disarmed, fired]
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, conn: http.client.HTTPConnection, deadline: float) -> list[Any]:
+        entry = [deadline, next(self._seq), conn, False]
+        with self._cond:
+            heapq.heappush(self._heap, entry)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="stowage-post-deadlines", daemon=True)
+                self._thread.start()
+            if self._heap[0] is entry:
+                self._cond.notify()
+        return entry
+
+    def disarm(self, entry: list[Any]) -> bool:
+        """The request is over; whether its deadline came first (its socket was shut)."""
+        with self._cond:
+            entry[2] = None
+            return bool(entry[3])
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                while self._heap and self._heap[0][2] is None:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                left = self._heap[0][0] - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                entry = heapq.heappop(self._heap)
+                entry[3] = True
+                sock = entry[2].sock
+                if sock is not None:
+                    try:   # the plain socket's shutdown: an SSL socket's would also drop its TLS state
+                        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                    except OSError:
+                        pass
 
 
 class DirectPoster:
@@ -55,6 +119,7 @@ class DirectPoster:
         self.context = context
         self.user_agent = user_agent
         self._local = threading.local()
+        self._deadlines = Deadlines()
 
     def _connect(self, timeout: float) -> http.client.HTTPConnection:
         if self.https:
@@ -71,7 +136,9 @@ class DirectPoster:
     def post(self, path: str, body: bytes, timeout: float) -> bytes:
         """POST ``body`` to ``path`` (below the client's base path); the answer's body on 2xx,
         ``ApiException`` (status, reason, body) otherwise, as the client raises it. Transport
-        failures raise as they are (the outcome is unknown to the caller)."""
+        failures raise as they are (the outcome is unknown to the caller), and so does an answer
+        whose status line has not come within ``timeout`` of the call (``TimeoutError``). The body
+        is read up to :data:`MAX_ANSWER_BYTES`, and no longer than that same ``timeout``."""
         headers = self._headers()
         url = self.base_path + path
         conn = getattr(self._local, "conn", None)
@@ -88,20 +155,23 @@ class DirectPoster:
                 conn.timeout = timeout
                 if conn.sock is not None:
                     conn.sock.settimeout(timeout)
+            armed = self._deadlines.arm(conn, now + timeout)
             try:
                 conn.request("POST", url, body=body, headers=headers)
                 resp = conn.getresponse()
-                data = resp.read()
-            except STALE_CONNECTION:
+                data = resp.read(MAX_ANSWER_BYTES + 1)
+            except BaseException as exc:
+                late = self._deadlines.disarm(armed)
                 conn.close()
                 conn = self._local.conn = None
-                if fresh or attempt:
-                    raise
-                continue
-            except BaseException:
-                conn.close()
-                self._local.conn = None
+                if late:
+                    raise TimeoutError(f"no whole answer within {timeout:g}s") from exc
+                if isinstance(exc, STALE_CONNECTION) and not (fresh or attempt):
+                    continue
                 raise
+            if self._deadlines.disarm(armed) or len(data) > MAX_ANSWER_BYTES:
+                data = data[:MAX_ANSWER_BYTES]   # (the rest unread: this connection cannot be used again)
+                resp.will_close = True
             if resp.will_close:
                 conn.close()
                 conn = None
