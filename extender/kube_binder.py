@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Mapping
 from urllib.parse import quote
 
 import kubernetes.client
@@ -50,6 +50,24 @@ class BindMayLand(BindOutcomeUnknown):
     or still unbound once the Binding can no longer land (``ExtenderService._hold_unknown``)."""
 
 MERGE_PATCH = "application/merge-patch+json"
+
+
+def _pod_parts(pod: Any) -> tuple[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]] | None:
+    """(metadata, spec, annotations) of a pod as the API server reads it back, or None when the
+    answer has not that shape (a JSON list or text, a field of another type: a proxy's answer, a
+    peer that lies). Why: such an answer proves nothing about the pod; taken as a pod it raised
+    AttributeError, or read as "not this pod" (a plain failure) after a 5xx, and the service then
+    released cards a Binding still on its way could be given."""
+    if not isinstance(pod, Mapping):
+        return None
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+        return None
+    annotations = meta.get("annotations") or {}
+    if not isinstance(annotations, Mapping) or not isinstance(meta.get("uid", ""), str) \
+            or not isinstance(spec.get("nodeName") or "", str):
+        return None
+    return meta, spec, annotations
 
 
 def _drain(resp: Any) -> None:
@@ -81,7 +99,10 @@ class KubeBinder:
             pod = self._read(namespace, name)
             if pod is None:
                 raise BindError(f"pod {key} not found")
-            uid = str((pod.get("metadata") or {}).get("uid") or "")
+            parts = _pod_parts(pod)
+            if parts is None:
+                raise BindError(f"pod {key} read from the API server is not a pod (an object with metadata and spec)")
+            uid = str(parts[0].get("uid") or "")
         value = self.trust.encode(record, uid) if record is not None else None
         try:
             self._binding(namespace, name, uid, node, value)
@@ -98,15 +119,16 @@ class KubeBinder:
             raise BindOutcomeUnknown(msg + "; the pod could not be read back, so whether it was bound is unknown: "
                                      "its cards stay reserved until it is") from failure
         refused = isinstance(failure, ApiException) and bool(failure.status) and failure.status < 500
-        meta = (pod or {}).get("metadata") or {}
-        if pod is None:
+        parts = _pod_parts(pod)
+        if pod is None or parts is None:   # (a read that is not a pod's shape is not readable: _read_back)
             raise BindError(f"pod {key} not found ({msg})") from failure
+        meta, spec, annotations = parts
         if uid and meta.get("uid") != uid:
             raise BindError(f"pod {key} is not the pod with uid {uid} any more (re-created?): "
                             f"{api_message(failure)}") from failure
-        bound_to = (pod.get("spec") or {}).get("nodeName")
+        bound_to = spec.get("nodeName")
         if bound_to == node:
-            if value is None or (meta.get("annotations") or {}).get(ALLOCATION_ANNOTATION) == value:
+            if value is None or annotations.get(ALLOCATION_ANNOTATION) == value:
                 log.info("binding %s -> %s answered %s but the pod is bound there with our record: success",
                          key, node, api_message(failure))
                 return
@@ -140,10 +162,17 @@ class KubeBinder:
         return read_or_none(self.core.read_namespaced_pod, name, namespace, _request_timeout=self.timeout)
 
     def _read_back(self, namespace: str, name: str) -> tuple[dict | None, bool]:
-        """(the pod or None when it is gone, True) or (None, False) when it cannot be read."""
+        """(the pod or None when it is gone, True) or (None, False) when it cannot be read, or
+        what was read is not a pod's shape (:func:`_pod_parts`: it tells nothing either)."""
         for attempt in range(self.readback_attempts):
             try:
-                return self._read(namespace, name), True
+                pod = self._read(namespace, name)
             except Exception:
-                time.sleep(self.readback_delay_s * (attempt + 1))
+                pass
+            else:
+                if pod is None or _pod_parts(pod) is not None:
+                    return pod, True
+                log.warning("pod %s/%s read back after a failed Binding is not a pod (%s): it tells nothing",
+                            namespace, name, type(pod).__name__)
+            time.sleep(self.readback_delay_s * (attempt + 1))
         return None, False

@@ -399,3 +399,38 @@ def test_a_connection_idle_too_long_is_replaced_before_use(fake, monkeypatch):
         p = kube.create_pod(make_pod(name, gpus=1))
         b.bind("default", name, p["metadata"]["uid"], "n1", record("n1", [0]))
     assert len(connects) == 2   # a: new; b: kept alive; c: idle too long, replaced
+
+
+HOSTILE_READ_BACKS = [[], "pod", 7, {"metadata": "m"}, {"metadata": {"uid": "U"}, "spec": ["n1"]},
+                      {"metadata": {"uid": "U", "annotations": "a"}, "spec": {"nodeName": "n1"}},
+                      {"metadata": {"uid": ["U"]}, "spec": {}}]
+
+
+@pytest.mark.parametrize("read_back", HOSTILE_READ_BACKS,
+                         ids=["list", "text", "number", "meta-text", "spec-list", "annotations-text", "uid-list"])
+def test_a_read_back_of_no_pod_shape_after_a_5xx_leaves_the_outcome_unknown(kube, read_back):
+    """The Binding was answered 504 and the read-back answered something that is not a pod (a
+    proxy's page as JSON, a peer that lies). Before, it raised AttributeError or was taken for
+    "not this pod": a plain failure, so the service released the cards while the Binding could
+    still land. It proves nothing: the outcome stays unknown (the cards stay reserved)."""
+    p = kube.create_pod(make_pod("p", gpus=1))
+    uid = p["metadata"]["uid"]
+    binder = make_binder(kube, readback_attempts=1, readback_delay_s=0)
+    shaped = json.loads(json.dumps(read_back).replace('"U"', json.dumps(uid)))
+    binder._read = lambda namespace, name: shaped
+    kube.hold_bindings(1, status=504, reason="Timeout")
+    with pytest.raises(BindOutcomeUnknown, match="504"):
+        binder.bind("default", "p", uid, "n1", record("n1", [0]))
+    assert kube.apply_held()[0]["code"] == 201           # ... and it could land
+
+
+@pytest.mark.parametrize("read_back", HOSTILE_READ_BACKS[:4], ids=["list", "text", "number", "meta-text"])
+def test_a_bind_without_uid_of_a_pod_read_as_no_pod_shape_is_a_bind_error(kube, read_back):
+    """Without the uid in the request the binder reads the pod first: an answer that is not a pod
+    is a BindError for this bind (before: AttributeError), and no Binding is sent."""
+    kube.create_pod(make_pod("p", gpus=1))
+    binder = make_binder(kube)
+    binder._read = lambda namespace, name: read_back
+    with pytest.raises(BindError, match="not a pod"):
+        binder.bind("default", "p", "", "n1", record("n1", [0]))
+    assert not kube.get_pod("default", "p")["spec"].get("nodeName")
