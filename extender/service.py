@@ -307,6 +307,19 @@ def pod_info_bytes(info: "PodInfo", shared: PodPolicy | None = None) -> int:
     return n
 
 
+NOT_A_POD = "is not a pod (an object with object metadata and spec)"
+
+
+def _read_meta(pod: Any) -> Mapping[str, Any] | None:
+    """``metadata`` of a pod bind read through the pod source ({} when it has none), or None when
+    what was read is not a pod's shape (a JSON list or text, metadata or spec of another type: a
+    proxy's answer, a peer that lies): it tells nothing about the pod, and must not crash the bind."""
+    if not isinstance(pod, Mapping) or not isinstance(pod.get("spec") or {}, Mapping):
+        return None
+    meta = pod.get("metadata") or {}
+    return meta if isinstance(meta, Mapping) else None
+
+
 def _bound_or_finished(pod: Mapping[str, Any]) -> bool:
     """Whether ``pod`` is bound (``spec.nodeName``) or finished (phase Succeeded or Failed): no
     Binding of it can land any more, so a hold of its cards for one has nothing left to wait for."""
@@ -802,7 +815,10 @@ class ExtenderService:
             return f"cannot read pod {args.key}: {exc}"
         if pod is None:
             return f"pod {args.key} not found"
-        uid = str(((pod.get("metadata") or {}).get("uid")) or "")
+        meta = _read_meta(pod)
+        if meta is None:
+            return f"pod {args.key} read from the API server {NOT_A_POD}"
+        uid = str(meta.get("uid") or "")
         if args.pod_uid and uid and uid != args.pod_uid:
             return f"pod {args.key} has uid {uid}, bind asked for uid {args.pod_uid} (pod was re-created)"
         return self.pod_info(pod)
@@ -1024,7 +1040,11 @@ class ExtenderService:
             pod = self.pod_source.get_pod(namespace, name)
         except Exception as exc:  # the API is down: keep the reservation, the scheduler retries
             return f"{refusal} (cannot check whether it is bound: {exc})"
-        meta = (pod or {}).get("metadata") or {}
+        if pod is None:
+            return refusal
+        meta = _read_meta(pod)
+        if meta is None:
+            return f"{refusal} (cannot check whether it is bound: the pod read {NOT_A_POD})"
         if not pod or meta.get("uid", uid) != uid:
             return refusal
         bound_to = (pod.get("spec") or {}).get("nodeName")
@@ -1139,8 +1159,11 @@ class ExtenderService:
             log.info("pod %s: its bind hold is up but the pod cannot be read (%s); tried again in %.0fs",
                      alloc.name, exc, HOLD_RECHECK_S)
             return
-        meta = (pod or {}).get("metadata") if isinstance((pod or {}).get("metadata"), Mapping) else {}
-        if pod is None:
+        meta = _read_meta(pod) if pod is not None else {}
+        if meta is None:
+            log.info("pod %s: its bind hold is up but the pod read %s; tried again in %.0fs", alloc.name, NOT_A_POD,
+                     HOLD_RECHECK_S)
+        elif pod is None:
             self._release_lapsed(uid, alloc, until, "is gone")
         elif meta.get("uid") != uid:
             self._release_lapsed(uid, alloc, until, f"was re-created (uid {meta.get('uid')})")
