@@ -11,8 +11,9 @@ is up, and sleeps while there is none: the normal path never wakes it.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Callable
+
+from .worker import Worker
 
 log = logging.getLogger("stowage.extender")
 
@@ -20,31 +21,15 @@ log = logging.getLogger("stowage.extender")
 RETRY_AFTER_ERROR_S = 5.0
 
 
-class HoldTimer:
-    """Runs ``sweep`` (returning the seconds until it is due again, None: when woken) on its own thread."""
+class HoldTimer(Worker):
+    """Runs ``sweep`` (returning the seconds until it is due again, None: when woken) on its own
+    thread; :meth:`wake` when a hold was made, to learn when it is due."""
+
+    thread_name = "stowage-bind-holds"
 
     def __init__(self, sweep: Callable[[], float | None]) -> None:
+        super().__init__()
         self._sweep = sweep
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> "HoldTimer":
-        if self._thread is None or not self._thread.is_alive():
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="stowage-bind-holds", daemon=True)
-            self._thread.start()
-        return self
-
-    def wake(self) -> None:
-        """A hold was made: sweep again now, to learn when it is due."""
-        self._wake.set()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(5)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -25,6 +25,8 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable, NamedTuple
 
+from .worker import Worker
+
 log = logging.getLogger("stowage.extender.requeue")
 
 REQUEUE_ANNOTATION = "stowage.io/requeued-at"
@@ -37,7 +39,7 @@ class Refusal(NamedTuple):
     at: float        # monotonic time of the answer
 
 
-class Requeuer:
+class Requeuer(Worker):
     """Remembers refused pods; after the model gained room, patches those refused before it.
 
     ``patch(namespace, name, body)`` is the API call (CoreV1Api.patch_namespaced_pod);
@@ -48,6 +50,7 @@ class Requeuer:
                  debounce_s: float = 0.1, window_s: float = 10.0, max_per_round: int = 200,
                  max_tracked: int = 10_000, clock: Callable[[], float] = time.monotonic,
                  now: Callable[[], float] = time.time) -> None:
+        super().__init__()
         self._patch = patch
         self._pending = pending
         self.debounce_s = debounce_s
@@ -59,9 +62,6 @@ class Requeuer:
         self._refused: OrderedDict[str, Refusal] = OrderedDict()  # uid -> last refusal, oldest first
         self._freed_generation = -1  # the newest model generation that gained room
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.requeued = 0  # pods patched so far (for tests and logs)
 
     # --- called by the service and the feeder (cheap: on the scheduler's request path) ---------
@@ -81,19 +81,8 @@ class Requeuer:
             self._freed_generation = max(self._freed_generation, generation)
         self._wake.set()
 
-    # --- the worker ----------------------------------------------------------------------------
-    def start(self) -> "Requeuer":
-        if self._thread is None or not self._thread.is_alive():
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="stowage-requeue", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(5)
+    # --- the worker (start, stop: extender/worker.py) ---------------------------------------------
+    thread_name = "stowage-requeue"
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -14,7 +14,8 @@ import logging
 import time
 
 import pytest
-from extender_kube_helpers import FakeClock, FakeKube, inv_node, make_pod, new_feeder
+from extender_kube_helpers import FakeClock, FakeKube, make_pod, new_feeder
+from test_extender_kube_bind_faults import kube  # noqa: F401  (the fixture: one 80 GiB card on each of n1, n2)
 from test_extender_kube_bind_faults import bind, caught_up, filter_nodes, gpu_pod, rec, snapshot
 
 from extender.cli import connect_feed
@@ -24,14 +25,6 @@ from extender_harness import simple_placers
 from stowage.allocation import ALLOCATION_ANNOTATION
 
 GiB = 1024
-
-
-@pytest.fixture
-def kube():
-    with FakeKube(bookmark_interval=3600) as k:
-        k.create_node(inv_node("n1", [80]))
-        k.create_node(inv_node("n2", [80]))
-        yield k
 
 
 def extender(kube: FakeKube, clock=None, hold_s: float = 120.0, pending_entries: int = 2):
