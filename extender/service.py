@@ -1072,8 +1072,9 @@ class ExtenderService:
         same node writes the Binding again on the same cards (a 409 "already assigned" is then
         resolved by the read-back). It is released only once the Binding can no longer be applied
         (``unknown_outcome_hold_s`` after it was sent) and the pod is still seen unbound: at its
-        next filter (the watch's copy, :meth:`_end_lapsed_hold`) or at a bind elsewhere
-        (:meth:`_release_if_stale`), which is refused until then. kube-scheduler forgets its
+        next filter (the watch's copy, :meth:`_end_lapsed_hold`), at a bind elsewhere
+        (:meth:`_release_if_stale`), which is refused until then, or at the latest by the hold
+        timer (:meth:`end_lapsed_holds`, which reads the pod when the watch's copy is gone). kube-scheduler forgets its
         assumed pod on any bind error (its cache counts the pod again if the informer shows it
         bound later, and the kubelet's admission refuses what does not fit); the kubelet does not
         see which card a record names, so the extender must not give it away first.
