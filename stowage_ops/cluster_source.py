@@ -281,6 +281,7 @@ class LiveFacts:
     node_errors: list[dict[str, str]] = field(default_factory=list)   # {"node", "error"}
     names: dict[str, str] = field(default_factory=dict)               # uid -> namespace/name, of every pod seen
     node_notes: dict[str, list[str]] = field(default_factory=dict)    # node -> what the operator should know
+    gpu_allocatable: dict[str, int | None] = field(default_factory=dict)   # node -> stated_gpus() of it
     pods_read: int = 0
 
     def errors_from(self, status: Mapping[str, Any]) -> None:
@@ -306,6 +307,13 @@ class LiveFacts:
         sent the operator to look each one up): ``{"pod", "uid", "node"}``, by pod name."""
         return sorted(({"pod": self.names.get(uid, "?"), "uid": uid, "node": node}
                        for uid, node in self.unrecorded.items()), key=lambda e: (e["pod"], e["uid"]))
+
+    def note_inventories(self, model: ClusterModel) -> None:
+        """Add :func:`inventory_note` of every node read to its notes, after the other notes."""
+        for name, stated in self.gpu_allocatable.items():
+            text = inventory_note(model, name, stated)
+            if text:
+                self.node_notes.setdefault(name, []).append(text)
 
     def note(self, pod: Mapping[str, Any], gone: bool = False) -> None:
         m = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
@@ -355,13 +363,11 @@ def node_takes_no_pods(node: Mapping[str, Any]) -> bool:
 
 
 def node_notes(node: Mapping[str, Any]) -> list[str]:
-    """What an operator should know of a node that its row's figures do not say: why it takes no
-    pods (cordoned, not Ready, going away), and an allocatable ``nvidia.com/gpu`` that is not
-    the number of healthy cards its inventory annotation lists (the device plugin advertises one
-    per healthy card; kube-scheduler admits GPU pods by the allocatable count, Stowage by the
-    inventory, so the two disagree on what fits there)."""
-    from extender.kube_objects import node_cordoned, node_ready, node_view
-    from stowage.resources import parse_quantity
+    """What an operator should know of a node that its row's figures do not say and that the
+    Node object alone tells: why it takes no pods (cordoned, not Ready, going away). What its
+    inventory says against its allocatable ``nvidia.com/gpu`` is :func:`inventory_note`, made
+    from the model the feed built, so the inventory is parsed once (by the feed)."""
+    from extender.kube_objects import node_cordoned, node_ready
 
     notes = []
     if node_cordoned(node):
@@ -371,30 +377,54 @@ def node_notes(node: Mapping[str, Any]) -> list[str]:
     going = node_going_away(node)
     if going:
         notes.append(going)
-    view = node_view(node)
-    if not view.error and view.inventory.source == "annotation":
-        healthy = sum(1 for c in view.inventory.cards if c.healthy)
-        status = node.get("status") if isinstance(node.get("status"), Mapping) else {}
-        alloc = status.get("allocatable") if isinstance(status.get("allocatable"), Mapping) else {}
-        try:
-            stated = int(parse_quantity(alloc.get("nvidia.com/gpu", "0")))
-        except Exception:   # a malformed quantity: the feed's node error says it, if it matters
-            stated = healthy
-        if stated != healthy:
-            notes.append(f"allocatable nvidia.com/gpu is {stated}, its inventory has {healthy} healthy cards")
     return notes
 
 
+def stated_gpus(node: Mapping[str, Any]) -> int | None:
+    """The node's ``status.allocatable["nvidia.com/gpu"]`` as kube-scheduler counts it (a missing
+    one is 0: kube-scheduler then admits no pod asking for a GPU), or None when it is not a
+    quantity (the feed's node error says so, if it matters)."""
+    from stowage.resources import parse_quantity
+
+    status = node.get("status") if isinstance(node.get("status"), Mapping) else {}
+    alloc = status.get("allocatable") if isinstance(status.get("allocatable"), Mapping) else {}
+    try:
+        return int(parse_quantity(alloc.get("nvidia.com/gpu", "0")))
+    except Exception:   # a malformed quantity
+        return None
+
+
+def inventory_note(model: ClusterModel, name: str, stated: int | None) -> str:
+    """'' or the note for a node whose allocatable ``nvidia.com/gpu`` (``stated``) is not the
+    number of healthy cards its inventory annotation lists, as the feed put them in ``model``
+    (the device plugin advertises one per healthy card; kube-scheduler admits GPU pods by the
+    allocatable count, Stowage by the inventory, so the two disagree on what fits there). Only
+    for an inventory read from the annotation: the other sources are made from that count."""
+    meta = model.meta.get(name)
+    if stated is None or meta is None or meta.source != "annotation":
+        return ""
+    i = model.index[name]
+    healthy = int((model.a.exists[i] & model.a.healthy[i]).sum())
+    if stated == healthy:
+        return ""
+    return f"allocatable nvidia.com/gpu is {stated}, its inventory has {healthy} healthy cards"
+
+
 def _note_nodes(feeder: Any, facts: LiveFacts) -> None:
-    """Make ``feeder`` (the extender's) tell ``facts`` of every node it applies (:func:`node_notes`),
+    """Make ``feeder`` (the extender's) tell ``facts`` of every node it applies (:func:`node_notes`,
+    and its allocatable ``nvidia.com/gpu`` for :func:`inventory_note` once the model is built),
     and read a node the cluster autoscaler is removing (:func:`node_takes_no_pods`) as cordoned:
-    kube-scheduler sends the extender no such node, so ``plan`` must place nothing there. Through
-    the feeder's ``node_closed`` hook (which logs what it raises, and reads the node as it is)."""
+    kube-scheduler sends the extender no such node for any pod that does not tolerate every
+    taint, and a plan that moves a pod onto a node about to be deleted frees nothing, so
+    ``plan`` places nothing there. Through the feeder's ``node_closed`` hook (which logs what it
+    raises, and reads the node as it is)."""
     def closed(node: Mapping[str, Any]) -> bool:
         m = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
-        notes = node_notes(node)
-        if notes and isinstance(m.get("name"), str):
-            facts.node_notes[m["name"]] = notes
+        if isinstance(m.get("name"), str):
+            notes = node_notes(node)
+            if notes:
+                facts.node_notes[m["name"]] = notes
+            facts.gpu_allocatable[m["name"]] = stated_gpus(node)
         return node_takes_no_pods(node)
 
     feeder.node_closed = closed
@@ -470,6 +500,7 @@ def _live(src: Source, marks: Any = None, learn: LearnFrom | None = None,
             feeder.on_pod_seen = learn.pods.append
         feeder.sync_once()
         if facts is not None:
+            facts.note_inventories(model)
             status = feeder.status()
             facts.unrecorded = dict(status.get("unrecorded_gpu_pods") or {})
             facts.errors_from(status)
