@@ -17,8 +17,8 @@ from stowage.clickcheck import after_parsing
 from stowage.resources import fmt_cards
 from stowage_ops.cluster_source import (LearnFrom, LiveFacts, OperatorCommand, Source, cluster_options,
                                         learn_options, load, output_option, say, shapes_option)
-from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, Learned, PreemptPlan, Shape,
-                              capacity, drain_plan, placer_names, pod_asks, preemption_plan, unmatched_models)
+from stowage_ops.planning import (DEFAULT_LIMIT, SHAPE_GRAMMAR, CapacityResult, DrainPlan, GpuAllocatable, Learned,
+                              PreemptPlan, Shape, capacity, drain_plan, placer_names, pod_asks, preemption_plan, unmatched_models)
 from stowage.textable import render
 
 # Long work (a --shape counted to --limit, --drain's candidates: minutes each on thousands of
@@ -177,14 +177,17 @@ def plan(source: Source, shapes: list[Shape], drain: bool, preempt_shapes: list[
     if learn is not None:
         what += "\n" + learn.describe()
     prios = marks.all_priorities() if marks is not None else {}
-    pplans = [preemption_plan(model, s, priority or 0, prios) for s in preempt_shapes]
-    results = [capacity(model, s, placer=placer, limit=limit, learned=learned,
+    # kube-scheduler's own check of a node's allocatable nvidia.com/gpu (a live cluster's nodes)
+    kube = GpuAllocatable(facts.gpu_allocatable) if facts is not None else None
+    pplans = [preemption_plan(model, s, priority or 0, prios, allocatable=kube) for s in preempt_shapes]
+    results = [capacity(model, s, placer=placer, limit=limit, learned=learned, allocatable=kube,
                         progress=_every(lambda n, s=s: f"shape {s.text}: {n} pods placed so far..."))
                for s in shapes]
     dplan = (drain_plan(model, placer=placer, keep_model=not any_model, max_nodes=max_nodes, learned=learned,
                         stays=facts.daemon_pods if facts else (), unrecorded=facts.unrecorded if facts else None,
                         asks=pod_asks(learn.pods, source.memory_unit_mib) if learn is not None else None,
-                        progress=_every(lambda n, total: f"drain: {n} of {total} GPU nodes tried..."))
+                        progress=_every(lambda n, total: f"drain: {n} of {total} GPU nodes tried..."),
+                        allocatable=kube)
              if drain else None)
     if output == "json":
         doc: dict[str, Any] = {"source": what.split("\n")[0], "placer": placer,

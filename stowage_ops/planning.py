@@ -247,6 +247,61 @@ def _node_names(model: ClusterModel) -> list[str]:
 
 WHATIF_NAMESPACE = "stowage-plan"
 
+# kube-scheduler's NodeResourcesFit words for a node whose allocatable nvidia.com/gpu is used up.
+KUBE_GPU_REFUSAL = ("Insufficient nvidia.com/gpu (kube-scheduler: the node's allocatable nvidia.com/gpu, less what its "
+                    "pods ask, is too few)")
+
+
+@dataclass(frozen=True)
+class GpuAllocatable:
+    """kube-scheduler's own check of ``nvidia.com/gpu`` (NodeResourcesFit), made before it sends
+    the extender a node: a pod asking N whole GPUs goes only to a node whose allocatable
+    ``nvidia.com/gpu`` less the GPUs its pods ask is at least N. The live extender never sees a
+    node that fails it, so a what-if must not offer one either: on a node whose allocatable count
+    is below its inventory's healthy cards (or whose pods hold unhealthy cards) Stowage's free
+    cards promised room kube-scheduler refuses. ``stated``: node -> allocatable
+    ``nvidia.com/gpu`` (:attr:`stowage_ops.cluster_source.LiveFacts.gpu_allocatable`; None:
+    unreadable, not checked). Slices ask ``nvidia.com/gpu-memory``, not ``nvidia.com/gpu``."""
+
+    stated: Mapping[str, int | None] = field(default_factory=dict)
+
+    def room(self, model: ClusterModel, node: str) -> int | None:
+        """Whole GPUs kube-scheduler would still admit on ``node`` (None: not checked)."""
+        stated = self.stated.get(node)
+        if stated is None or node not in model.index:
+            return None
+        return stated - sum(len(al.cards) for al in _pods_on(model, node) if al.whole)
+
+    def tight(self, model: ClusterModel) -> frozenset[str]:
+        """The nodes where kube-scheduler's room is below Stowage's free healthy cards: the only
+        ones where its check can refuse what the extender would take. (Placing or moving pods
+        takes as much of both; only a pod leaving unhealthy cards frees more of the first.)"""
+        out = []
+        for node in self.stated:
+            room = self.room(model, node)
+            if room is not None:
+                i = model.index[node]
+                free = int((model.a.exists[i] & model.a.healthy[i] & (model.a.pods[i] == 0)).sum())
+                if room < free:
+                    out.append(node)
+        return frozenset(out)
+
+    def admitted(self, model: ClusterModel, names: Sequence[str], req: GpuRequest, tight: Collection[str],
+                 refusals: dict[str, str] | None = None) -> list[str]:
+        """``names`` less the ``tight`` nodes kube-scheduler refuses a pod of ``req`` (each
+        given :data:`KUBE_GPU_REFUSAL` in ``refusals``)."""
+        if not req.gpus or not tight:
+            return list(names)
+        out = []
+        for n in names:
+            room = self.room(model, n) if n in tight else None
+            if room is not None and room < req.gpus:
+                if refusals is not None:
+                    refusals[n] = KUBE_GPU_REFUSAL
+                continue
+            out.append(n)
+        return out
+
 
 @dataclass
 class CapacityResult:
@@ -268,13 +323,18 @@ class CapacityResult:
 
 def capacity(model: ClusterModel, shape: Shape, placer: str | Placer | None = None,
              limit: int = DEFAULT_LIMIT, learned: Learned | None = None,
-             progress: Callable[[int], None] | None = None) -> CapacityResult:
+             progress: Callable[[int], None] | None = None,
+             allocatable: GpuAllocatable | None = None) -> CapacityResult:
     """Schedule pods of ``shape`` one after another, through the extender's service on a copy of
     the cluster, until none fits; then why not, per node, in the words filter uses. ``progress``
-    is told the count after each pod placed (a big cluster takes minutes to fill to ``limit``)."""
+    is told the count after each pod placed (a big cluster takes minutes to fill to ``limit``).
+    ``allocatable``: a live cluster's nodes' allocatable ``nvidia.com/gpu``, which kube-scheduler
+    checks before it sends the extender a node (:class:`GpuAllocatable`)."""
     sim = model.copy()
     service = _service(sim, placer, learned)
-    names = _node_names(sim)
+    all_names = _node_names(sim)
+    kube = allocatable or GpuAllocatable()
+    tight = kube.tight(sim)
     per_node: Counter[str] = Counter()
     placements: list[tuple[str, tuple[int, ...]]] = []
     refusals: dict[str, str] = {}
@@ -282,8 +342,11 @@ def capacity(model: ClusterModel, shape: Shape, placer: str | Placer | None = No
         n = len(placements)
         uid = f"{WHATIF_NAMESPACE}/what-if-{n}"
         pod = request_pod(f"what-if-{n}", shape.req, shape.policy, namespace=WHATIF_NAMESPACE, uid=uid)
-        node = schedule(service, pod, names, refusals=refusals)
+        kube_refused: dict[str, str] = {}
+        names = kube.admitted(sim, all_names, shape.req, tight, kube_refused)
+        node = schedule(service, pod, names, refusals=refusals) if names else None
         if node is None:
+            refusals.update(kube_refused)
             break
         per_node[node] += 1
         placements.append((node, sim.allocations[uid].cards))
@@ -392,7 +455,8 @@ def pod_asks(pods: Iterable[Mapping[str, Any]], memory_unit_mib: int) -> dict[st
 def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_model: bool = True,
                max_nodes: int | None = None, learned: Learned | None = None, stays: Collection[str] = (),
                unrecorded: Mapping[str, str] | None = None, asks: Mapping[str, Ask] | None = None,
-               progress: Callable[[int, int], None] | None = None) -> DrainPlan:
+               progress: Callable[[int, int], None] | None = None,
+               allocatable: GpuAllocatable | None = None) -> DrainPlan:
     """Greedy: try to empty nodes with the fewest, lightest GPU pods first.
 
     A candidate is emptied only if every one of its pods can be scheduled again, through the
@@ -417,9 +481,13 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
     --ignore-daemonsets`` and the cluster autoscaler leave). ``unrecorded``: GPU pods bound
     without Stowage's record (uid -> node); Stowage does not know their cards, so their node is
     never emptied by this plan. ``progress`` is told (candidates tried, candidates) after each.
+    ``allocatable``: as for :func:`capacity`, no pod moves to a node kube-scheduler would not
+    send the extender for it.
     """
     sim = model.copy()
     names = _node_names(sim)
+    kube = allocatable or GpuAllocatable()
+    tight = kube.tight(sim)
     index = dict(sim.index)
     staying = frozenset(stays)
     pods = {n: [al for al in _pods_on(sim, n) if al.uid not in staying] for n in index}
@@ -464,7 +532,8 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
             req, pol = (asks or {}).get(al.uid) or _move_request(sim, i, al, keep_model)
             namespace, _, name = al.name.rpartition("/")
             pod = request_pod(name or al.uid, req, pol, namespace=namespace or "default", uid=al.uid)
-            target = schedule(service, pod, targets)
+            admitted = kube.admitted(trial, targets, req, tight)
+            target = schedule(service, pod, admitted) if admitted else None
             if target is None:
                 failed = f"no room on the nodes that stay for {al.name} ({_move_shape(req)})"
                 break
@@ -675,19 +744,27 @@ def _describe_alloc(al: PodAllocation) -> str:
 
 
 def preemption_plan(model: ClusterModel, shape: Shape, priority: int,
-                    priorities: dict[str, int] | None = None) -> PreemptPlan:
+                    priorities: dict[str, int] | None = None,
+                    allocatable: GpuAllocatable | None = None) -> PreemptPlan:
     """Which pods would have to go where for one pod of ``shape`` at ``priority``: on every node,
     the pods of lower priority are the candidates (as kube-scheduler proposes them), and
     :func:`packing.preempt.judge_node` — the extender's preempt verb — keeps the fewest of them
-    whose going frees cards the pod can use. ``priorities``: pod uid -> priority (0 when absent)."""
+    whose going frees cards the pod can use. ``priorities``: pod uid -> priority (0 when absent).
+    ``allocatable``: as for :func:`capacity`; a node where kube-scheduler's check refuses the pod
+    is no option (which evictions would satisfy that check is not planned)."""
     from packing.preempt import judge_node, row_copy
 
     prio = dict(priorities or {})
+    kube = allocatable or GpuAllocatable()
     options: list[PreemptOption] = []
     why: Counter[str] = Counter()
     with model.lock:
         mask = card_mask(model.a, model.models, shape.policy, shape.req)
         for i, name in iter_nodes(model):
+            room = kube.room(model, name) if shape.req.gpus else None
+            if room is not None and room < shape.req.gpus:
+                why[f"{KUBE_GPU_REFUSAL}; evictions for it are not planned"] += 1
+                continue
             row = row_copy(model.a, i)
             f = fit(row, shape.req, mask[i:i + 1], shape.policy.tolerates)
             if f.ok[0]:

@@ -117,3 +117,46 @@ def test_reading_a_big_cluster_says_how_far_it_is(cfg, monkeypatch):
     assert r.stdout == quiet.stdout
     assert "1 pods read..." in r.stderr.splitlines() and "2 pods read..." in r.stderr.splitlines()
     assert "pods read..." not in quiet.stderr
+
+
+@pytest.fixture(scope="module")
+def tight_cfg(tmp_path_factory):
+    """kube-scheduler admits a GPU pod by the node's allocatable nvidia.com/gpu less the GPUs its
+    pods ask, before the extender sees the node. tight: 4 healthy cards but allocatable 2, one
+    1-GPU pod (room 1 for kube-scheduler, 3 free cards for Stowage). sick-held: allocatable 1
+    = its healthy cards, but its 1-GPU pod sits on the unhealthy card 0 (room 0, 1 free card).
+    donor: 2 cards, both held by 1-GPU pods, allocatable 2."""
+    with FakeKube() as kube:
+        kube.create_node(make_node("tight", gpus=2, annotations=inv("tight", 4)))
+        kube.create_node(make_node("sick-held", gpus=1, annotations=inv("sick-held", 2, unhealthy=1)))
+        kube.create_node(make_node("donor", gpus=2, annotations=inv("donor", 2)))
+        for name, node, card in (("t0", "tight", 0), ("s0", "sick-held", 0), ("d0", "donor", 0), ("d1", "donor", 1)):
+            kube.create_pod(stowage_pod(name, namespace="ml", gpus=1, node=node, phase="Running",
+                                        annotations=alloc(node, [(card, 40 * GiB, 1000)], True)))
+        yield kubeconfig_file(tmp_path_factory.mktemp("tight"), kube.url)
+
+
+def test_plan_counts_room_kube_scheduler_admits_by_allocatable_gpus(tight_cfg):
+    """Found by experiment: on a node with allocatable nvidia.com/gpu 2 and 4 healthy cards in its
+    inventory, ``plan`` said 4 more 1-GPU pods and one 4-GPU pod fit there; kube-scheduler sends
+    the extender that node for neither (Insufficient nvidia.com/gpu)."""
+    doc = json.loads(run(tight_cfg, "plan", "--shape", "1", "--shape", "2", "-o", "json").stdout)
+    one, two = doc["capacity"]
+    assert one["perNode"] == {"tight": 1}
+    assert two["count"] == 0
+    assert any("Insufficient nvidia.com/gpu" in why for why in two["whyNotMore"]), two["whyNotMore"]
+    assert sum(two["whyNotMore"].values()) == 3   # every node has its reason
+
+
+def test_drain_moves_no_pod_kube_scheduler_would_refuse(tight_cfg):
+    """donor's two pods fit on tight's cards, but kube-scheduler admits only one of them there."""
+    drain = json.loads(run(tight_cfg, "plan", "--drain", "-o", "json").stdout)["drain"]
+    assert "donor" not in [d["node"] for d in drain["drained"]]
+    for d in drain["drained"]:
+        assert all(m["to"] != "sick-held" for m in d["moves"])
+
+
+def test_preempt_does_not_say_fits_now_where_kube_scheduler_refuses(tight_cfg):
+    pre = json.loads(run(tight_cfg, "plan", "--preempt", "2", "--priority", "10", "-o", "json").stdout)["preempt"][0]
+    assert not pre["fitsNow"]
+    assert all(not (o["node"] == "tight" and not o["evict"]) for o in pre["options"])
