@@ -225,6 +225,11 @@ def _check_inspect(ctx: click.Context) -> None:
     if ctx.params["learned"] and ctx.params["simulated"] is not None:
         raise click.UsageError("--learned reads a live cluster (a simulated one has no pods of Stowage's "
                                "schedulers and no ConfigMap)", ctx)
+    if (not ctx.params["learned"]
+            and ctx.get_parameter_source("learned_configmap") == click.core.ParameterSource.COMMANDLINE
+            and ctx.params["simulated"] is None):   # (on a simulated cluster learn_options says why)
+        raise click.UsageError("--learned-configmap only applies with --learned (inspect reads the ConfigMap "
+                               "only to show what the placer learned)", ctx)
 
 
 @click.command("inspect", cls=OperatorCommand)

@@ -117,6 +117,13 @@ def _check_plan(ctx: click.Context) -> None:
     for flag, given in (("--any-model", p["any_model"]), ("--max-nodes", p["max_nodes"] is not None)):
         if given and not p["drain"]:
             raise click.UsageError(f"{flag} only applies to --drain", ctx)
+    given = {name for name in ("limit", "top")
+             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
+    if "limit" in given and not p["shapes"]:   # (a default would change nothing: only one typed)
+        raise click.UsageError("--limit only applies to --shape (it stops counting a shape)", ctx)
+    if "top" in given and not p["shapes"] and not p["preempt_shapes"]:
+        raise click.UsageError("--top only applies to --shape and --preempt (--drain lists every node it empties)",
+                               ctx)
     if p["priority"] is not None and not p["preempt_shapes"]:
         raise click.UsageError("--priority only applies to --preempt (--shape counts pods as they are, "
                                "without evicting any)", ctx)

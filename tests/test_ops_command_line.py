@@ -46,3 +46,27 @@ def test_cluster_options_refuse_to_run_unchecked():
 
     r = CliRunner().invoke(bare, ["--simulated"])
     assert isinstance(r.exception, RuntimeError) and "OperatorCommand" in str(r.exception)
+
+
+@pytest.mark.parametrize("args, said", [
+    # inspect reads the ConfigMap only with --learned: without it the option changed nothing.
+    (["inspect", "--kubeconfig", "/nonexistent", "--learned-configmap", "ns/name"],
+     "--learned-configmap only applies with --learned"),
+    # --limit stops counting a --shape; --drain and --preempt count nothing.
+    (["plan", "--simulated", "--drain", "--limit", "5"], "--limit only applies to --shape"),
+    # --top lists the nodes of a --shape or --preempt answer; --drain lists every node it empties.
+    (["plan", "--simulated", "--drain", "--top", "2"], "--top only applies to --shape and --preempt"),
+])
+def test_an_option_that_would_change_nothing_is_refused(args, said):
+    """Found by trying them: each was taken and silently ignored, so the operator believed the
+    answer honoured it (a --learned-configmap naming the extender's ConfigMap; a --top 2 that
+    listed every drained node)."""
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and said in r.output, r.output
+
+
+def test_the_options_are_taken_where_they_apply():
+    for args in (["plan", "--simulated", "--shape", "1", "--limit", "3", "--top", "1"],
+                 ["plan", "--simulated", "--preempt", "1", "--priority", "1", "--top", "1"]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0, r.output
