@@ -382,14 +382,17 @@ def node_notes(node: Mapping[str, Any]) -> list[str]:
 
 def stated_gpus(node: Mapping[str, Any]) -> int | None:
     """The node's ``status.allocatable["nvidia.com/gpu"]`` as kube-scheduler counts it (a missing
-    one is 0: kube-scheduler then admits no pod asking for a GPU), or None when it is not a
-    quantity (the feed's node error says so, if it matters)."""
+    one is 0: kube-scheduler then admits no pod asking for a GPU; a fraction is rounded up, as
+    its ``Quantity.Value()`` does: 1500m is 2), or None when it is not a quantity (the feed's
+    node error says so, if it matters)."""
+    from decimal import ROUND_CEILING
+
     from stowage.resources import parse_quantity
 
     status = node.get("status") if isinstance(node.get("status"), Mapping) else {}
     alloc = status.get("allocatable") if isinstance(status.get("allocatable"), Mapping) else {}
     try:
-        return int(parse_quantity(alloc.get("nvidia.com/gpu", "0")))
+        return int(parse_quantity(alloc.get("nvidia.com/gpu", "0")).to_integral_value(rounding=ROUND_CEILING))
     except Exception:   # a malformed quantity
         return None
 

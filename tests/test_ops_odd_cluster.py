@@ -160,3 +160,14 @@ def test_preempt_does_not_say_fits_now_where_kube_scheduler_refuses(tight_cfg):
     pre = json.loads(run(tight_cfg, "plan", "--preempt", "2", "--priority", "10", "-o", "json").stdout)["preempt"][0]
     assert not pre["fitsNow"]
     assert all(not (o["node"] == "tight" and not o["evict"]) for o in pre["options"])
+
+
+def test_a_fractional_allocatable_gpu_count_is_read_as_kube_scheduler_reads_it(tmp_path):
+    """kube-scheduler counts an extended resource by Quantity.Value(), rounded up: 1500m is 2.
+    Read as 1 (int() of 1.5), inspect noted a disagreement with 2 healthy cards that kube-scheduler
+    does not see, and plan refused the second 1-GPU pod it admits."""
+    with FakeKube() as kube:
+        kube.create_node(make_node("milli", annotations=inv("milli", 2), allocatable={"nvidia.com/gpu": "1500m"}))
+        cfg = kubeconfig_file(tmp_path, kube.url)
+        assert nodes(json.loads(run(cfg, "inspect", "-o", "json").stdout))["milli"]["notes"] == []
+        assert json.loads(run(cfg, "plan", "--shape", "1", "-o", "json").stdout)["capacity"][0]["count"] == 2
