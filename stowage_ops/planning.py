@@ -264,13 +264,17 @@ class GpuAllocatable:
     unreadable, not checked). Slices ask ``nvidia.com/gpu-memory``, not ``nvidia.com/gpu``."""
 
     stated: Mapping[str, int | None] = field(default_factory=dict)
+    # node -> nvidia.com/gpu asked by pods bound there that hold no card in the model
+    # (:meth:`stowage_ops.cluster_source.LiveFacts.gpus_outside`)
+    outside: Mapping[str, int] = field(default_factory=dict)
 
     def room(self, model: ClusterModel, node: str) -> int | None:
         """Whole GPUs kube-scheduler would still admit on ``node`` (None: not checked)."""
         stated = self.stated.get(node)
         if stated is None or node not in model.index:
             return None
-        return stated - sum(len(al.cards) for al in _pods_on(model, node) if al.whole)
+        held = sum(len(al.cards) for al in _pods_on(model, node) if al.whole)
+        return stated - held - self.outside.get(node, 0)
 
     def tight(self, model: ClusterModel) -> frozenset[str]:
         """The nodes where kube-scheduler's room is below Stowage's free healthy cards: the only

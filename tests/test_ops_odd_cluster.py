@@ -12,7 +12,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from fakekube import FakeKube, kubeconfig_file, make_node
+from fakekube import FakeKube, kubeconfig_file, make_node, make_pod
 from test_inspect_plan_live import alloc, stowage_pod
 
 from stowage.cli import main
@@ -171,3 +171,19 @@ def test_a_fractional_allocatable_gpu_count_is_read_as_kube_scheduler_reads_it(t
         cfg = kubeconfig_file(tmp_path, kube.url)
         assert nodes(json.loads(run(cfg, "inspect", "-o", "json").stdout))["milli"]["notes"] == []
         assert json.loads(run(cfg, "plan", "--shape", "1", "-o", "json").stdout)["capacity"][0]["count"] == 2
+
+
+def test_plan_counts_the_gpus_pods_without_a_record_ask_against_allocatable(tmp_path):
+    """kube-scheduler subtracts every bound pod's nvidia.com/gpu from the node's allocatable, also
+    a pod another scheduler bound (no record: Stowage sees its card free) and one whose record the
+    feed refused. Counted by the model alone, plan promised both nodes' second card."""
+    with FakeKube() as kube:
+        for node in ("other-sched", "bad-record"):
+            kube.create_node(make_node(node, gpus=2, annotations=inv(node, 2)))
+        kube.create_pod(make_pod("theirs", namespace="ml", gpus=1, node="other-sched", phase="Running"))
+        kube.create_pod(stowage_pod("refused", namespace="ml", gpus=1, node="bad-record", phase="Running",
+                                    annotations={"stowage.io/allocation": "{not json"}))
+        kube.create_pod(make_pod("done", namespace="ml", gpus=2, node="bad-record", phase="Succeeded"))
+        cfg = kubeconfig_file(tmp_path, kube.url)
+        one = json.loads(run(cfg, "plan", "--shape", "1", "-o", "json").stdout)["capacity"][0]
+        assert one["perNode"] == {"bad-record": 1, "other-sched": 1}
