@@ -159,8 +159,10 @@ def _check_plan(ctx: click.Context) -> None:
 def plan(source: Source, shapes: list[Shape], drain: bool, preempt_shapes: list[Shape],
          priority: int | None, placer: str, limit: int, any_model: bool, max_nodes: int | None, top: int,
          learn: LearnFrom, output: str) -> None:
-    """What-if: how many more pods of a SHAPE fit right now and on which nodes; and (--drain)
-    which nodes the cluster autoscaler could remove after moving the fewest GPU pods.
+    """What-if: how many more pods of a SHAPE fit right now and on which nodes; (--drain)
+    which nodes the cluster autoscaler could remove after moving the fewest pods (CPU-only
+    pods too; DaemonSet pods stay); (--preempt) which lower-priority pods would have to go
+    where for one pod of a SHAPE.
 
     Pods are placed one by one with the extender's own fit, scoring and card-choice code on a
     copy of the cluster, so fragmentation counts: free memory spread over many cards does not

@@ -70,3 +70,12 @@ def test_the_options_are_taken_where_they_apply():
                  ["plan", "--simulated", "--preempt", "1", "--priority", "1", "--top", "1"]):
         r = CliRunner().invoke(main, args)
         assert r.exit_code == 0, r.output
+
+
+def test_plan_help_names_its_three_questions_as_they_are_answered():
+    """plan --help's summary said --drain moves "the fewest GPU pods" (it moves CPU-only pods too,
+    docs/operator-tools.md) and did not name --preempt at all."""
+    r = CliRunner().invoke(main, ["plan", "--help"])
+    summary = " ".join(r.output.split("Pods are placed")[0].split("[OPTIONS]")[1].split())
+    assert "--preempt" in summary and "--drain" in summary and "SHAPE" in summary
+    assert "GPU pods" not in summary
