@@ -461,6 +461,8 @@ def _note_nodes(feeder: Any, facts: LiveFacts) -> None:
             notes = node_notes(node)
             if notes:
                 facts.node_notes[m["name"]] = notes
+            else:   # (a node listed twice: the model keeps the last one applied)
+                facts.node_notes.pop(m["name"], None)
             facts.gpu_allocatable[m["name"]] = stated_gpus(node)
         return node_takes_no_pods(node)
 

@@ -187,3 +187,19 @@ def test_plan_counts_the_gpus_pods_without_a_record_ask_against_allocatable(tmp_
         cfg = kubeconfig_file(tmp_path, kube.url)
         one = json.loads(run(cfg, "plan", "--shape", "1", "-o", "json").stdout)["capacity"][0]
         assert one["perNode"] == {"bad-record": 1, "other-sched": 1}
+
+
+def test_a_node_read_twice_keeps_the_notes_of_what_was_applied_last():
+    """A list naming a node twice (a hostile or broken API server: duplicate names) applies it
+    twice and the model keeps the last; its notes kept the first's ('cordoned') when the last
+    had none."""
+    from types import SimpleNamespace
+
+    from stowage_ops.cluster_source import LiveFacts, _note_nodes
+
+    facts, feeder = LiveFacts(), SimpleNamespace(node_closed=None)
+    _note_nodes(feeder, facts)
+    feeder.node_closed(make_node("twice", gpus=2, unschedulable=True))
+    assert facts.node_notes["twice"] == ["cordoned"]
+    feeder.node_closed(make_node("twice", gpus=1))
+    assert facts.node_notes.get("twice", []) == [] and facts.gpu_allocatable["twice"] == 1
