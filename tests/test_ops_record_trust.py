@@ -87,7 +87,11 @@ def test_the_key_file_comes_from_the_extenders_environment_variable_too(signed, 
 
 
 def test_plan_counts_only_the_cards_the_extender_counts(signed):
-    cfg, key_file, _ = signed
+    """(Besides the cards, kube-scheduler admits by the node's allocatable nvidia.com/gpu less
+    every bound pod's ask, records or not: 4 - 4 here, room for nothing, whatever the trust. So
+    that the cards tell, n1 states 8.)"""
+    cfg, key_file, kube = signed
+    kube.patch_node("n1", {"status": {"allocatable": {"nvidia.com/gpu": "8"}}})
     r = CliRunner().invoke(main, ["plan", "--kubeconfig", cfg, "--record-key-file", key_file, "--shape", "1",
                                   "--shape", "3", "-o", "json"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
@@ -97,6 +101,10 @@ def test_plan_counts_only_the_cards_the_extender_counts(signed):
                            catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["capacity"][0]["count"] == 2       # unsigned cluster: the forged record counts
+    kube.patch_node("n1", {"status": {"allocatable": {"nvidia.com/gpu": "4"}}})
+    r = CliRunner().invoke(main, ["plan", "--kubeconfig", cfg, "--record-key-file", key_file, "--shape", "1",
+                                  "-o", "json"], catch_exceptions=False)
+    assert json.loads(r.stdout)["capacity"][0]["count"] == 0       # 2 + 1 + 1 GPUs asked of 4
 
 
 def test_the_extender_and_inspect_agree_on_which_cards_are_free(signed, tmp_path):
