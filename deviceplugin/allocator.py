@@ -93,6 +93,8 @@ class Candidate:
     in_progress: bool = False   # the kubelet gave it some of its devices but not all: being admitted
     started: bool = False       # some device of any of our resources was given to it (ledger or kubelet list)
     moved_from: AllocationRecord | None = None   # its record before :func:`relocation` moved it
+    again: int = 0              # its first ``again`` containers (init ones) may be asked for again (:func:`_progress`)
+    retried: bool = False       # :meth:`at` placed it on an earlier container than ``done``: the kubelet asks again
 
     @property
     def ref(self) -> str:
@@ -110,8 +112,25 @@ class Candidate:
     def signature(self) -> tuple[frozenset[str], int, bool]:
         return self.cards, self.next_size, self.record.whole
 
+    def at(self, size: int) -> Candidate | None:
+        """This pod placed on the container the kubelet asks ``size`` devices for; None if none of its
+        containers it may ask for next needs that many.
+
+        Its next container first; else the latest of the init containers whose answers may have been
+        lost (``again``): the kubelet asks for them again in order, and the latest keeps ``done`` at or
+        past the kubelet's own position, so each of its next requests is one the pod can take."""
+        if self.next_size == size:
+            return self
+        for k in reversed(range(min(self.again, self.done))):
+            if self.sizes[k] == size:
+                return replace(self, done=k, again=0, retried=True)
+        return None
+
     def describe(self) -> str:
-        return f"{self.ref} (next container needs {self.next_size}, recorded card(s) {', '.join(self.record.uuids)})"
+        again = sorted({self.sizes[k] for k in range(min(self.again, self.done))} - {self.next_size})
+        also = f", or {' or '.join(map(str, again))} for an init container asked again" if again else ""
+        return (f"{self.ref} (next container needs {self.next_size}{also}, "
+                f"recorded card(s) {', '.join(self.record.uuids)})")
 
 
 @dataclass
@@ -123,8 +142,14 @@ class Ledger:
     def count(self, uid: str, resource: str) -> int:
         return len(self.given.get((uid, resource), ()))
 
-    def add(self, uid: str, resource: str, ids: Iterable[str]) -> None:
-        self.given.setdefault((uid, resource), []).append(tuple(ids))
+    def add(self, uid: str, resource: str, ids: Iterable[str], at: int | None = None) -> None:
+        """Book the answer of the pod's next container; ``at``: of its container at that position,
+        asked for again, so the answers booked from there on were lost (the kubelet never took
+        them up) and are dropped."""
+        entries = self.given.setdefault((uid, resource), [])
+        if at is not None:
+            del entries[at:]
+        entries.append(tuple(ids))
 
     def cards(self, table: DeviceTable, uid: str, resources: Iterable[str]) -> set[str]:
         """The cards of the devices this process gave pod ``uid`` in ``resources``."""
@@ -214,9 +239,18 @@ class PodSurvey:
         return self.claimed.get(uuid, frozenset()) <= {uid}
 
 
+@dataclass(frozen=True)
+class Progress:
+    """How far the kubelet got with one pod's containers of one resource (see :func:`_progress`)."""
+
+    served: int   # containers served (init first)
+    listed: int   # served as the kubelet lists them
+    again: int    # the first ``again`` containers (init ones) may be asked for again: their answers may be lost
+
+
 def _progress(pod: Mapping[str, Any], uid: str, ref: tuple[str, str], ledger: Ledger,
-              view: KubeletView | None) -> dict[str, tuple[int, int]]:
-    """resource -> (containers served, served as the kubelet lists them), for each of our resources the pod uses.
+              view: KubeletView | None) -> dict[str, Progress]:
+    """resource -> :class:`Progress`, for each of our resources the pod uses.
 
     With the kubelet's list, a regular container is served only once the kubelet lists its devices
     (it records them before its next call): an Allocate this process answered but the kubelet never
@@ -226,17 +260,25 @@ def _progress(pod: Mapping[str, Any], uid: str, ref: tuple[str, str], ledger: Le
     without a GetPreferredAllocation), up to their number: an extra answer (a lost one, or the
     kubelet asking again) cannot push the count into the regular containers. Without the list
     (PodResources unreachable) the ledger is all there is, as before.
+
+    An init container's answer may have been lost the same way, and nothing says so: the kubelet
+    then asks for it again (a restarted kubelet re-admits the pod from the first container its
+    checkpoint holds no devices for). So while no regular container counts as served, each init
+    container answered so far may be asked for again (``again``); once one does (listed, or in the
+    fallback answered), the kubelet is past them and an init-sized request is no retry.
     """
     out = {}
     for r in (RESOURCE_GPU, RESOURCE_GPU_MEMORY, RESOURCE_GPU_CORE):
         sized = _sized_containers(pod, r)
         if sized:
             named = [(name, n) for name, n, _ in sized]
+            inits = sum(1 for _, _, is_init in sized if is_init)
             listed = _view_done(view, ref, named, r)
             answered = ledger.count(uid, r)
             if view is not None:
-                answered = min(answered, sum(1 for _, _, is_init in sized if is_init))
-            out[r] = (max(answered, listed), listed)
+                answered = min(answered, inits)
+            served = max(answered, listed)
+            out[r] = Progress(served, listed, served if listed == 0 and served <= inits else 0)
     return out
 
 
@@ -259,7 +301,7 @@ def given_any(pod: Mapping[str, Any], ledger: Ledger, view: KubeletView | None) 
         progress = _progress(pod, uid, ref, ledger, view)
     except RequestError:
         return False
-    return any(served > 0 for served, _ in progress.values())
+    return any(p.served > 0 for p in progress.values())
 
 
 def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: Ledger,
@@ -301,12 +343,12 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
             continue
         uid, pod_ref = _pod_ids(meta)
         progress = _progress(pod, uid, pod_ref, ledger, view)
-        done = progress[resource][0]
+        done, again = progress[resource].served, progress[resource].again
         if done >= len(sizes):
             continue
         # only the kubelet's own list says "being admitted": a ledger entry of a pod whose
         # admission failed must not block the others
-        in_progress = any(listed > 0 for _, listed in progress.values())
+        in_progress = any(p.listed > 0 for p in progress.values())
         try:
             rec = (overrides or {}).get(uid) or (trust or RecordTrust()).record_of(pod)
         except AllocationError as exc:
@@ -339,10 +381,10 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
             notes.append(f"{ref}: waits for its card, but the kubelet does not list it yet, so it is not the pod being "
                          "admitted (that pod has no allocation record the plugin honours)")
             continue
-        started = any(served > 0 for served, _ in progress.values())
+        started = any(p.served > 0 for p in progress.values())
         cands.append(Candidate(uid=uid, namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""),
                                record=rec, sizes=sizes, done=done, order=_order(pod), in_progress=in_progress,
-                               started=started))
+                               started=started, again=again))
     cands.sort(key=lambda c: c.order)
     busy = [c for c in cands if c.in_progress]
     if busy:
@@ -484,8 +526,8 @@ def preferred(table: DeviceTable, resource: str, available: list[str], must_incl
         raise AllocationRefused(INVALID_ARGUMENT, f"{resource}: must_include device(s) {some_ids(not_offered)} "
                                 "are not among the available ones")
     fits = []
-    for c in found.candidates:
-        if c.next_size != size or any(card_of[i] not in c.cards for i in must_include):
+    for c in (m for c in found.candidates if (m := c.at(size)) is not None):
+        if any(card_of[i] not in c.cards for i in must_include):
             continue
         pick, included = list(must_include), set(must_include)
         rest = sorted((i for i in available if card_of[i] in c.cards and i not in included),
@@ -496,7 +538,7 @@ def preferred(table: DeviceTable, resource: str, available: list[str], must_incl
     if fits:
         return fits[0]  # sorted by bind order: the pod the kubelet admits first
     offered = _by_card(card_of, available)
-    movable = [c for c in found.candidates if c.next_size == size and _move_kind(table, resource, c, offered)]
+    movable = [m for c in found.candidates if (m := c.at(size)) is not None and _move_kind(table, resource, m, offered)]
     kinds = {_move_kind(table, resource, c, offered) for c in movable}
     if movable and len(kinds) == 1 and not must_include:
         # Any of them may be the pod being admitted (the kubelet lists each: survey); moved alike,
@@ -613,12 +655,12 @@ def allocate(table: DeviceTable, resource: str, ids: list[str], found: PodSurvey
                                 f"the {len(ids)} asked for")
     card_of = _cards_of(table, resource, ids)
     cards = set(card_of.values())
-    fits = [c for c in found.candidates if c.next_size == len(ids) and cards <= c.cards]
+    fits = [m for c in found.candidates if (m := c.at(len(ids))) is not None and cards <= m.cards]
     if not fits:
         # GetPreferredAllocation moved the pod off recorded cards the kubelet did not offer (only it
         # sees what is offered): the same move, onto exactly these devices, is that pod's
-        for c in found.candidates:
-            if c.uid == steered and c.next_size == len(ids):
+        for c in (m for c in found.candidates if (m := c.at(len(ids))) is not None):
+            if c.uid == steered:
                 moved = relocation(table, resource, c, _by_card(card_of, ids), found)
                 if moved is not None and set(moved[1]) == set(ids):
                     return moved[0]

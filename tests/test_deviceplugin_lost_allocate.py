@@ -133,3 +133,56 @@ def test_a_lost_move_does_not_outlive_its_answer(monkeypatch):
         other = bind_pod(r, "other", [container("main", gpus=1)], whole(1), "2024-01-01T00:00:03Z")
         assert r.kubelet.admit(new)["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == u0
         assert r.kubelet.admit(other)["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == u1
+
+
+def _lost_init_then_admit(r, init_sizes, main_size, lost):
+    """A pod whose init containers ask ``init_sizes`` cards and main container ``main_size``, recorded on
+    cards 0..n-1; the answers of its first ``lost`` init containers are lost (the kubelet restarted
+    mid-admission, or the call was cut off), then the kubelet admits it again from its first container."""
+    n = max(max(init_sizes), main_size)
+    uuids = [r.uuid(i) for i in range(n)]
+    pod = bind_pod(r, "retry", [container("main", gpus=main_size)], record(list(enumerate(uuids)), whole=True),
+                   "2024-01-01T00:00:01Z", init=[container(f"setup{k}", gpus=s) for k, s in enumerate(init_sizes)])
+    r.kubelet.take_up(pod)
+    for k in range(lost):
+        _allocate(r, RESOURCE_GPU, uuids[: init_sizes[k]])
+    return pod, uuids, r.kubelet.admit(pod)
+
+
+@pytest.mark.parametrize("podresources", [True, False])
+def test_a_retried_init_allocate_of_another_size_is_served(monkeypatch, podresources):
+    """Init 1 card, main 2: the init container's answer was lost, so the kubelet asks for it again.
+    Before, the ledger counted the init container as served and expected the main container's 2
+    devices: the retried 1-device request (GetPreferredAllocation, then Allocate) was refused and the
+    pod could never start."""
+    with rig(monkeypatch, podresources=podresources) as r:
+        assert r.registered()
+        pod, (u0, u1), got = _lost_init_then_admit(r, [1], 2, lost=1)
+        assert got["setup0"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] in (u0, u1)
+        assert got["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == f"{u0},{u1}"
+        assert sorted(r.kubelet.allocated[pod["metadata"]["uid"]]["main"][RESOURCE_GPU]) == sorted([u0, u1])
+
+
+def test_several_lost_init_answers_are_asked_again_in_order(monkeypatch):
+    """Init containers of 2 and 1 cards, main 3: both init answers lost; the kubelet asks for each again."""
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        _, uuids, got = _lost_init_then_admit(r, [2, 1], 3, lost=2)
+        assert set(got["setup0"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"].split(",")) < set(uuids)
+        assert got["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(uuids)
+
+
+def test_a_retried_init_allocate_gives_nothing_once_the_pod_is_admitted(monkeypatch):
+    """Once the kubelet lists the main container, an init-sized request is no retry: refused, so no
+    other caller gets the pod's card again; and a second pod recorded on it is refused too."""
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        _, (u0, u1), _ = _lost_init_then_admit(r, [1], 2, lost=1)
+        with pytest.raises(grpc.RpcError) as err:
+            _allocate(r, RESOURCE_GPU, [u0])
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        other = bind_pod(r, "other", [container("main", gpus=1)], record([(0, u0)], whole=True), "2024-01-01T00:00:02Z")
+        r.kubelet.take_up(other)
+        with pytest.raises(grpc.RpcError) as err:
+            _allocate(r, RESOURCE_GPU, [u0])
+        assert "already holds" in err.value.details()
