@@ -314,6 +314,15 @@ class Nvml:
         """How many cards NVML counts, or why it cannot say (an error, or a count still running)."""
         if self.running_in(INIT) is not None:   # counting before nvmlInit returned: NVML is not initialised
             return "nvmlInit: the call made at start has not returned yet"
+        if not self._ok:
+            # The nvmlInit made at start passed its deadline and then failed (no one waits for its
+            # answer any more): NVML is not initialised, and every count would fail "Uninitialized"
+            # until the process restarted. Initialise it again; its error is why nothing is counted.
+            try:
+                self.init()
+            except NvmlUnavailable as exc:
+                return str(exc)
+            log.warning("NVML is initialised now (nvmlInit had not succeeded at start)")
         why = self._enter(COUNT, "nvmlDeviceGetCount")
         if why is not None:
             return f"nvmlDeviceGetCount: {why}"

@@ -108,3 +108,24 @@ def test_a_hung_count_or_init_at_start_serves_no_card_until_it_returns(monkeypat
             hang.release()
         assert r.kubelet.wait_for(lambda: _advertised(r) == {r.uuid(i) for i in range(4)})
         assert hang.calls == 1
+
+
+def test_a_hung_init_that_then_fails_is_made_again_until_the_driver_answers(monkeypatch, caplog):
+    """nvmlInit outlives its deadline at start, then returns an error (the driver was not loaded yet).
+    Before, nothing called nvmlInit again: every later count failed as "Uninitialized" and no card was
+    served until the plugin restarted. Now a later round initialises NVML again, and once the driver
+    answers the cards are counted, read and served."""
+    hang = Hang("nvmlInit")
+    with rig(monkeypatch, driver_loaded=False, nvml_deadline_s=0.5, rediscover_first_s=0.05,
+             rediscover_max_s=0.1, before_start=lambda _: hang.install(monkeypatch)) as r:
+        try:
+            assert r.registered()
+            assert hang.hanging == 1 and _advertised(r) == set()
+        finally:
+            hang.release()   # ... and it fails: the driver is not loaded
+        late = r.plugin.health.late
+        assert r.kube.wait_for(lambda: hang.hanging == 0 and late._count is not None and late._count.failures >= 5)
+        assert _advertised(r) == set()
+        r.nvml.driver_loaded = True   # the driver is loaded now
+        assert r.kubelet.wait_for(lambda: _advertised(r) == {r.uuid(i) for i in range(4)})
+        assert r.kubelet.allocatable(RESOURCE_GPU) == 4
