@@ -536,7 +536,11 @@ def preferred(table: DeviceTable, resource: str, available: list[str], must_incl
         if len(pick) == size:
             fits.append((c, pick))
     if fits:
-        return fits[0]  # sorted by bind order: the pod the kubelet admits first
+        # sorted by bind order: the pod the kubelet admits first; but a pod at its own next container
+        # before one asked again for an init container: the kubelet asks again only after a restart,
+        # while a pod whose admission failed after its init container (its Failed status not seen
+        # yet) is no retry, and taken for one it would hand the pod admitted next its card
+        return min(fits, key=lambda f: f[0].retried)
     offered = _by_card(card_of, available)
     movable = [m for c in found.candidates if (m := c.at(size)) is not None and _move_kind(table, resource, m, offered)]
     kinds = {_move_kind(table, resource, c, offered) for c in movable}

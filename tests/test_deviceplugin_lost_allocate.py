@@ -186,3 +186,18 @@ def test_a_retried_init_allocate_gives_nothing_once_the_pod_is_admitted(monkeypa
         with pytest.raises(grpc.RpcError) as err:
             _allocate(r, RESOURCE_GPU, [u0])
         assert "already holds" in err.value.details()
+
+
+def test_a_pod_whose_admission_failed_after_its_init_container_does_not_take_the_next_pods_card(monkeypatch):
+    """Pod a's init container was answered, then its admission failed (its Failed status not yet seen):
+    the kubelet admits the next pod, b, of the init container's size. A may be asked again only in
+    theory; b is at its own next container, so the hint and the answer are b's card, not a's."""
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        u0, u1, u2 = r.uuid(0), r.uuid(1), r.uuid(2)
+        a = bind_pod(r, "a", [container("main", gpus=2)], record([(0, u0), (1, u1)], whole=True),
+                     "2024-01-01T00:00:01Z", init=[container("setup", gpus=1)])
+        r.kubelet.take_up(a)
+        _allocate(r, RESOURCE_GPU, [u0])
+        b = bind_pod(r, "b", [container("main", gpus=1)], record([(2, u2)], whole=True), "2024-01-01T00:00:02Z")
+        assert r.kubelet.admit(b)["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == u2
