@@ -322,6 +322,8 @@ class Nvml:
                 self.init()
             except NvmlUnavailable as exc:
                 return str(exc)
+            except Exception as exc:   # a broken library: a count that failed, tried again with back-off
+                return f"nvmlInit: {unreadable_answer(exc)}"
             log.warning("NVML is initialised now (nvmlInit had not succeeded at start)")
         why = self._enter(COUNT, "nvmlDeviceGetCount")
         if why is not None:
