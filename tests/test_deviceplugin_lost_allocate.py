@@ -201,3 +201,18 @@ def test_a_pod_whose_admission_failed_after_its_init_container_does_not_take_the
         _allocate(r, RESOURCE_GPU, [u0])
         b = bind_pod(r, "b", [container("main", gpus=1)], record([(2, u2)], whole=True), "2024-01-01T00:00:02Z")
         assert r.kubelet.admit(b)["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == u2
+
+
+def test_a_retried_init_allocate_of_a_share_is_served(monkeypatch):
+    """The same for a share: init container 2 GiB, main 4 GiB of one card; the init answer was lost."""
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        u2 = r.uuid(2)
+        pod = bind_pod(r, "share", [container("main", mem=4)], record([(2, u2)], whole=False, mem_mib=4096),
+                       "2024-01-01T00:00:01Z", init=[container("setup", mem=2)])
+        r.kubelet.take_up(pod)
+        _allocate(r, RESOURCE_GPU_MEMORY, [f"{u2}::{n}" for n in range(2)])
+        got = r.kubelet.admit(pod)
+        assert got["setup"][RESOURCE_GPU_MEMORY].envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
+        assert got["main"][RESOURCE_GPU_MEMORY].envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+        assert got["main"][RESOURCE_GPU_MEMORY].envs["NVIDIA_VISIBLE_DEVICES"] == u2
