@@ -235,17 +235,28 @@ class Nvml:
 
     def start_within(self, deadline_s: float) -> tuple[list[GpuInfo], bool]:
         """:meth:`init` and :meth:`discover`, each NVML call waited for at most ``deadline_s``:
-        ``(the cards read, whether NVML is initialised or may still be)``.
+        ``(the cards read, whether NVML is initialised or may be later)``.
 
         NVML may never answer a call (a card fallen off the bus can hang the driver), and no Python
         code can interrupt it: made inline, one such call kept the device plugin from ever serving.
         Here a call past its deadline is said (which call, and for which card) and left to finish on
         its worker (one thread per call): a hung ``nvmlInit`` or count leaves no card read now and
         ``uncounted`` saying why, a hung card read leaves that card in ``unreadable``; either is what
-        :class:`LateCards` reads again once it answers. Raises :class:`NvmlUnavailable` as :meth:`init`.
+        :class:`LateCards` reads again once it answers.
+
+        An ``nvmlInit`` that fails (no driver loaded yet, no library) is a count that failed too, with
+        its error in ``uncounted``: :class:`LateCards` counts again with back-off, initialising NVML
+        first (:meth:`_count`). Raised, it left the plugin advertising nothing until restarted by hand,
+        though a driver container commonly loads the driver after the device plugin started.
         """
         calls = DeadlineCalls(deadline_s, name="nvml-start")
-        done = calls.run({INIT: self.init})[INIT]
+        try:
+            done = calls.run({INIT: self.init})[INIT]
+        except NvmlUnavailable as exc:
+            self.uncounted = str(exc)
+            log.error("%s -- no GPU is advertised until NVML can be initialised; tried again in the background "
+                      "with back-off", exc)
+            return [], True
         if isinstance(done, Stuck):
             self.uncounted = f"nvmlInit did not return within {deadline_s:g} s"
             log.error("%s (NVML or the driver is hung?); no GPU is advertised until it returns, then they are "

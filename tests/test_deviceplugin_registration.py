@@ -100,6 +100,21 @@ def test_no_driver_advertises_nothing_and_keeps_running(monkeypatch, caplog):
         assert inv.cards == ()
 
 
+def test_a_driver_loaded_after_the_plugin_started_gets_its_cards_served(monkeypatch, caplog):
+    """nvmlInit fails at start (the driver is loaded later, e.g. by a driver container). Before, NVML
+    was never initialised again: the node advertised no GPU until the plugin was restarted by hand.
+    Now NVML is initialised again in the background with back-off, and the cards are then served."""
+    with rig(monkeypatch, driver_loaded=False, rediscover_first_s=0.05, rediscover_max_s=0.1) as r:
+        assert r.registered()
+        assert r.kubelet.devices(RESOURCE_GPU) == {}
+        assert any("NVML is not available" in m for m in caplog.messages)
+        r.nvml.driver_loaded = True
+        assert r.kubelet.wait_for(lambda: r.kubelet.allocatable(RESOURCE_GPU) == 4)
+        inv = r.kube.wait_for(lambda: (lambda i: i if len(i.cards) == 4 else None)(decode_inventory(
+            r.kube.get_node(NODE)["metadata"]["annotations"].get(INVENTORY_ANNOTATION) or "")))
+        assert {c.uuid for c in inv.cards} == {r.uuid(i) for i in range(4)}
+
+
 def test_plugin_started_before_kubelet_registers_when_it_appears(monkeypatch):
     with rig(monkeypatch, start_kubelet=False) as r:
         assert r.kubelet.registrations == []
