@@ -135,9 +135,17 @@ class Candidate:
 
 @dataclass
 class Ledger:
-    """Allocate calls answered so far, per (pod uid, resource): the device IDs of each container."""
+    """Allocate calls answered so far, per (pod uid, resource): the device IDs of each container.
+
+    ``serves``: per resource, how many times this process has served its socket; each kubelet
+    restart deletes it, so a new serve is a new kubelet. ``served_at``: per (pod uid, resource), that
+    count when its last answer was given. Only a kubelet restarted since (a lost answer) asks for a
+    container again: a running kubelet rejects a pod whose Allocate failed, and never retries it.
+    """
 
     given: dict[tuple[str, str], list[tuple[str, ...]]] = field(default_factory=dict)
+    serves: dict[str, int] = field(default_factory=dict)
+    served_at: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def count(self, uid: str, resource: str) -> int:
         return len(self.given.get((uid, resource), ()))
@@ -150,6 +158,15 @@ class Ledger:
         if at is not None:
             del entries[at:]
         entries.append(tuple(ids))
+        self.served_at[(uid, resource)] = self.serves.get(resource, 0)
+
+    def new_kubelet(self, resource: str) -> None:
+        """The socket of ``resource`` is served anew (at start, or after a kubelet restart deleted it)."""
+        self.serves[resource] = self.serves.get(resource, 0) + 1
+
+    def kubelet_restarted_since(self, uid: str, resource: str) -> bool:
+        """Whether the kubelet may have restarted since pod ``uid``'s last answer of ``resource``."""
+        return self.served_at.get((uid, resource), 0) < self.serves.get(resource, 0)
 
     def cards(self, table: DeviceTable, uid: str, resources: Iterable[str]) -> set[str]:
         """The cards of the devices this process gave pod ``uid`` in ``resources``."""
@@ -167,13 +184,17 @@ class Ledger:
                 owners = {owner_uid(resource, i) for i in ids} - {None}
                 if len(owners) == 1 and uid not in owners:
                     entries.remove(ids)
-                    self.given.setdefault((owners.pop(), resource), []).append(ids)
+                    owner = owners.pop()
+                    self.given.setdefault((owner, resource), []).append(ids)
+                    self.served_at[(owner, resource)] = max(self.served_at.get((owner, resource), 0),
+                                                            self.served_at.get((uid, resource), 0))
             if not entries:
                 del self.given[(uid, resource)]
+                self.served_at.pop((uid, resource), None)
 
     def copy(self) -> Ledger:
         """A copy to go back to when a call is refused after some of its container requests were booked."""
-        return Ledger({k: list(v) for k, v in self.given.items()})
+        return Ledger({k: list(v) for k, v in self.given.items()}, dict(self.serves), dict(self.served_at))
 
     def uids(self) -> set[str]:
         """Pods this process has answered at least one Allocate for."""
@@ -183,6 +204,7 @@ class Ledger:
         """Drop pods that no longer exist, so the ledger does not grow forever."""
         for key in [k for k in self.given if k[0] not in live_uids]:
             del self.given[key]
+            self.served_at.pop(key, None)
 
 
 def _container_sizes(pod: Mapping[str, Any], resource: str) -> tuple[int, ...]:
@@ -261,11 +283,14 @@ def _progress(pod: Mapping[str, Any], uid: str, ref: tuple[str, str], ledger: Le
     kubelet asking again) cannot push the count into the regular containers. Without the list
     (PodResources unreachable) the ledger is all there is, as before.
 
-    An init container's answer may have been lost the same way, and nothing says so: the kubelet
-    then asks for it again (a restarted kubelet re-admits the pod from the first container its
+    An init container's answer may have been lost the same way, and nothing says so: a kubelet
+    restarted since then asks for it again (it re-admits the pod from the first container its
     checkpoint holds no devices for). So while no regular container counts as served, each init
-    container answered so far may be asked for again (``again``); once one does (listed, or in the
-    fallback answered), the kubelet is past them and an init-sized request is no retry.
+    container answered so far may be asked for again (``again``) once the kubelet has restarted
+    since the pod's last answer (:meth:`Ledger.kubelet_restarted_since`; a running kubelet rejects a
+    pod whose call failed and asks nothing again); once a regular container counts as served
+    (listed, or in the fallback answered), the kubelet is past them and an init-sized request is no
+    retry.
     """
     out = {}
     for r in (RESOURCE_GPU, RESOURCE_GPU_MEMORY, RESOURCE_GPU_CORE):
@@ -278,7 +303,8 @@ def _progress(pod: Mapping[str, Any], uid: str, ref: tuple[str, str], ledger: Le
             if view is not None:
                 answered = min(answered, inits)
             served = max(answered, listed)
-            out[r] = Progress(served, listed, served if listed == 0 and served <= inits else 0)
+            retry = listed == 0 and served <= inits and ledger.kubelet_restarted_since(uid, r)
+            out[r] = Progress(served, listed, served if retry else 0)
     return out
 
 

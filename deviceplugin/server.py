@@ -255,6 +255,12 @@ class Allocations:
         self._moved: dict[str, AllocationRecord] = {}
         self._lock = threading.Lock()  # one decision at a time: two calls must not pick the same pod
 
+    def new_kubelet(self, resource: str) -> None:
+        """``resource``'s socket is served anew: a kubelet restarted since may ask again for what was
+        answered before (:meth:`allocator.Ledger.kubelet_restarted_since`)."""
+        with self._lock:
+            self.ledger.new_kubelet(resource)
+
     def _read(self, resource: str) -> tuple[list[Any], PodList | None]:
         """The node's pods (API server) and the kubelet's PodResources list (None: unavailable).
 
@@ -451,6 +457,7 @@ class Endpoint:
         server.start()
         self.server = server
         self.sock_ino = os.stat(self.path).st_ino
+        self.allocs.new_kubelet(self.resource)
         self.registered_with = None
         self.next_try = 0.0   # a fresh socket is registered at once, whatever an earlier try left
 

@@ -135,10 +135,16 @@ def test_a_lost_move_does_not_outlive_its_answer(monkeypatch):
         assert r.kubelet.admit(other)["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == u1
 
 
+def _restarted_kubelet(r):
+    """The kubelet restarts (its answers in flight lost); the plugin serves and registers again."""
+    r.kubelet.restart()
+    assert r.registered()
+
+
 def _lost_init_then_admit(r, init_sizes, main_size, lost):
     """A pod whose init containers ask ``init_sizes`` cards and main container ``main_size``, recorded on
     cards 0..n-1; the answers of its first ``lost`` init containers are lost (the kubelet restarted
-    mid-admission, or the call was cut off), then the kubelet admits it again from its first container."""
+    mid-admission), then the restarted kubelet admits it again from its first container."""
     n = max(max(init_sizes), main_size)
     uuids = [r.uuid(i) for i in range(n)]
     pod = bind_pod(r, "retry", [container("main", gpus=main_size)], record(list(enumerate(uuids)), whole=True),
@@ -146,12 +152,13 @@ def _lost_init_then_admit(r, init_sizes, main_size, lost):
     r.kubelet.take_up(pod)
     for k in range(lost):
         _allocate(r, RESOURCE_GPU, uuids[: init_sizes[k]])
+    _restarted_kubelet(r)
     return pod, uuids, r.kubelet.admit(pod)
 
 
 @pytest.mark.parametrize("podresources", [True, False])
 def test_a_retried_init_allocate_of_another_size_is_served(monkeypatch, podresources):
-    """Init 1 card, main 2: the init container's answer was lost, so the kubelet asks for it again.
+    """Init 1 card, main 2: the init container's answer was lost, so the restarted kubelet asks for it again.
     Before, the ledger counted the init container as served and expected the main container's 2
     devices: the retried 1-device request (GetPreferredAllocation, then Allocate) was refused and the
     pod could never start."""
@@ -190,8 +197,8 @@ def test_a_retried_init_allocate_gives_nothing_once_the_pod_is_admitted(monkeypa
 
 def test_a_pod_whose_admission_failed_after_its_init_container_does_not_take_the_next_pods_card(monkeypatch):
     """Pod a's init container was answered, then its admission failed (its Failed status not yet seen):
-    the kubelet admits the next pod, b, of the init container's size. A may be asked again only in
-    theory; b is at its own next container, so the hint and the answer are b's card, not a's."""
+    the kubelet admits the next pod, b, of the init container's size. A running kubelet asks nothing
+    of a rejected pod again, so the hint and the answer are b's card, not a's."""
     with rig(monkeypatch) as r:
         assert r.registered()
         u0, u1, u2 = r.uuid(0), r.uuid(1), r.uuid(2)
@@ -212,7 +219,41 @@ def test_a_retried_init_allocate_of_a_share_is_served(monkeypatch):
                        "2024-01-01T00:00:01Z", init=[container("setup", mem=2)])
         r.kubelet.take_up(pod)
         _allocate(r, RESOURCE_GPU_MEMORY, [f"{u2}::{n}" for n in range(2)])
+        _restarted_kubelet(r)
         got = r.kubelet.admit(pod)
         assert got["setup"][RESOURCE_GPU_MEMORY].envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
         assert got["main"][RESOURCE_GPU_MEMORY].envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
         assert got["main"][RESOURCE_GPU_MEMORY].envs["NVIDIA_VISIBLE_DEVICES"] == u2
+
+
+def test_after_a_restart_a_pod_at_its_own_next_container_comes_before_one_asked_again(monkeypatch):
+    """Both a (its init answer lost, the kubelet restarted since) and b (waiting, bound later) fit a
+    1-GPU request: the hint goes to b, at its own next container, not to a's card (a restarted kubelet
+    lists only the pods it re-added so far, so a true retry of a is then the only candidate)."""
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        u0, u1, u2 = r.uuid(0), r.uuid(1), r.uuid(2)
+        a = bind_pod(r, "a", [container("main", gpus=2)], record([(0, u0), (1, u1)], whole=True),
+                     "2024-01-01T00:00:01Z", init=[container("setup", gpus=1)])
+        r.kubelet.take_up(a)
+        _allocate(r, RESOURCE_GPU, [u0])
+        _restarted_kubelet(r)
+        b = bind_pod(r, "b", [container("main", gpus=1)], record([(2, u2)], whole=True), "2024-01-01T00:00:02Z")
+        assert r.kubelet.admit(b)["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == u2
+
+
+def test_without_a_kubelet_restart_a_lost_init_answer_lends_its_card_to_no_other_pod(monkeypatch):
+    """Pod a's init answer was lost but the kubelet did not restart (it rejected a, and asks nothing of
+    it again). The kubelet then admits c, a pod without a record: a's 1-card init size must not make a
+    look like the pod being admitted, or c is steered onto, and answered with, a's card."""
+    from fakekubelet import AdmissionError
+    with rig(monkeypatch) as r:
+        assert r.registered()
+        u0, u1 = r.uuid(0), r.uuid(1)
+        a = bind_pod(r, "a", [container("main", gpus=2)], record([(0, u0), (1, u1)], whole=True),
+                     "2024-01-01T00:00:01Z", init=[container("setup", gpus=1)])
+        r.kubelet.take_up(a)
+        _allocate(r, RESOURCE_GPU, [u0])
+        c = bind_pod(r, "c", [container("main", gpus=1)], None, "2024-01-01T00:00:02Z")
+        with pytest.raises(AdmissionError):
+            r.kubelet.admit(c)
