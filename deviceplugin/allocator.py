@@ -10,7 +10,8 @@ containers first as the kubelet does; the only source when PodResources is unrea
 only one for init containers, which a v1.28 kubelet does not list). While PodResources answers, a
 regular container counts as served only once it lists it: an answer the kubelet never took up
 (another caller's, or one cut off by a kubelet restart) must not refuse the pod's real admission
-(:func:`_progress`). A pod that holds some but not
+(:func:`_progress`); an init container whose answer a restarting kubelet lost is asked for again,
+and served again from the record (:meth:`Candidate.at`). A pod that holds some but not
 all of its devices is the one the kubelet is admitting (admission is serial): while there is
 one, only it is a candidate, so all of a container's resources land on the same card. Records
 that the kubelet has already contradicted are matched in their corrected form
