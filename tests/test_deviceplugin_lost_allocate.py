@@ -195,21 +195,6 @@ def test_a_retried_init_allocate_gives_nothing_once_the_pod_is_admitted(monkeypa
         assert "already holds" in err.value.details()
 
 
-def test_a_pod_whose_admission_failed_after_its_init_container_does_not_take_the_next_pods_card(monkeypatch):
-    """Pod a's init container was answered, then its admission failed (its Failed status not yet seen):
-    the kubelet admits the next pod, b, of the init container's size. A running kubelet asks nothing
-    of a rejected pod again, so the hint and the answer are b's card, not a's."""
-    with rig(monkeypatch) as r:
-        assert r.registered()
-        u0, u1, u2 = r.uuid(0), r.uuid(1), r.uuid(2)
-        a = bind_pod(r, "a", [container("main", gpus=2)], record([(0, u0), (1, u1)], whole=True),
-                     "2024-01-01T00:00:01Z", init=[container("setup", gpus=1)])
-        r.kubelet.take_up(a)
-        _allocate(r, RESOURCE_GPU, [u0])
-        b = bind_pod(r, "b", [container("main", gpus=1)], record([(2, u2)], whole=True), "2024-01-01T00:00:02Z")
-        assert r.kubelet.admit(b)["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == u2
-
-
 def test_a_retried_init_allocate_of_a_share_is_served(monkeypatch):
     """The same for a share: init container 2 GiB, main 4 GiB of one card; the init answer was lost."""
     with rig(monkeypatch) as r:
@@ -226,18 +211,29 @@ def test_a_retried_init_allocate_of_a_share_is_served(monkeypatch):
         assert got["main"][RESOURCE_GPU_MEMORY].envs["NVIDIA_VISIBLE_DEVICES"] == u2
 
 
-def test_after_a_restart_a_pod_at_its_own_next_container_comes_before_one_asked_again(monkeypatch):
-    """Both a (its init answer lost, the kubelet restarted since) and b (waiting, bound later) fit a
-    1-GPU request: the hint goes to b, at its own next container, not to a's card (a restarted kubelet
-    lists only the pods it re-added so far, so a true retry of a is then the only candidate)."""
+def _pod_a_with_a_lost_init_answer(r):
+    """Pod a (init container 1 card, main 2, recorded on cards 0 and 1) taken up by the kubelet, its init
+    container's answer lost; returns the UUIDs of cards 0-2."""
+    u0, u1, u2 = r.uuid(0), r.uuid(1), r.uuid(2)
+    a = bind_pod(r, "a", [container("main", gpus=2)], record([(0, u0), (1, u1)], whole=True),
+                 "2024-01-01T00:00:01Z", init=[container("setup", gpus=1)])
+    r.kubelet.take_up(a)
+    _allocate(r, RESOURCE_GPU, [u0])
+    return u0, u1, u2
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_the_next_pod_is_not_steered_onto_a_pod_whose_init_answer_was_lost(monkeypatch, restart):
+    """Pod b (1 card, bound after a) is admitted next. Without a kubelet restart, a's admission failed
+    (its Failed status not yet seen) and a running kubelet asks nothing of it again; after one, a may be
+    asked again, but b is at its own next container and comes first (a restarted kubelet lists only the
+    pods it re-added so far, so a true retry of a is then the only candidate). Either way the hint
+    and the answer are b's card, not a's."""
     with rig(monkeypatch) as r:
         assert r.registered()
-        u0, u1, u2 = r.uuid(0), r.uuid(1), r.uuid(2)
-        a = bind_pod(r, "a", [container("main", gpus=2)], record([(0, u0), (1, u1)], whole=True),
-                     "2024-01-01T00:00:01Z", init=[container("setup", gpus=1)])
-        r.kubelet.take_up(a)
-        _allocate(r, RESOURCE_GPU, [u0])
-        _restarted_kubelet(r)
+        _, _, u2 = _pod_a_with_a_lost_init_answer(r)
+        if restart:
+            _restarted_kubelet(r)
         b = bind_pod(r, "b", [container("main", gpus=1)], record([(2, u2)], whole=True), "2024-01-01T00:00:02Z")
         assert r.kubelet.admit(b)["main"][RESOURCE_GPU].envs["NVIDIA_VISIBLE_DEVICES"] == u2
 
@@ -249,11 +245,7 @@ def test_without_a_kubelet_restart_a_lost_init_answer_lends_its_card_to_no_other
     from fakekubelet import AdmissionError
     with rig(monkeypatch) as r:
         assert r.registered()
-        u0, u1 = r.uuid(0), r.uuid(1)
-        a = bind_pod(r, "a", [container("main", gpus=2)], record([(0, u0), (1, u1)], whole=True),
-                     "2024-01-01T00:00:01Z", init=[container("setup", gpus=1)])
-        r.kubelet.take_up(a)
-        _allocate(r, RESOURCE_GPU, [u0])
+        _pod_a_with_a_lost_init_answer(r)
         c = bind_pod(r, "c", [container("main", gpus=1)], None, "2024-01-01T00:00:02Z")
         with pytest.raises(AdmissionError):
             r.kubelet.admit(c)
