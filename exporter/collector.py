@@ -29,7 +29,7 @@ from gpunode.podresources.client import ContainerDevices, PodResourcesError, lis
 
 log = logging.getLogger("stowage.exporter")
 
-SOURCES = ("nvml", "podresources", "podlogs", "checkpoint", "proc")
+SOURCES = ("nvml", "podresources", "attribution", "podlogs", "checkpoint", "proc")
 CARD_LABELS = ["node", "gpu", "model"]
 POD_LABELS = ["node", "gpu", "model", "pod", "namespace", "container"]
 
@@ -74,16 +74,18 @@ class _Status:
     def __init__(self) -> None:
         self.state: dict[str, tuple[bool, str]] = {}
 
-    def set(self, source: str, ok: bool, why: str = "", level: int = logging.WARNING, detail: str = "") -> bool:
+    def set(self, source: str, ok: bool, why: str = "", level: int = logging.WARNING, detail: str = "",
+            exc_info: BaseException | None = None) -> bool:
         """Record one reading of ``source``; a new ``why`` is logged, a new ``detail`` alone is not
-        (e.g. which PIDs: they change with every short-lived process, the cause does not)."""
+        (e.g. which PIDs: they change with every short-lived process, the cause does not).
+        ``exc_info``: a failure nothing expected (a bug), whose traceback goes with that one line."""
         prev = self.state.get(source)
         if prev is None or prev[0] != ok or (not ok and prev[1] != why):
             if ok:
                 if prev is not None:
                     log.info("%s: available again", source)
             else:
-                log.log(level, "%s: %s%s", source, why, detail)
+                log.log(level, "%s: %s%s", source, why, detail, exc_info=exc_info)
         self.state[source] = (ok, why)
         return ok
 
@@ -105,6 +107,8 @@ class Snapshotter:
         self._unnamed = 0        # containers left out for their names on the last listing (logged on change)
 
     def take(self) -> Snapshot:
+        """NVML's cards, then who holds them (:meth:`_attribute`). Attribution failing any way costs
+        the per-pod series, never the card series read before it."""
         snap = Snapshot(taken_at=time.monotonic())
         cards = self.nvml.read()
         snap.up["nvml"] = self.status.set("nvml", cards is not None, self.nvml.error or "NVML unavailable")
@@ -116,20 +120,53 @@ class Snapshotter:
             assignments = None
             snap.up["podresources"] = self.status.set(
                 "podresources", False, f"{exc}; serving per-card metrics without pod attribution")
-        if assignments is None:
-            return snap
-        assignments = self._nameable(assignments)
+        except Exception as exc:   # the listing broke where nothing expected it (below the client, or a bug)
+            assignments = None
+            snap.up["podresources"] = self.status.set(
+                "podresources", False, f"listing the kubelet's PodResources raised {type(exc).__name__}",
+                detail=f" ({exc}); serving per-card metrics without pod attribution", exc_info=exc)
+        if assignments is not None:
+            self._attribute(snap, assignments)
+        return snap
+
+    def _attribute(self, snap: Snapshot, assignments: list[ContainerDevices]) -> None:
+        """Split each held card between its holders into ``snap.splits``.
+
+        A step that raises on odd data (a bug: nothing here expects to) costs what depends on it:
+        decoding the holders, every per-pod series; matching processes to pods, the shared cards'
+        splits (a card with one holder needs no process); splitting one card, that card's. Before,
+        the exception left :meth:`take` and the scrape lost every series, the card series NVML had
+        already answered included, logged anew on every scrape. Now ``stowage_exporter_up
+        {source="attribution"}`` is 0 and the failure is logged once (with its traceback) until it
+        changes or attribution works again.
+        """
+        failed: tuple[str, BaseException] | None = None
         # An unreachable card has nothing measured to split: its holders get no series for it.
         live = [c for c in snap.cards if c.reachable]
-        holders = holders_by_card(assignments, [c.uuid for c in live])
+        try:
+            assignments = self._nameable(assignments)
+            holders = holders_by_card(assignments, [c.uuid for c in live])
+        except Exception as exc:
+            failed, holders = ("decoding which containers hold which card", exc), {}
         shared = [c for c in live if len(holders.get(c.uuid, {})) > 1]
         owners: dict[int, PodKey | Owner] = {}
         if shared:
-            owners = self._owners(shared, assignments, snap)
+            try:
+                owners = self._owners(shared, assignments, snap)
+            except Exception as exc:
+                failed = failed or ("matching the shared cards' processes to pods", exc)
+                shared_uuids = {c.uuid for c in shared}
+                live = [c for c in live if c.uuid not in shared_uuids]
         for c in live:
             if holders.get(c.uuid):
-                snap.splits[c.uuid] = split_card(c, holders[c.uuid], owners)
-        return snap
+                try:
+                    snap.splits[c.uuid] = split_card(c, holders[c.uuid], owners)
+                except Exception as exc:
+                    failed = failed or (f"splitting card {c.uuid} between its holders", exc)
+        why, exc = failed if failed is not None else ("", None)
+        snap.up["attribution"] = self.status.set(
+            "attribution", failed is None, f"{why} raised {type(exc).__name__}",
+            detail=f" ({exc}); the per-pod series it concerns are left out", exc_info=exc)
 
     def _nameable(self, assignments: list[ContainerDevices]) -> list[ContainerDevices]:
         """The rows whose names can be served as label values (:func:`attribution.nameable`); the
