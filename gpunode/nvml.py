@@ -688,6 +688,13 @@ class XidWatch:
     An event set that cannot be made at all (``nvmlEventSetCreate`` failing, at start or on a
     re-creation) is a failure like a failed wait: retried with the same back-off, so a driver that
     gets its event support back later is watched again without a restart of either agent.
+
+    One thread only: a watch is made, waited on, extended and closed by one thread (it may be made
+    on another and handed over before its first wait: ``Thread.start`` orders that). Nothing here
+    takes a lock. Its users keep to this: the device plugin's health thread makes and uses its
+    watch alone; the exporter makes its watch on the reading thread, hands it to its XID watcher
+    thread before that starts, and reads what the readings need (``watched``, ``broken``) from
+    copies the watcher thread takes under the exporter's health lock, never from the watch.
     """
 
     def __init__(self, uuids: list[str], stop: threading.Event | None = None, first_retry_s: float = 0.1,
@@ -770,11 +777,11 @@ class XidWatch:
         if self.failures % self.recreate_after == 0 and self._events is not None:
             log.log(logging.INFO if self.failures == self.recreate_after else logging.DEBUG,
                     "re-creating the NVML event set after %d failed waits in a row", self.failures)
-            events, self._events = self._events, None   # dropped even if its close raised
-            events.close()
+            self._events.close()   # never raises: a set whose freeing fails is dropped all the same
+            self._events = None
         return XidEvent(uuid=None, xid=None, detail=detail, wait_failed=True)
 
     def close(self) -> None:
-        events, self._events = self._events, None
-        if events is not None:
-            events.close()
+        if self._events is not None:
+            self._events.close()   # never raises (see XidEvents.close)
+            self._events = None
