@@ -29,7 +29,7 @@ from gpunode.podresources.client import ContainerDevices, PodResourcesError, lis
 
 log = logging.getLogger("stowage.exporter")
 
-SOURCES = ("nvml", "podresources", "attribution", "podlogs", "checkpoint", "proc")
+SOURCES = ("nvml", "xid", "podresources", "attribution", "podlogs", "checkpoint", "proc")
 CARD_LABELS = ["node", "gpu", "model"]
 POD_LABELS = ["node", "gpu", "model", "pod", "namespace", "container"]
 
@@ -113,6 +113,8 @@ class Snapshotter:
         cards = self.nvml.read()
         snap.up["nvml"] = self.status.set("nvml", cards is not None, self.nvml.error or "NVML unavailable")
         snap.cards = cards or []
+        if self.nvml.xid_watched is not None:   # its failures are logged by the XID watcher itself
+            snap.up["xid"] = self.nvml.xid_watched
         try:
             assignments = self._list(self.cfg.pod_resources_socket, self.cfg.kubelet_timeout_s)
             snap.up["podresources"] = self.status.set("podresources", True)

@@ -18,12 +18,12 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import pynvml
 
-from gpunode.backoff import RoundGuard
+from gpunode.backoff import Heartbeat, RoundGuard
 from gpunode.health import DEFAULT_IGNORED_XIDS, CardHealth, HealthTracker
 from gpunode.nvml import (LOST_ERRORS, Nvml, NvmlUnavailable, XidWatch, _card_uuid, _nvml_text,
                           unreadable_answer)
@@ -133,11 +133,14 @@ class NvmlReader:
 
     def __init__(self, retry_s: float = 30.0, xid_events: bool = True, recovery_quiet_s: float = 120.0,
                  ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS, health_disabled: bool = False,
-                 xid_backoff_s: tuple[float, float] | None = None, xid_recreate_after: int | None = None) -> None:
+                 xid_backoff_s: tuple[float, float] | None = None, xid_recreate_after: int | None = None,
+                 xid_stall_s: float = 60.0) -> None:
         """``ignored_xids``, ``health_disabled`` and ``recovery_quiet_s`` are the device plugin's health
         options (``gpunode.health.parse_ignored_xids`` reads the flag), so both agents judge alike.
         ``xid_backoff_s`` (first, cap) and ``xid_recreate_after`` pace the :class:`gpunode.nvml.XidWatch`
-        on a broken event channel; unset, it paces as in the device plugin (no flag sets them)."""
+        on a broken event channel; unset, it paces as in the device plugin (no flag sets them).
+        ``xid_stall_s``: the XID watcher finishing no round this long is stuck in NVML (the device
+        plugin's ``health_stall_s``; no flag sets it)."""
         self.nvml = Nvml()
         self.ok = False
         self.error = ""
@@ -149,6 +152,16 @@ class NvmlReader:
         self._health_lock = threading.Lock()
         self._xid_thread: threading.Thread | None = None
         self._xid_stop = threading.Event()        # the running watcher's own stop flag
+        self._xid_stall_s = xid_stall_s
+        self._xid_beat: Heartbeat | None = None   # the running watcher's rounds
+        # what the running watcher last saw (under _health_lock): the cards its event set watches,
+        # and whether its waits fail; read by the readings, never XidWatch itself (one thread's)
+        self._xid_watched: list[str] = []
+        self._xid_broken = False
+        # on the last reading: whether XID events were watched (``stowage_exporter_up{source="xid"}``):
+        # False while the watcher's waits fail or it is stuck in NVML; None while no watcher runs
+        # (health checks disabled, no card read yet, NVML down)
+        self.xid_watched: bool | None = None
         self._xid_pace: dict[str, Any] = {}      # XidWatch arguments; none: its own defaults
         if xid_backoff_s is not None:
             self._xid_pace.update(first_retry_s=xid_backoff_s[0], max_retry_s=xid_backoff_s[1])
@@ -196,10 +209,31 @@ class NvmlReader:
         with self._health_lock:
             uuids = list(self._health.cards)
         watch = XidWatch(uuids, stop, **self._xid_pace)
+        with self._health_lock:
+            self._xid_watched, self._xid_broken = list(watch.watched), watch.broken
         self._xid_stop = stop
-        self._xid_thread = threading.Thread(target=self._watch_xids, args=(watch, stop),
+        self._xid_beat = beat = Heartbeat("XID watcher", self._xid_stall_s, log)
+        self._xid_thread = threading.Thread(target=self._watch_xids, args=(watch, stop, beat),
                                             name="exporter-xid", daemon=True)
         self._xid_thread.start()
+
+    def _xid_blind(self, cards: list[CardSample]) -> list[CardSample]:
+        """``cards`` as served while the XID watcher is stuck in an NVML call: those its event set
+        watches unhealthy (their XIDs go unseen, as while waits fail), said once; the watcher's own
+        view again once it goes on. The tracker is not touched (the watcher's and probes' alone).
+        Sets :attr:`xid_watched`."""
+        beat = self._xid_beat
+        if beat is None or self._xid_thread is None:
+            self.xid_watched = None
+            return cards
+        with self._health_lock:
+            watched, broken = set(self._xid_watched), self._xid_broken
+        stalled = beat.stalled(f"The cards it watches are reported unhealthy until it goes on: "
+                               f"{', '.join(sorted(watched)) or 'no card'}")
+        self.xid_watched = not stalled and not broken
+        if not stalled:
+            return cards
+        return [replace(c, healthy=False) if c.uuid in watched else c for c in cards]
 
     def _stop_xids(self) -> None:
         """Stop the watcher and let it free its event set: before NVML shuts down, since an event set
@@ -209,7 +243,7 @@ class NvmlReader:
             self._xid_thread.join(timeout=5)
             self._xid_thread = None
 
-    def _watch_xids(self, watch: XidWatch, stop: threading.Event) -> None:
+    def _watch_xids(self, watch: XidWatch, stop: threading.Event, beat: Heartbeat) -> None:
         """Feed the watch's events to the health tracker until ``stop``, by the device plugin's rule
         (:meth:`gpunode.health.HealthTracker.on_wait`): while waits fail, the cards registered for
         events are unhealthy (their XIDs go unseen); once waits work again they heal under the usual
@@ -221,34 +255,42 @@ class NvmlReader:
         back-off, as in the device plugin's health thread (:class:`gpunode.backoff.RoundGuard`).
         Before, it ended this thread: its traceback went to stderr past the log, no XID was seen
         until a scrape started a new watcher, and a fault that came back ended each one.
+
+        A round that never returns (the event wait or the event set's making, which have no
+        deadline, in a driver fault) is noticed by the readings through ``beat`` (:meth:`_xid_blind`).
         """
         rounds = RoundGuard("XID watcher", log)
         try:
             while not stop.is_set():
                 try:
-                    self._xid_round(watch)
+                    self._xid_round(watch, beat)
                 except Exception as exc:
                     stop.wait(rounds.failed(exc))
+                    beat.beat()
                     continue
+                beat.beat()
                 rounds.succeeded()
         finally:
-            try:
-                watch.close()
-            except Exception:   # the same call may break on the way out; the thread ends either way
-                log.debug("closing the XID watch failed", exc_info=True)
+            watch.close()   # never raises: a set whose freeing fails is dropped all the same
 
-    def _xid_round(self, watch: XidWatch) -> None:
+    def _xid_round(self, watch: XidWatch, beat: Heartbeat) -> None:
         """One event wait, applied to the health tracker; logs the cards it marks."""
+        beat.doing = ("re-making the NVML event set (nvmlEventSetCreate, nvmlDeviceRegisterEvents of each card)"
+                      if watch.remaking else "the NVML event wait (nvmlEventSetWait)")
         ev = watch.wait(200)
+        if beat is not self._xid_beat:
+            return   # a watcher given up while stuck in NVML (NVML re-initialised since): not the one watching
         with self._health_lock:
             changed = self._health.on_wait(ev, watch.watched, watch.broken, time.monotonic())
             reasons = {u: self._health.cards[u].reason for u in changed}
+            self._xid_watched, self._xid_broken = list(watch.watched), watch.broken
         for u in sorted(changed):
             log.warning("card %s marked unhealthy: %s", u, reasons[u])
 
     # ---- reading -----------------------------------------------------------------------------
     def read(self) -> list[CardSample] | None:
         """Every card read before or now (unreachable ones as such); None when NVML is unavailable."""
+        self.xid_watched = None
         if not self._ensure():
             return None
         try:
@@ -304,7 +346,7 @@ class NvmlReader:
         watching = self._xid_thread is not None and self._xid_thread.is_alive()
         if self._xid_enabled and self._health.cards and not watching and not self._stop.is_set():
             self._start_xids()                    # first read, after an NVML re-init, or the watcher died
-        return cards
+        return self._xid_blind(cards)
 
     def _log_missing(self, label: str, reason: str, labels_now: set[str]) -> None:
         """Log a card that cannot be read once when it goes, not on every snapshot."""

@@ -69,3 +69,48 @@ class RoundGuard:
         """A round worked: said once after failures."""
         if self.backoff.succeeded():
             self.log.warning("the %s's rounds work again", self.what)
+
+
+class Heartbeat:
+    """Whether an agent's background loop still finishes rounds, for a loop whose calls have no
+    deadline: the NVML event wait (``nvmlEventSetWait``) and the event set's making return at once
+    or after the wait's timeout but in a driver fault, and a worker thread per wait (every second)
+    would cost more than the fault it guards against. Such a call that never returns stops the
+    loop silently; whoever serves what the loop watches asks :meth:`stalled` and says the truth
+    (the device plugin's health thread: every card Unhealthy; the exporter's XID watcher: its cards
+    blind) until the loop goes on.
+
+    The loop says which call it is about to make (:attr:`doing`) and calls :meth:`beat` after each
+    round; :meth:`stalled` is asked from another thread, and logs the stall once (an error naming
+    the call) and its end once. The loop only writes two attributes, so neither side takes a lock.
+    """
+
+    def __init__(self, what: str, limit_s: float, log: logging.Logger,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.what, self.limit_s, self.log, self.clock = what, limit_s, log, clock
+        self.last = clock()           # when the loop last finished a round (or started)
+        self.doing = "starting"       # the call it is in, said when it stalls
+        self.stalled_in = ""          # what it was in when last seen stalled
+        self._stalled_at: float | None = None   # ``last`` when the stall was seen; None: not stalled
+
+    def beat(self) -> None:
+        """The loop finished a round."""
+        self.last = self.clock()
+
+    def stalled(self, consequence: str = "") -> bool:
+        """Whether the loop has finished no round for ``limit_s`` and none since; ``consequence``
+        (what is served meanwhile) goes into the one error line that says so."""
+        last = self.last
+        if self._stalled_at is not None:
+            if last <= self._stalled_at:
+                return True
+            self.log.warning("the %s goes on again, after %.0f s stalled in %s", self.what, last - self._stalled_at,
+                             self.stalled_in)
+            self._stalled_at = None
+        if self.clock() - last < self.limit_s:
+            return False
+        self._stalled_at, self.stalled_in = last, self.doing
+        self.log.error("the %s has finished no round for %g s: it is stuck in %s (NVML does not return; a card may "
+                       "have fallen off the bus).%s", self.what, self.limit_s, self.stalled_in,
+                       f" {consequence}" if consequence else "")
+        return True
