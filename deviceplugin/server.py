@@ -33,7 +33,7 @@ from gpunode.podresources.client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_
 from . import allocator, corrections
 from gpunode.devices import UNHEALTHY, DeviceTable, id_lengths
 from .podres import KubeletAllocations
-from gpunode.backoff import Backoff, RoundGuard
+from gpunode.backoff import Backoff, Heartbeat, RoundGuard
 from gpunode.deadline import DeadlineCalls, Stuck
 from gpunode.health import DEFAULT_IGNORED_XIDS, HealthTracker, XidLogPacer
 from gpunode.nvml import GpuInfo, LateCards, Nvml, NvmlUnavailable, XidEvent, XidWatch
@@ -514,9 +514,7 @@ class HealthMonitor:
         self.calls = DeadlineCalls(cfg.nvml_deadline_s, name="health-nvml")
         # The event wait, the event set's making and a late card's registration are made here, with no
         # deadline; the watchdog notices when one of them does not return (_watch_progress).
-        self._progress = time.monotonic()   # when this thread last finished a round (or started)
-        self._doing = "starting"            # the call it is in, said when it stalls
-        self._stalled_in = ""                # what it was in when the watchdog last saw it stall
+        self._beat = Heartbeat("health thread", cfg.health_stall_s, log)   # its rounds, and the call it is in
         self._watchdog = threading.Thread(target=self._watch_progress, name="health-watchdog", daemon=True)
 
     def start(self) -> None:
@@ -528,7 +526,7 @@ class HealthMonitor:
         if self._probe_all(time.monotonic()):
             self.state.set_health(self.tracker.snapshot())
             self.on_change()
-        self._progress = time.monotonic()
+        self._beat.beat()
         self._thread.start()
         self._watchdog.start()
 
@@ -546,26 +544,14 @@ class HealthMonitor:
         advertised with what is advertised). This thread only reads the health thread's progress and
         replaces the advertised health, never the tracker or the XID watch (the health thread's alone).
         """
-        limit = self.cfg.health_stall_s
-        stalled_at: float | None = None
-        while not self._stop.wait(min(1.0, limit / 4)):
-            progress = self._progress
-            if stalled_at is not None:
-                if progress > stalled_at:
-                    log.warning("the health thread goes on again, after %.0f s stalled in %s; the cards' health is "
-                                "its own again", progress - stalled_at, self._stalled_in)
-                    stalled_at = None
-                continue
-            if time.monotonic() - progress < limit:
-                continue
-            stalled_at, self._stalled_in = progress, self._doing
+        stalled = False
+        while not self._stop.wait(min(1.0, self.cfg.health_stall_s / 4)):
             cards = sorted(self.state.health)
             judged = not self.cfg.health_disabled   # health checks disabled: no card is judged, this neither
-            log.error("the health thread has finished no round for %g s: it is stuck in %s (NVML does not return; "
-                      "a card may have fallen off the bus).%s", limit, self._stalled_in,
-                      f" Every card is advertised Unhealthy until it goes on: {', '.join(cards) or 'no card yet'}"
-                      if judged else "")
-            if judged:
+            was, stalled = stalled, self._beat.stalled(
+                f"Every card is advertised Unhealthy until it goes on: {', '.join(cards) or 'no card yet'}"
+                if judged else "")
+            if stalled and not was and judged:
                 self.state.set_health({u: False for u in cards})
                 self.on_change()
 
@@ -613,7 +599,7 @@ class HealthMonitor:
         cfg = self.cfg
         watch = None
         if not cfg.health_disabled:   # an event set NVML cannot make yet is retried by the watch
-            self._doing = "making the NVML event set (nvmlEventSetCreate, nvmlDeviceRegisterEvents of each card)"
+            self._beat.doing = "making the NVML event set (nvmlEventSetCreate, nvmlDeviceRegisterEvents of each card)"
             watch = XidWatch(list(self.tracker.cards), self._stop, cfg.event_retry_first_s,
                              cfg.event_retry_max_s, cfg.event_recreate_after)
         pacer = XidLogPacer(cfg.xid_log_every_s)
@@ -625,9 +611,9 @@ class HealthMonitor:
                     self._round(watch, pacer)
                 except Exception as exc:
                     self._stop.wait(rounds.failed(exc))
-                    self._progress = time.monotonic()
+                    self._beat.beat()
                     continue
-                self._progress = time.monotonic()
+                self._beat.beat()
                 rounds.succeeded()
         finally:
             if watch is not None:
@@ -641,10 +627,11 @@ class HealthMonitor:
             self._stop.wait(cfg.event_wait_ms / 1000)
             now = time.monotonic()
         else:
-            self._doing = ("re-making the NVML event set (nvmlEventSetCreate, nvmlDeviceRegisterEvents of each card)"
-                           if watch.remaking else "the NVML event wait (nvmlEventSetWait)")
+            self._beat.doing = (
+                "re-making the NVML event set (nvmlEventSetCreate, nvmlDeviceRegisterEvents of each card)"
+                if watch.remaking else "the NVML event wait (nvmlEventSetWait)")
             ev = watch.wait(cfg.event_wait_ms)   # backs off by itself while the channel is broken
-            self._doing = "the probes or late-card reads"   # each with its deadline
+            self._beat.doing = "the probes or late-card reads"   # each with its deadline
             now = time.monotonic()
             changed = self.tracker.on_wait(ev, watch.watched, watch.broken, now)
             if ev is not None and ev.wait_failed:   # the failure itself is logged by the watch, once
@@ -716,9 +703,9 @@ class HealthMonitor:
         for card in added:
             self.tracker.add(card.uuid)
             if watch is not None:
-                self._doing = f"registering {card.uuid} for XID events (nvmlDeviceRegisterEvents)"
+                self._beat.doing = f"registering {card.uuid} for XID events (nvmlDeviceRegisterEvents)"
                 watch.add(card.uuid)
-        self._doing = "the probes or late-card reads"
+        self._beat.doing = "the probes or late-card reads"
         self._probe_all(now, [c.uuid for c in added])
         self.state.set_table(DeviceTable(self.nvml.cards(indices), cfg.memory_unit_mib), self.tracker.snapshot())
         return {c.uuid for c in added}

@@ -104,8 +104,8 @@ class Heartbeat:
         if self._stalled_at is not None:
             if last <= self._stalled_at:
                 return True
-            self.log.warning("the %s goes on again, after %.0f s stalled in %s", self.what, last - self._stalled_at,
-                             self.stalled_in)
+            self.log.warning("the %s goes on again, after %.0f s stalled in %s; what it watches is its own again",
+                             self.what, last - self._stalled_at, self.stalled_in)
             self._stalled_at = None
         if self.clock() - last < self.limit_s:
             return False
