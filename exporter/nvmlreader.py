@@ -25,8 +25,9 @@ import pynvml
 
 from gpunode.backoff import Heartbeat, RoundGuard
 from gpunode.health import DEFAULT_IGNORED_XIDS, CardHealth, HealthTracker
-from gpunode.nvml import (LOST_ERRORS, Nvml, NvmlUnavailable, XidWatch, _card_uuid, _nvml_text,
+from gpunode.nvml import (LOST_ERRORS, Nvml, NvmlUnavailable, XidWatch, _card_uuid, _int_within, _nvml_text,
                           unreadable_answer)
+from stowage.inventory import MAX_CARDS_PER_NODE
 
 log = logging.getLogger("stowage.exporter.nvml")
 
@@ -301,6 +302,13 @@ class NvmlReader:
             self.nvml.shutdown()
             self.ok, self.error, self._next_try = False, f"NVML stopped answering: {exc}", 0.0
             return None
+        if not _int_within(0, MAX_CARDS_PER_NODE)(count):
+            # The device plugin's rule (gpunode.nvml.Nvml._count): an answer to count again on the
+            # next reading, not one to read by. Before, text or None raised out of the reading (every
+            # series lost, a traceback per scrape) and 2**32 read four billion indices: no end.
+            self.error = f"NVML counts {str(count)[:40]!r} GPUs, not a number of 0 to {MAX_CARDS_PER_NODE}"
+            return None   # logged once by the snapshotter; the session and the XID watcher are kept
+        self.error = ""
         cards: list[CardSample] = []
         present: set[str] = set()
         why: dict[str, str] = {}              # uuid -> why it could not be read

@@ -205,3 +205,30 @@ def test_a_round_of_the_xid_watcher_that_raises_is_logged_and_the_next_one_watch
         failed = [r for r in caplog.records if "round of the XID watcher failed" in r.getMessage()]
         assert failed[0].levelno == logging.ERROR and failed[0].exc_info is not None
         assert node.scrape().value("stowage_gpu_healthy", gpu=U2) == 0
+
+
+# ---------------------------------------------------------------------------- an odd card count
+
+
+@pytest.mark.parametrize("count", ["4", None, -1, 4.0, 2 ** 32], ids=["text", "none", "negative", "float", "huge"])
+def test_an_odd_card_count_is_nvml_down_for_that_reading_said_once_not_a_lost_or_endless_scrape(
+        node: GpuNode, monkeypatch, caplog, count):
+    """Found by experiment (session 14): the exporter read ``range(nvmlDeviceGetCount())`` as given.
+    Text, None or a float raised out of the reading (every series lost, a traceback per scrape); a
+    count of 2**32 read four billion indices, a reading that never ended. The device plugin
+    counts through one rule (``gpunode.nvml``: 0 to MAX_CARDS_PER_NODE); the exporter now too."""
+    assert node.scrape().up("nvml") == 1
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: count)
+    with caplog.at_level(logging.WARNING, logger="stowage.exporter"):
+        started = time.monotonic()
+        scrapes = [node.scrape() for _ in range(3)]
+        took = time.monotonic() - started
+    assert took < 5, took
+    for s in scrapes:
+        assert s.up("nvml") == 0 and s.up("podresources") == 1
+        assert s.samples("stowage_gpu_memory_total_bytes") == []
+    said = [r.getMessage() for r in caplog.records if "GPUs, not a number" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", node.nvml.nvmlDeviceGetCount)
+    s = node.scrape()
+    assert s.up("nvml") == 1 and s.value("stowage_gpu_healthy", gpu=U0) == 1
