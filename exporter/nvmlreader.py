@@ -310,7 +310,7 @@ class NvmlReader:
             return None   # logged once by the snapshotter; the session and the XID watcher are kept
         self.error = ""
         cards: list[CardSample] = []
-        present: set[str] = set()
+        present: dict[str, int] = {}          # uuid -> the index it was read at
         why: dict[str, str] = {}              # uuid -> why it could not be read
         failed_at: dict[int, str] = {}        # index -> why, for cards whose UUID could not be read
         for i in range(count):
@@ -320,8 +320,13 @@ class NvmlReader:
                 # read as the device plugin reads it: a UUID it would not advertise (no text, empty,
                 # too long, a space or a comma) names no series here either; "None" became one
                 uuid = _card_uuid(pynvml.nvmlDeviceGetUUID(h))
+                if uuid in present:
+                    # Two cards of one UUID: every series of both would be given twice under one set
+                    # of labels. The first keeps it, as in the device plugin (gpunode.nvml.Nvml).
+                    failed_at[i] = f"it reads as {uuid}, the UUID of GPU {present[uuid]}"
+                    continue
                 cards.append(self._read_card(i, uuid, h))
-                present.add(uuid)
+                present[uuid] = i
                 continue
             except (pynvml.NVMLError, CardGone) as exc:
                 reason = str(exc)

@@ -232,3 +232,38 @@ def test_an_odd_card_count_is_nvml_down_for_that_reading_said_once_not_a_lost_or
     monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", node.nvml.nvmlDeviceGetCount)
     s = node.scrape()
     assert s.up("nvml") == 1 and s.value("stowage_gpu_healthy", gpu=U0) == 1
+
+
+# ------------------------------------------------------------------- two cards of one UUID
+
+
+def _label_sets_are_unique(s: Scrape) -> None:
+    """Prometheus refuses a whole scrape that gives one series twice ("duplicate sample")."""
+    for fam in s.families.values():
+        keys = [(x.name, tuple(sorted(x.labels.items()))) for x in fam.samples]
+        assert len(keys) == len(set(keys)), f"{fam.name} gives a series twice:\n{s.text}"
+
+
+def test_two_cards_answering_one_uuid_give_one_set_of_series_and_the_second_is_said_once(
+        monkeypatch, tmp_path, caplog):
+    """Found by experiment (session 14): the exporter served every card NVML read, so two indices
+    answering one UUID (NVML's answer, not a working node's) gave every per-card series twice with
+    the same labels (two cards' numbers: Prometheus keeps one, by chance, and counts the other as a
+    duplicate-timestamp error), and the second card's split replaced the first's for its pods. The
+    device plugin keeps the first and leaves the other unread; the exporter now too."""
+    cards = default_cards()
+    twin = cards[1]
+    for node in make_node(monkeypatch, tmp_path, cards=cards):
+        real_uuid = node.nvml.nvmlDeviceGetUUID
+        monkeypatch.setattr(pynvml, "nvmlDeviceGetUUID",
+                            lambda h: U0 if node.nvml._uuid_of(h) == twin.uuid else real_uuid(h))
+        node.kubelet.add("ml", "p", UID_A, {"c": {GPU: [card_key(U0)]}})
+        with caplog.at_level(logging.WARNING, logger="stowage.exporter"):
+            scrapes = [node.scrape() for _ in range(3)]
+        for s in scrapes:
+            _label_sets_are_unique(s)
+            assert {x.labels["gpu"] for x in s.samples("stowage_gpu_memory_total_bytes")} == {U0, U2, U3}
+            assert s.value("stowage_gpu_healthy", gpu=U0) == 1 and s.up("nvml") == 1
+            assert len(s.samples("stowage_pod_gpu_memory_used_bytes", pod="p")) == 1
+        said = [r.getMessage() for r in caplog.records if "the UUID of GPU 0" in r.getMessage()]
+        assert len(said) == 1, [r.getMessage() for r in caplog.records]
