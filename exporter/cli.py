@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
+from typing import Any
 
 import click
 
@@ -14,6 +16,15 @@ from .checkpoint import DEFAULT_CHECKPOINT
 from .podlogs import DEFAULT_POD_LOGS
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+def _a_number(ctx: Any, param: Any, value: float) -> float:
+    """Refuse ``nan``, which click's FloatRange lets through (every comparison with it is false):
+    as ``--cache-seconds`` the first reading was served for ever, as ``--recovery-quiet-seconds``
+    an unhealthy card never healed."""
+    if math.isnan(value):
+        raise click.BadParameter("nan is no number of seconds")
+    return value
 
 
 @click.command(name="exporter", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -33,7 +44,8 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
                    "PodResources by device ID). With neither this nor --pod-logs-dir, shared cards are estimated.")
 @click.option("--proc-root", envvar="STOWAGE_PROC_ROOT", default="/proc",
               help="Where the host's /proc is visible (needs hostPID: NVML reports host PIDs).")
-@click.option("--cache-seconds", envvar="STOWAGE_EXPORTER_CACHE_SECONDS", type=click.FloatRange(min=0), default=2.0,
+@click.option("--cache-seconds", envvar="STOWAGE_EXPORTER_CACHE_SECONDS", type=click.FloatRange(0, 3600), default=2.0,
+              callback=_a_number,
               help="Scrapes within this many seconds of the last reading reuse it (NVML is read at most once).")
 @click.option("--ignored-xids", envvar="STOWAGE_IGNORED_XIDS", default=None, callback=ignored_xids_option,
               help="XIDs that do not mark a card unhealthy, comma separated; replaces the default "
@@ -42,7 +54,7 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
                    "as for the device plugin: give both the same value and stowage_gpu_healthy says what the "
                    "plugin advertises.")
 @click.option("--recovery-quiet-seconds", envvar="STOWAGE_RECOVERY_QUIET_SECONDS", type=click.FloatRange(min=0),
-              default=120.0, help="An unhealthy card quiet this long and passing its probe is healthy again "
+              default=120.0, callback=_a_number, help="An unhealthy card quiet this long and passing its probe is healthy again "
                                   "(env STOWAGE_RECOVERY_QUIET_SECONDS, as for the device plugin).")
 @click.option("--log-level", envvar="STOWAGE_LOG_LEVEL", show_envvar=True, default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),

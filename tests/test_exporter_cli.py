@@ -66,3 +66,14 @@ def test_runs_without_kubelet_serves_and_stops_on_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_seconds_that_are_no_number_are_refused_before_starting():
+    """Found by experiment (session 14): click's FloatRange lets ``nan`` through (every comparison
+    with it is false). ``--cache-seconds nan`` or ``inf`` made the first reading the only one:
+    ``time since it >= nan`` is never true, so every scrape served it, stale and with every source
+    up, for the process' life; ``--recovery-quiet-seconds nan`` left an unhealthy card 0 for ever."""
+    for flag, value in (("--cache-seconds", "nan"), ("--cache-seconds", "inf"), ("--cache-seconds", "1e400"),
+                        ("--recovery-quiet-seconds", "nan")):
+        out = CliRunner().invoke(stowage_main, ["exporter", flag, value])
+        assert out.exit_code == 2 and flag in out.output, (flag, value, out.output)
