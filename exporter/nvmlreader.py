@@ -159,6 +159,9 @@ class NvmlReader:
         # and whether its waits fail; read by the readings, never XidWatch itself (one thread's)
         self._xid_watched: list[str] = []
         self._xid_broken = False
+        # cards first read after the running watcher started: it registers them (XidWatch.add) on its
+        # thread, as the device plugin's health thread does its late cards (under _health_lock)
+        self._xid_late: list[str] = []
         # on the last reading: whether XID events were watched (``stowage_exporter_up{source="xid"}``):
         # False while the watcher's waits fail or it is stuck in NVML; None while no watcher runs
         # (health checks disabled, no card read yet, NVML down)
@@ -209,6 +212,7 @@ class NvmlReader:
         stop = threading.Event()
         with self._health_lock:
             uuids = list(self._health.cards)
+            self._xid_late = []                   # every card tracked so far is in this watch
         watch = XidWatch(uuids, stop, **self._xid_pace)
         with self._health_lock:
             self._xid_watched, self._xid_broken = list(watch.watched), watch.broken
@@ -275,7 +279,15 @@ class NvmlReader:
             watch.close()   # never raises: a set whose freeing fails is dropped all the same
 
     def _xid_round(self, watch: XidWatch, beat: Heartbeat) -> None:
-        """One event wait, applied to the health tracker; logs the cards it marks."""
+        """Registers the cards read since the last round, then one event wait, applied to the health
+        tracker; logs the cards it marks."""
+        late: list[str] = []
+        with self._health_lock:
+            if beat is self._xid_beat:   # a watcher given up on leaves them to the one watching
+                late, self._xid_late = self._xid_late, []
+        for uuid in late:
+            beat.doing = f"registering {uuid} for XID events (nvmlDeviceRegisterEvents)"
+            watch.add(uuid)
         beat.doing = ("re-making the NVML event set (nvmlEventSetCreate, nvmlDeviceRegisterEvents of each card)"
                       if watch.remaking else "the NVML event wait (nvmlEventSetWait)")
         ev = watch.wait(200)
@@ -442,7 +454,10 @@ class NvmlReader:
         """Apply one probe result to the card's health (tracking a card on its first read)."""
         with self._health_lock:
             tracker = self._health
-            tracker.cards.setdefault(uuid, CardHealth())
+            if uuid not in tracker.cards:
+                tracker.cards[uuid] = CardHealth()
+                if self._xid_thread is not None:
+                    self._xid_late.append(uuid)   # read after the watcher started: it registers the card
             if tracker.on_probe(uuid, problem, time.monotonic()):
                 log.warning("card %s is %s", uuid, f"unhealthy: {problem}" if problem else "healthy again")
             return tracker.cards[uuid].healthy
