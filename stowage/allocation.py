@@ -204,7 +204,7 @@ def record_mismatch(rec: AllocationRecord, req: GpuRequest) -> str:
             kind = "whole card(s)" if rec.whole else "card share(s)"
             return (f"{ALLOCATION_ANNOTATION} names {len(rec.cards)} {kind}; the pod asks for {req.gpus} whole "
                     f"GPU(s)")
-        return ""
+        return _repeated_card(rec)
     if rec.whole or len(rec.cards) != 1:
         return f"{ALLOCATION_ANNOTATION} names {len(rec.cards)} card(s) {'whole' if rec.whole else ''}; the pod asks " \
                f"for a share of one card"
@@ -212,6 +212,20 @@ def record_mismatch(rec: AllocationRecord, req: GpuRequest) -> str:
     if (c.memory_mib, c.core_milli) != (req.mem_mib, req.core_milli):
         return (f"{ALLOCATION_ANNOTATION} books {c.memory_mib} MiB and {c.core_milli / 10:g}% of a card; the pod asks "
                 f"for {req.mem_mib} MiB and {req.core_milli / 10:g}%")
+    return ""
+
+
+def _repeated_card(rec: AllocationRecord) -> str:
+    """Why ``rec`` names one card twice ('' when it does not). The extender writes N distinct
+    cards; a record naming one uuid at two indices was replayed at both indices (a card of some
+    other pod's lost to it) while the device plugin hands the pod that one uuid (N GPUs asked,
+    fewer given, possibly another pod's card)."""
+    for what, values in (("uuid", [c.uuid for c in rec.cards]), ("index", [c.index for c in rec.cards])):
+        seen: set[object] = set()
+        for v in values:
+            if v in seen:
+                return f"{ALLOCATION_ANNOTATION} names card {what} {str(v)[:80]!r} twice"
+            seen.add(v)
     return ""
 
 
