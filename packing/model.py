@@ -116,9 +116,17 @@ def book(a: CardArrays, i: int, cards: Sequence[int], mem_mib: Sequence[int], co
     a.cpu_free[i] -= sign * cpu_milli
     a.hmem_free[i] -= sign * host_mem_mib
     a.pod_room[i] -= sign
+    book_cards(a, i, cards, mem_mib, core_milli, sign)
+
+
+def book_cards(a: CardArrays, i: int, cards: Sequence[int], mem_mib: Sequence[int], core_milli: Sequence[int],
+               sign: int = 1, from_slot: int = 0) -> None:
+    """The card part of :func:`book`, on the cards at slots ``from_slot`` and up only. A card
+    past the model's slots is skipped (the allocation is kept on record; the slot is booked if
+    the model widens: :meth:`ClusterModel._book_widened`)."""
     for k, mem, core in zip(cards, mem_mib, core_milli):
-        if k >= a.shape[1]:
-            continue  # card slot vanished; the allocation is kept on record
+        if k < from_slot or k >= a.shape[1]:
+            continue
         a.mem_free[i, k] -= sign * mem
         a.core_free[i, k] -= sign * core
         a.pods[i, k] += sign
@@ -281,6 +289,7 @@ class ClusterModel:
         n, k = self.a.shape
         if ncards > k:
             self.a = self.a.resized(n, max(ncards, k))
+            self._book_widened(k)
         if name in self.index:
             return self.index[name]
         if not self._free_slots:
@@ -294,6 +303,21 @@ class ClusterModel:
         self.index_gen += 1
         self.names[slot] = name
         return slot
+
+    def _book_widened(self, k0: int) -> None:
+        """The model just grew from ``k0`` card slots: book each applied allocation's cards at the
+        new slots, which :func:`book` skipped while they did not exist, so that its release (which
+        gives them back) leaves them as they were. Why: a record may name an index past any
+        node's cards (indices go to 63); once a wider node widened the model, its pod's release
+        took a pod count to -1 on a slot it never held. The new slots hold no card (0 memory), so
+        a whole card's share there is 0, as :meth:`_apply` would book it."""
+        a = self.a
+        for alloc in self.allocations.values():
+            i = self.index.get(alloc.node) if alloc.applied and alloc.cards and max(alloc.cards) >= k0 else None
+            if i is not None:
+                mems = tuple(0 for _ in alloc.cards) if alloc.whole else alloc.mem_mib
+                book_cards(a, i, alloc.cards, mems, alloc.core_milli, +1, from_slot=k0)
+                self._touch(i)
 
     def upsert_node(self, name: str, inventory: Inventory, *, cpu_milli: float = INF,
                     host_mem_mib: float = INF, max_pods: float = INF, schedulable: bool = True,

@@ -12,6 +12,9 @@ from extender_kube_helpers import feeders, inv_node, kube, make_pod, row, starte
 
 from stowage.allocation import (ALLOCATION_ANNOTATION, AllocationRecord, CardShare, RecordTrust, encode_allocation,
                                 record_mismatch)
+from extender.kube_objects import assign_args
+from packing.model import ClusterModel
+from stowage.inventory import Card, Inventory
 from stowage.resources import GpuRequest
 
 GiB = 1024
@@ -97,3 +100,26 @@ def test_an_odd_record_leaves_the_cards_as_they_were_once_its_pod_goes(kube, fee
     kube.wait_for(lambda: uid not in f.model.allocations and uid not in f.status()["pod_errors"])
     assert row(f.model, "n1") == before
 
+
+def model_row(model: ClusterModel, node: str) -> dict:
+    """Every card slot of the node's row (existing or not), as plain lists."""
+    with model.lock:
+        i = model.index[node]
+        a = model.a
+        return {"mem_free": a.mem_free[i].tolist(), "core_free": a.core_free[i].tolist(), "pods": a.pods[i].tolist()}
+
+
+def test_a_record_past_the_models_card_slots_is_given_back_as_it_was_booked():
+    """A record may name card index 10 (indices go to 63) on a node of 4 cards in a model of 8 card
+    slots: it is booked on no slot. When a node of 16 cards then widens the model, its
+    release must not give back what was never booked (the slot's pod count went to -1, its
+    compute to 2000 milli)."""
+    model = ClusterModel(max_cards=8)
+    model.upsert_node("n1", Inventory(tuple(Card(k, f"GPU-n1-{k}", "A100", 80 * GiB) for k in range(4))))
+    before = model_row(model, "n1")
+    model.assign("u-odd", "default/odd", **assign_args(rec("n1", [(10, "GPU-nowhere")]), 0, 0))
+    model.upsert_node("n2", Inventory(tuple(Card(k, f"GPU-n2-{k}", "A100", 80 * GiB) for k in range(16))))
+    model.release("u-odd")
+    after = model_row(model, "n1")
+    assert min(after["pods"]) == 0
+    assert after == {k: v + [0] * 8 for k, v in before.items()}   # the new slots as empty as the old
