@@ -38,7 +38,7 @@ from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, RecordTr
 
 from .errors import BindError, BindOutcomeUnknown
 from .kube import api_message, read_or_none
-from .kube_post import DirectPoster, direct_poster
+from .kube_post import DirectPoster, bound_client, direct_poster, whole_request
 
 log = logging.getLogger("stowage.kube")
 
@@ -85,6 +85,9 @@ class KubeBinder:
                  readback_attempts: int = 3, readback_delay_s: float = 0.2, trust: RecordTrust | None = None,
                  direct: bool = True) -> None:
         self.core = kubernetes.client.CoreV1Api(api_client)
+        # The client's requests (read-backs; the Binding where the fast path does not apply) are
+        # bounded whole, as the fast path's are: whole_request (extender/kube_post.py).
+        bound_client(api_client)
         # The Binding's fast path (extender/kube_post.py); None: the client's own path.
         self.poster: DirectPoster | None = direct_poster(api_client) if direct else None
         self.trust = trust or RecordTrust()   # signs the records it writes when the cluster has a key
@@ -155,11 +158,13 @@ class KubeBinder:
             path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding"
             self.poster.post(path, orjson.dumps(doc), self.timeout)
             return
-        _drain(self.core.create_namespaced_pod_binding(name, namespace, kubernetes.client.V1Binding.from_dict(doc),
-                                                       _preload_content=False, _request_timeout=self.timeout))
+        with whole_request(self.timeout):
+            _drain(self.core.create_namespaced_pod_binding(name, namespace, kubernetes.client.V1Binding.from_dict(doc),
+                                                           _preload_content=False, _request_timeout=self.timeout))
 
     def _read(self, namespace: str, name: str) -> dict | None:
-        return read_or_none(self.core.read_namespaced_pod, name, namespace, _request_timeout=self.timeout)
+        with whole_request(self.timeout):
+            return read_or_none(self.core.read_namespaced_pod, name, namespace, _request_timeout=self.timeout)
 
     def _read_back(self, namespace: str, name: str) -> tuple[dict | None, bool]:
         """(the pod or None when it is gone, True) or (None, False) when it cannot be read, or

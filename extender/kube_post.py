@@ -29,6 +29,11 @@ a request still running then: a ``TimeoutError``, an outcome unknown to the bind
 bytes). Found by experiment: an answer sent a byte at a time, each within the socket timeout,
 held a bind (and its pod's reservation, in flight) for as long as the peer liked; a 300 MiB
 answer was read whole (600 MiB at the peak).
+
+The ``kubernetes`` client's own requests that a bind or a requeue makes (the Binding where this
+path does not apply, the pod's read-back, the requeuer's PATCH) had the same fault: its timeout
+is per socket read. :func:`whole_request` bounds them whole with the same :class:`Deadlines`,
+through hooks in the client's urllib3 pools (:func:`bound_client`).
 """
 from __future__ import annotations
 
@@ -40,7 +45,8 @@ import ssl
 import threading
 import time
 import urllib.parse
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from kubernetes.client.exceptions import ApiException
 
@@ -53,6 +59,8 @@ STALE_CONNECTION = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionR
 MAX_IDLE_S = 30.0
 # The most of an answer's body read; past it the rest is left unread and the connection closed.
 MAX_ANSWER_BYTES = 1 << 20
+# How often a deadline that came while its request was still connecting looks again for the socket.
+RECHECK_UNCONNECTED_S = 0.05
 
 
 class Deadlines:
@@ -99,11 +107,108 @@ class Deadlines:
                 entry = heapq.heappop(self._heap)
                 entry[3] = True
                 sock = entry[2].sock
-                if sock is not None:
-                    try:   # the plain socket's shutdown: an SSL socket's would also drop its TLS state
-                        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-                    except OSError:
-                        pass
+                if sock is not None and not isinstance(sock, socket.socket):
+                    sock = getattr(sock, "socket", None)   # (urllib3's TLS inside a TLS proxy tunnel)
+                if sock is None:
+                    # Not connected yet (still connecting): shut it as soon as it is, or the
+                    # request would go on unbounded on the socket its connect then makes.
+                    entry[0] = time.monotonic() + RECHECK_UNCONNECTED_S
+                    heapq.heappush(self._heap, entry)
+                    continue
+                try:   # the plain socket's shutdown: an SSL socket's would also drop its TLS state
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+class _BoundedCall:
+    """One call of :func:`whole_request` on one thread: its deadline, and the connections its
+    requests have used so far (armed in :data:`CLIENT_DEADLINES`)."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.armed: dict[int, list[Any]] = {}   # id(connection) -> its Deadlines entry
+        self.late = False
+
+    def arm(self, conn: Any) -> None:
+        if id(conn) not in self.armed:
+            self.armed[id(conn)] = CLIENT_DEADLINES.arm(conn, self.deadline)
+
+    def disarm(self, conn: Any) -> bool:
+        """The connection goes back to its pool: whether the deadline shut it."""
+        entry = self.armed.pop(id(conn), None)
+        late = entry is not None and CLIENT_DEADLINES.disarm(entry)
+        self.late = self.late or late
+        return late
+
+    def end(self) -> bool:
+        """The call is over: disarm what is left; whether the deadline came first on any request."""
+        for entry in self.armed.values():
+            self.late = CLIENT_DEADLINES.disarm(entry) or self.late
+        self.armed.clear()
+        return self.late
+
+
+CLIENT_DEADLINES = Deadlines()      # the deadlines of the client's requests (all threads, one thread)
+_calls = threading.local()          # .current: the thread's _BoundedCall, or None
+
+
+@contextmanager
+def whole_request(timeout: float) -> Iterator[None]:
+    """Bound every request made through a :func:`bound_client` ``ApiClient`` on this thread inside
+    the ``with`` by ``timeout`` seconds from its start, answer included (the client's own timeout
+    is per socket read: a peer answering a byte at a time held a call for as long as it liked).
+    A call still running then has its socket shut; what failed because of that raises
+    ``TimeoutError`` (the outcome is unknown, as for a lost answer)."""
+    call = _BoundedCall(time.monotonic() + timeout)
+    outer = getattr(_calls, "current", None)
+    _calls.current = call
+    try:
+        yield
+    except Exception as exc:
+        if call.end():
+            raise TimeoutError(f"no whole answer within {timeout:g}s") from exc
+        raise
+    finally:
+        call.end()
+        _calls.current = outer
+
+
+class _BoundedPool:
+    """Mixed into an ``ApiClient``'s urllib3 connection pools by :func:`bound_client`: a
+    connection a request of a :func:`whole_request` call takes is armed with the call's deadline
+    until it goes back to the pool (a connection the deadline shut is closed, not reused)."""
+
+    def _make_request(self, conn: Any, *args: Any, **kwargs: Any) -> Any:
+        call = getattr(_calls, "current", None)
+        if call is not None:
+            call.arm(conn)
+        return super()._make_request(conn, *args, **kwargs)  # type: ignore[misc]
+
+    def _put_conn(self, conn: Any) -> None:
+        call = getattr(_calls, "current", None)
+        if call is not None and conn is not None and call.disarm(conn):
+            conn.close()
+        super()._put_conn(conn)  # type: ignore[misc]
+
+
+_bounded_classes: dict[type, type] = {}
+
+
+def bound_client(api_client: Any) -> None:
+    """Let :func:`whole_request` bound the requests of ``api_client`` (a ``kubernetes``
+    ``ApiClient``; its urllib3 pools get :class:`_BoundedPool`). Idempotent; requests outside
+    a ``whole_request`` (the feed's watches) are as before."""
+    manager = api_client.rest_client.pool_manager
+    classes = manager.pool_classes_by_scheme
+    if all(issubclass(c, _BoundedPool) for c in classes.values()):
+        return
+    manager.pool_classes_by_scheme = {
+        scheme: c if issubclass(c, _BoundedPool)
+        else _bounded_classes.setdefault(c, type(f"Bounded{c.__name__}", (_BoundedPool, c), {}))
+        for scheme, c in classes.items()}
+    if len(manager.pools):
+        manager.clear()   # pools made before are of the old classes (their requests in flight go on)
 
 
 class DirectPoster:

@@ -25,6 +25,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable, NamedTuple
 
+from .kube_post import whole_request
 from .worker import Worker
 
 log = logging.getLogger("stowage.extender.requeue")
@@ -43,14 +44,19 @@ class Requeuer(Worker):
     """Remembers refused pods; after the model gained room, patches those refused before it.
 
     ``patch(namespace, name, body)`` is the API call (CoreV1Api.patch_namespaced_pod);
-    ``pending(key)`` returns the pending pod's uid, or None once it is bound or gone.
+    ``pending(key)`` returns the pending pod's uid, or None once it is bound or gone. Each call
+    gets ``patch_timeout_s`` whole (:func:`extender.kube_post.whole_request`; the client of a
+    ``KubeBinder`` is bounded so, and the extender's requeuer shares it): the client's own timeout
+    is per socket read, and a peer answering a byte at a time held the requeuer, and with it every
+    later round, for as long as it liked.
     """
 
     def __init__(self, patch: Callable[[str, str, dict], Any], pending: Callable[[str], str | None],
                  debounce_s: float = 0.1, window_s: float = 10.0, max_per_round: int = 200,
                  max_tracked: int = 10_000, clock: Callable[[], float] = time.monotonic,
-                 now: Callable[[], float] = time.time) -> None:
+                 now: Callable[[], float] = time.time, patch_timeout_s: float = 10.0) -> None:
         super().__init__()
+        self.patch_timeout_s = patch_timeout_s
         self._patch = patch
         self._pending = pending
         self.debounce_s = debounce_s
@@ -120,7 +126,8 @@ class Requeuer(Worker):
                 continue  # bound, deleted, or re-created meanwhile
             body = {"metadata": {"uid": uid, "annotations": {REQUEUE_ANNOTATION: stamp}}}
             try:
-                self._patch(r.namespace, r.name, body)
+                with whole_request(self.patch_timeout_s):
+                    self._patch(r.namespace, r.name, body)
                 done += 1
             except Exception as exc:  # noqa: BLE001 - gone (404), re-created (409), API trouble: not again
                 log.info("could not requeue pod %s/%s: %s", r.namespace, r.name, getattr(exc, "reason", exc))
