@@ -48,7 +48,7 @@ import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 from orjson import loads as _loads
 
-from stowage.allocation import AllocationRecord, RecordTrust
+from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, RecordTrust
 from stowage.digits import whole_number
 from stowage.logtext import escaped
 from stowage.kubelist import (LIST_PAGE_BYTES, LIST_PAGE_SIZE, OBJECT_BYTES, ListLoop, PageSizer, byte_size,
@@ -1223,11 +1223,26 @@ class KubeFeeder:
             self._note_overbooked(v.uid, v.key)
             return
         if known is not None:
-            # The record we applied was removed (a failed bind rolled it back): the cards are free.
+            if v.node == known.node:
+                # Removed from a pod bound there: its containers keep the devices they started
+                # with, so the cards stay counted as its last record named them (as for a record
+                # turned invalid). Freeing them once gave the card it still used to the next pod.
+                self._record_removed(v)
+                return
             self._forget_pod(v.uid, departed=False)
         if v.node:
             self._note_unrecorded(pod, v.uid, v.key, v.node)
             self._hold_host(v)
+
+    def _record_removed(self, v: Any) -> None:
+        """Bound pod ``v``'s applied record was removed: a pod error, logged once; its cards stay."""
+        why = (f"{ALLOCATION_ANNOTATION} was removed from the bound pod: its cards stay counted as its last "
+               "record named them")
+        with self._lock:
+            first = self._pod_errors.get(v.uid) != why
+            self._pod_errors[v.uid] = why
+        if first:
+            log.error("pod %s (uid %s): %s", v.key, v.uid, why)
 
     def _note_overbooked(self, uid: str, key: str) -> None:
         """Pod ``uid``'s record was applied (or it was said overbooked before): whether its cards

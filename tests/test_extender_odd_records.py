@@ -123,3 +123,25 @@ def test_a_record_past_the_models_card_slots_is_given_back_as_it_was_booked():
     after = model_row(model, "n1")
     assert min(after["pods"]) == 0
     assert after == {k: v + [0] * 8 for k, v in before.items()}   # the new slots as empty as the old
+
+
+def test_a_record_removed_from_a_bound_pod_keeps_its_cards_counted(kube, feeders):
+    """A bound pod keeps the devices its containers started with whatever its annotations say
+    later, so its record being removed (by hand: only the extender may, with the admission policy)
+    must not free its card for another pod: the earlier record stays counted, as for a record
+    turned invalid, and the pod gets an error. Before, the card read free: the next pod was bound
+    onto the card the first still used."""
+    kube.create_node(inv_node("n1", [80] * 2))
+    kube.create_pod(ours(make_pod("runs", gpus=1, node="n1", phase="Running", annotations={
+        ALLOCATION_ANNOTATION: encode_allocation(rec("n1", [(1, "GPU-n1-1")]))})))
+    f = started(kube, feeders, trust=RecordTrust(scheduler_names=SCHED))
+    held = row(f.model, "n1")
+    assert held["pods"] == [0, 1]
+    uid = next(iter(f.model.allocations))
+    kube.patch_pod("default", "runs", {"metadata": {"annotations": {ALLOCATION_ANNOTATION: None}}})
+    kube.wait_for(lambda: uid in f.status()["pod_errors"] or row(f.model, "n1") != held)
+    assert row(f.model, "n1") == held
+    assert "removed" in f.status()["pod_errors"][uid]
+    kube.delete_pod("default", "runs")
+    kube.wait_for(lambda: uid not in f.model.allocations)
+    assert row(f.model, "n1")["pods"] == [0, 0] and uid not in f.status()["pod_errors"]
