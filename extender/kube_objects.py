@@ -162,11 +162,6 @@ def node_ready(node: Mapping[str, Any]) -> bool:
     return ready_status(node) == "True"
 
 
-def node_schedulable(node: Mapping[str, Any]) -> bool:
-    """Ready condition True and not cordoned (``spec.unschedulable``)."""
-    return not node_closure(node)
-
-
 def node_closure(node: Mapping[str, Any]) -> NodeClosure:
     """Why the node takes no new pods (0: it does), as the taints kube-scheduler tests for it
     (:mod:`stowage.taints`): cordoned; Ready condition False, or none yet (the kubelet registers a

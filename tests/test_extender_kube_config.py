@@ -8,7 +8,7 @@ from extender_kube_helpers import FakeKube, make_node
 
 from extender.errors import KubeConfigError
 from extender.kube import load_api_client
-from extender.kube_objects import assign_args, node_schedulable, pod_view, record_problem
+from extender.kube_objects import assign_args, node_closure, pod_view, record_problem
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, encode_allocation
 
 
@@ -59,7 +59,7 @@ def test_in_cluster_without_service_account_is_a_clear_error(monkeypatch):
     ({"status": {}}, False),
 ])
 def test_node_schedulable(node, expected):
-    assert node_schedulable(node) is expected
+    assert (not node_closure(node)) is expected   # open: Ready and not cordoned
 
 
 def test_record_checks_and_replay_arguments():
