@@ -9,8 +9,9 @@ documented line that the command refuses pass."""
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Callable, Iterable, Sequence
+
+from stowage.finite import finite_number
 
 
 def whole_number(minimum: int) -> Callable[[str], int]:
@@ -30,12 +31,27 @@ def whole_number(minimum: int) -> Callable[[str], int]:
 def positive_number(text: str) -> float:
     """A finite number above 0 (seconds, percentages)."""
     try:
-        value = float(text)
+        value = finite_number(text)
     except ValueError:
-        value = float("nan")
-    if not (math.isfinite(value) and value > 0):
+        value = 0.0
+    if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a number above 0, not {text!r}")
     return value
+
+
+def number_at_least(minimum: float) -> Callable[[str], float]:
+    """A finite number of at least ``minimum`` (a tolerance, a window in seconds, a rate where 0
+    means off): ``nan`` passed ``type=float`` and made every comparison with it false."""
+    def parse(text: str) -> float:
+        try:
+            value = finite_number(text)
+        except ValueError:
+            value = minimum - 1
+        if not value >= minimum:
+            raise argparse.ArgumentTypeError(f"must be a finite number of at least {minimum:g}, not {text!r}")
+        return value
+    parse.__name__ = f"number >= {minimum:g}"
+    return parse
 
 
 def number_list(minimum: int, example: str = "1000,5000") -> Callable[[str], list[int]]:

@@ -10,6 +10,7 @@ import click
 
 from stowage import logtext
 from stowage.clickcheck import cannot_listen, check_can_listen
+from stowage.finite import seconds
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES
 from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
 
@@ -34,9 +35,9 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
               help="XIDs that do not mark a card unhealthy, comma separated; replaces the default "
                    "13,31,43,45,68,109 (application faults). 'all' disables health checks (a card in MIG "
                    "mode is still unhealthy).")
-@click.option("--recovery-quiet-seconds", envvar="STOWAGE_RECOVERY_QUIET_SECONDS", type=click.FloatRange(min=0),
+@click.option("--recovery-quiet-seconds", envvar="STOWAGE_RECOVERY_QUIET_SECONDS", type=seconds(0),
               default=120.0, help="An unhealthy card quiet this long is probed and, if fine, marked Healthy again.")
-@click.option("--probe-interval-seconds", envvar="STOWAGE_PROBE_INTERVAL_SECONDS", type=click.FloatRange(min=0.05),
+@click.option("--probe-interval-seconds", envvar="STOWAGE_PROBE_INTERVAL_SECONDS", type=seconds(0.05),
               default=10.0, help="How often every card is probed (vanished cards, recovery).")
 @click.option("--dev-root", envvar="STOWAGE_DEV_ROOT", default="/dev",
               help="Where this container sees the host's /dev (device specs are only sent for nodes that exist).")
@@ -45,7 +46,7 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
               help="The kubelet's PodResources API socket: which devices the kubelet already gave to which pod "
                    "(survives plugin restarts; corrects swapped records). Empty: in-memory count only.")
 @click.option("--reconcile-interval-seconds", envvar="STOWAGE_RECONCILE_INTERVAL_SECONDS",
-              type=click.FloatRange(min=0.1), default=5.0,
+              type=seconds(0.1), default=5.0,
               help="How often pods' allocation records are compared with the kubelet's allocations "
                    "(also 0.5 s after every Allocate).")
 @record_key_file_option("The key the extender signs allocation records with (the same Secret): only records "

@@ -2,29 +2,19 @@
 from __future__ import annotations
 
 import logging
-import math
 import signal
 import threading
-from typing import Any
 
 import click
 
 from gpunode.health import DEFAULT_IGNORED_XIDS, ignored_xids_option
 from stowage import logtext
+from stowage.finite import seconds
 
 from .checkpoint import DEFAULT_CHECKPOINT
 from .podlogs import DEFAULT_POD_LOGS
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-
-
-def _a_number(ctx: Any, param: Any, value: float) -> float:
-    """Refuse ``nan``, which click's FloatRange lets through (every comparison with it is false):
-    as ``--cache-seconds`` the first reading was served for ever, as ``--recovery-quiet-seconds``
-    an unhealthy card never healed."""
-    if math.isnan(value):
-        raise click.BadParameter("nan is no number of seconds")
-    return value
 
 
 @click.command(name="exporter", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -44,8 +34,7 @@ def _a_number(ctx: Any, param: Any, value: float) -> float:
                    "PodResources by device ID). With neither this nor --pod-logs-dir, shared cards are estimated.")
 @click.option("--proc-root", envvar="STOWAGE_PROC_ROOT", default="/proc",
               help="Where the host's /proc is visible (needs hostPID: NVML reports host PIDs).")
-@click.option("--cache-seconds", envvar="STOWAGE_EXPORTER_CACHE_SECONDS", type=click.FloatRange(0, 3600), default=2.0,
-              callback=_a_number,
+@click.option("--cache-seconds", envvar="STOWAGE_EXPORTER_CACHE_SECONDS", type=seconds(0, 3600), default=2.0,
               help="Scrapes within this many seconds of the last reading reuse it (NVML is read at most once).")
 @click.option("--ignored-xids", envvar="STOWAGE_IGNORED_XIDS", default=None, callback=ignored_xids_option,
               help="XIDs that do not mark a card unhealthy, comma separated; replaces the default "
@@ -53,8 +42,8 @@ def _a_number(ctx: Any, param: Any, value: float) -> float:
                    "XID and probe checks (a card NVML cannot read, or one in MIG mode, is still unhealthy). Env STOWAGE_IGNORED_XIDS, "
                    "as for the device plugin: give both the same value and stowage_gpu_healthy says what the "
                    "plugin advertises.")
-@click.option("--recovery-quiet-seconds", envvar="STOWAGE_RECOVERY_QUIET_SECONDS", type=click.FloatRange(min=0),
-              default=120.0, callback=_a_number, help="An unhealthy card quiet this long and passing its probe is healthy again "
+@click.option("--recovery-quiet-seconds", envvar="STOWAGE_RECOVERY_QUIET_SECONDS", type=seconds(0),
+              default=120.0, help="An unhealthy card quiet this long and passing its probe is healthy again "
                                   "(env STOWAGE_RECOVERY_QUIET_SECONDS, as for the device plugin).")
 @click.option("--log-level", envvar="STOWAGE_LOG_LEVEL", show_envvar=True, default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),

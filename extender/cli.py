@@ -20,6 +20,7 @@ from flask import Flask
 from stowage import logtext
 from stowage.allocation import RecordTrust
 from stowage.clickcheck import CheckedCommand, after_parsing, check_can_listen, parse_host_port
+from stowage.finite import seconds
 from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
@@ -343,16 +344,16 @@ def _learned_configmap(ctx: click.Context, param: click.Parameter, value: str) -
                         "(docs/security.md).")
 @scheduler_name_option("Kube mode: the schedulerName(s) of Stowage's profile(s); records on other schedulers' "
                        "pods are not honoured (the device plugin's --scheduler-name must be the same).")
-@click.option("--stale-after", "stale_after_s", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
+@click.option("--stale-after", "stale_after_s", type=seconds(1, 3600), default=60.0, show_default=True,
               help="Kube mode: seconds a failing node or pod watch may go on before the model counts as stale: "
                    "/readyz answers 503 and every verb refuses until the watch is back.")
-@click.option("--bind-outcome-hold", "bind_outcome_hold_s", type=click.FloatRange(1, 3600),
+@click.option("--bind-outcome-hold", "bind_outcome_hold_s", type=seconds(1, 3600),
               default=UNKNOWN_OUTCOME_HOLD_S, show_default=True,
               help="Kube mode: seconds a bind whose Binding was answered 5xx (or whose answer was lost) keeps "
                    "its cards while the pod reads unbound, since the API server may still apply it; the pod is "
                    "not bound elsewhere meanwhile. At least twice kube-apiserver's --request-timeout (60 s by "
                    "default).")
-@click.option("--client-timeout", type=click.FloatRange(1, 600), default=DEFAULT_CLIENT_TIMEOUT_S, show_default=True,
+@click.option("--client-timeout", type=seconds(1, 600), default=DEFAULT_CLIENT_TIMEOUT_S, show_default=True,
               help="Seconds a client has to send a whole request (TLS handshake, head, body) once it started, "
                    "and again to take the answer; past it: 408, and the thread serves others.")
 @click.option("--timeout", type=click.IntRange(5), default=60, show_default=True,
@@ -364,7 +365,7 @@ def _learned_configmap(ctx: click.Context, param: click.Parameter, value: str) -
                    "Namespace: $POD_NAMESPACE, else stowage-system. The extender's RBAC must allow get, "
                    "create and update of it. off: keep nothing (a restart then learns only the pods that "
                    "still exist).")
-@click.option("--learned-interval", "learned_interval_s", type=click.FloatRange(1, 3600), default=60.0,
+@click.option("--learned-interval", "learned_interval_s", type=seconds(1, 3600), default=60.0,
               show_default=True, help="Kube mode: seconds between writes of --learned-configmap (only when "
                                       "pods were deleted since; once more at shutdown).")
 @_bound_mib_option("--pod-cache-mib", POD_CACHE_BYTES,

@@ -28,6 +28,7 @@ import click
 import requests
 from tqdm import tqdm
 
+from stowage.finite import seconds
 from stowage.resources import RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, fmt_cards, fmt_mib
 
 from .simcluster import BUILTIN, SimCluster, SimClusterError, describe, load_cluster, node_objects
@@ -322,7 +323,7 @@ def summary(state: dict, outcomes: list[Outcome], elapsed: float, requests_sent:
               help="Request threads of the extender's worker.")
 @click.option("--quiet", is_flag=True,
               help="Do not print one line per pod (a terminal still shows a progress bar on standard error).")
-@click.option("--startup-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
+@click.option("--startup-timeout", type=seconds(1), default=60.0, show_default=True,
               help="Seconds to wait for the extender to answer /readyz.")
 def demo(cluster_file: str | None, pods: int, seed: int, full_nodes: bool, threads: int, quiet: bool,
          startup_timeout: float) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from benchmarks.binpack.cli import subset
 from benchmarks.binpack.trace import DEFAULT_TRACE, REPO_ROOT, TraceError, data_dir, load_nodes, trace_name
 from benchmarks.binpack.variants import load_trace
-from benchmarks.cliargs import CheckedParser, HelpFormatter, name_list, parse_seeds, positive_number, whole_number
+from benchmarks.cliargs import CheckedParser, HelpFormatter, name_list, number_at_least, parse_seeds, positive_number, whole_number
 from benchmarks.entry import worker_pool
 from benchmarks.progress import progress_bar
 from packing.registry import PLACERS, POLICY_PLACER
@@ -75,23 +75,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peak", type=positive_number, default=1.0, help="peak GPU demand as a fraction of the cluster's GPUs")
     p.add_argument("--node-stride", type=whole_number(1), default=10, help="use every N-th trace node (the trace ran at ~1%% load)")
     p.add_argument("--target", type=positive_number, default=60.0, help="HPA target: average GPU utilisation per replica, %%")
-    p.add_argument("--tolerance", type=float, default=0.1, help="HPA tolerance")
-    p.add_argument("--window", type=float, default=300.0, help="HPA scale-down stabilisation window, s")
-    p.add_argument("--metric-window", type=float, default=120.0,
+    p.add_argument("--tolerance", type=number_at_least(0), default=0.1, help="HPA tolerance")
+    p.add_argument("--window", type=number_at_least(0), default=300.0, help="HPA scale-down stabilisation window, s")
+    p.add_argument("--metric-window", type=number_at_least(0), default=120.0,
                    help="seconds the HPA's metric is averaged over (the shipped adapter rule: 120); 0: the "
                         "instant load")
     p.add_argument("--learn-before", action="store_true",
                    help="the extender ran before the window: it learned every trace pod that came and went "
                         "before it (the past only), as a long-running extender's watch would have; default: "
                         "it starts with the window, knowing only the pods that exist then")
-    p.add_argument("--restart-at", type=float, default=None, metavar="DAY",
+    p.add_argument("--restart-at", type=number_at_least(0), default=None, metavar="DAY",
                    help="restart the extender this many days into the window (a rollout replacing every "
                         "replica): the new one reads the departed pods' past the old one kept "
                         "(--learned-configmap) and learns the pods that exist")
     p.add_argument("--restart-lose-past", action="store_true",
                    help="with --restart-at: the new extender learns only the pods that exist "
                         "(--learned-configmap off)")
-    p.add_argument("--unneeded", type=float, default=600.0, help="how long a node must stand empty before it counts as releasable, s")
+    p.add_argument("--unneeded", type=number_at_least(0), default=600.0, help="how long a node must stand empty before it counts as releasable, s")
     p.add_argument("--out", default="results/elastic", help="output folder (CSV, JSON, PNG)")
     p.add_argument("--jobs", type=whole_number(1), default=min(2, os.cpu_count() or 1), help="worker processes")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 day on a 1/20 node subset")

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from typing import Any
 
-from benchmarks.cliargs import HelpFormatter
+from benchmarks.cliargs import HelpFormatter, positive_number
 from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, CardShare, encode_allocation
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
 
@@ -106,7 +106,7 @@ class Churn:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.latency.churn", formatter_class=HelpFormatter)
-    p.add_argument("--rate", type=float, default=300.0, help="pod events per second (binds and deletes)")
+    p.add_argument("--rate", type=positive_number, default=300.0, help="pod events per second (binds and deletes)")
     p.add_argument("--stats", required=True, help="file the churn thread writes its event count to")
     p.add_argument("extender_args", nargs=argparse.REMAINDER, help="-- then the `stowage extender` arguments")
     args = p.parse_args(argv)

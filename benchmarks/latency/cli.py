@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..cliargs import HelpFormatter, number_list, whole_number
+from ..cliargs import HelpFormatter, number_at_least, number_list, whole_number
 from . import cluster, procs
 from .client import Workload, prefill, schedule
 from .memory import measure_in_subprocess
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "split layout (N HTTP workers + one decision process); the floor runs with the same count")
     p.add_argument("--full-pods", type=whole_number(0), default=None, help="pods scheduled with full Node objects (nodeCacheCapable: false; default 30)")
     p.add_argument("--full-max", type=whole_number(0), default=None, help="largest size also run with full Node objects (default 5000)")
-    p.add_argument("--churn-rate", type=float, default=300.0, help="pod watch events per second in the churn variant (0: skip)")
+    p.add_argument("--churn-rate", type=number_at_least(0), default=300.0, help="pod watch events per second in the churn variant (0: skip)")
     p.add_argument("--memory-nodes", type=whole_number(0), default=None, help="cluster size of the model memory measurement (0: skip it; default 10000)")
     p.add_argument("--seed", type=int, default=7,
                    help="random seed of the simulated cluster's pods (their sizes, models and order)")
