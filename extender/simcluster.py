@@ -12,6 +12,8 @@ would publish, so the full-nodes mode can be driven too.
 """
 from __future__ import annotations
 
+import re
+import string
 import uuid
 from dataclasses import dataclass, field
 from importlib import resources as importlib_resources
@@ -187,6 +189,57 @@ def _cards(node: str, gpus: Any, where: str) -> tuple[Card, ...]:
                  for k in range(count))
 
 
+# A Kubernetes node name: a DNS subdomain (RFC 1123), what the API server takes as metadata.name.
+MAX_NODE_NAME_CHARS = 253
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_FORMATTER = string.Formatter()
+
+
+def _name_parts(pattern: str, where: str) -> list[tuple[str, str | None]]:
+    """``pattern`` as (literal text, format spec of ``{i}`` or None) pairs, checked before any
+    formatting: only ``{i}`` or ``{i:FORMAT}``, no attribute, index, other field or conversion
+    (``str.format`` would run them: ``{i.nope}`` raised AttributeError), and no width or precision
+    above a node name's length (``{i:>99999999}`` built a 100 MB name)."""
+    def bad(why: str) -> SimClusterError:
+        return SimClusterError(f"{where}: bad pattern {pattern[:80]!r} ({why})")
+    try:
+        parsed = list(_FORMATTER.parse(pattern))
+    except ValueError as exc:
+        raise bad(str(exc)) from None
+    parts: list[tuple[str, str | None]] = []
+    for literal, field_name, spec, conversion in parsed:
+        if field_name is None:
+            parts.append((literal, None))
+            continue
+        if field_name != "i" or conversion is not None or "{" in (spec or ""):
+            raise bad("only {i} or {i:FORMAT} may stand in braces, e.g. \"a100-{i:02d}\"")
+        if any(len(d) > 3 or int(d) > MAX_NODE_NAME_CHARS for d in re.findall(r"\d+", spec or "")):
+            raise bad(f"a width or precision makes a name longer than a node name's {MAX_NODE_NAME_CHARS} "
+                      f"characters: at most {MAX_NODE_NAME_CHARS}")
+        parts.append((literal, spec or ""))
+    return parts
+
+
+def node_name(pattern: str, parts: list[tuple[str, str | None]], i: int, where: str) -> str:
+    """Node ``i``'s name from the file's ``name`` pattern (``parts``: :func:`_name_parts` of it,
+    read once per entry), a Kubernetes node name or the file's :class:`SimClusterError` (what the
+    extender serves and ``stowage inspect`` prints is a name an API server would take)."""
+    pieces = []
+    for literal, spec in parts:
+        pieces.append(literal)
+        if spec is not None:
+            try:
+                pieces.append(format(i, spec))
+            except ValueError as exc:
+                raise SimClusterError(f"{where}: bad pattern {pattern[:80]!r} ({exc})") from None
+    name = "".join(pieces)
+    if len(name) > MAX_NODE_NAME_CHARS or not _NODE_NAME.fullmatch(name):
+        raise SimClusterError(f"{where}: {name[:80]!r}{'...' if len(name) > 80 else ''} is not a Kubernetes "
+                              f"node name (lower-case letters, digits, '-' and '.', starting and ending with a "
+                              f"letter or digit, at most {MAX_NODE_NAME_CHARS} characters)")
+    return name
+
+
 def parse_cluster(doc: Any, src: str = "<cluster>") -> SimCluster:
     """Validate a parsed YAML document into a :class:`SimCluster`."""
     if not isinstance(doc, dict):
@@ -216,11 +269,9 @@ def parse_cluster(doc: Any, src: str = "<cluster>") -> SimCluster:
         labels = entry.get("labels") or {}
         if not isinstance(labels, dict):
             raise SimClusterError(f"{where}.labels: expected a mapping")
+        parts = _name_parts(pattern, f"{where}.name")
         for i in range(1, count + 1):
-            try:
-                name = pattern.format(i=i)
-            except (KeyError, IndexError, ValueError) as exc:
-                raise SimClusterError(f"{where}.name: bad pattern {pattern!r} ({exc})") from None
+            name = node_name(pattern, parts, i, f"{where}.name")
             if name in seen:
                 raise SimClusterError(f"{where}: duplicate node name {name!r}")
             seen.add(name)
