@@ -52,7 +52,9 @@ DRAIN_CAVEAT = ("  Moves are checked as the extender checks them (cards, host CP
                 "autoscaler leaves them.")
 
 
-def _drain_text(plan: DrainPlan, nodes_total: int) -> str:
+def _drain_text(plan: DrainPlan, nodes_total: int, max_nodes: int | None = None) -> str:
+    """The drain plan for people: what is emptied, which nodes stay and why, and how many the plan
+    never tried because ``--max-nodes`` was reached (before, those read as if none were left)."""
     lines = [f"{len(plan.drained)} of {nodes_total} GPU node(s) can be emptied ({plan.gpus_freed} GPUs) "
              f"by moving {len(plan.moves)} pod(s):"]
     rows: list[list[Any]] = []
@@ -67,6 +69,9 @@ def _drain_text(plan: DrainPlan, nodes_total: int) -> str:
         lines.append(f"  {len(plan.kept)} node(s) stay: " +
                      "; ".join(f"{n}: {why}" for n, why in list(plan.kept.items())[:10]) +
                      (" ..." if len(plan.kept) > 10 else ""))
+    if plan.not_tried:
+        lines.append(f"  {plan.not_tried} node(s) not tried (--max-nodes {max_nodes}): the plan stopped "
+                     f"at {len(plan.drained)} emptied")
     lines.append(DRAIN_CAVEAT)
     return "\n".join(lines)
 
@@ -223,6 +228,6 @@ def plan(source: Source, shapes: list[Shape], drain: bool, preempt_shapes: list[
         say(_capacity_text(r, top, unmatched_models(model, r.shape.policy.models_include), present) + "\n")
     if dplan is not None:
         gpu_nodes = sum(1 for n, i in model.index.items() if model.a.exists[i].any())
-        say(_drain_text(dplan, gpu_nodes))
+        say(_drain_text(dplan, gpu_nodes, max_nodes))
     for p in pplans:
         say(_preempt_text(p, top) + "\n")

@@ -398,6 +398,7 @@ class DrainPlan:
 
     drained: list[DrainedNode]
     kept: dict[str, str]  # node -> why it cannot be emptied (first pod that found no room)
+    not_tried: int = 0    # candidates never tried: the plan had emptied max_nodes already
 
     @property
     def moves(self) -> list[Move]:
@@ -413,7 +414,7 @@ class DrainPlan:
                              "moves": [{"pod": m.pod, "uid": m.uid, "from": m.source, "fromCards": list(m.source_cards),
                                         "to": m.target, "toCards": list(m.target_cards), "shape": m.shape}
                                        for m in d.moves]} for d in self.drained],
-                "kept": self.kept}
+                "kept": self.kept, "notTried": self.not_tried}
 
 
 def _pods_on(model: ClusterModel, node: str) -> list[PodAllocation]:
@@ -512,7 +513,7 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
         if progress is not None and tried:
             progress(tried, len(order))
         if max_nodes is not None and len(drained) >= max_nodes:
-            break
+            return DrainPlan(drained=drained, kept=kept, not_tried=len(order) - tried)
         if node in receivers:
             kept[node] = "receives pods moved from another emptied node"
             continue
