@@ -14,15 +14,16 @@ from typing import Callable, Iterable, Sequence
 from stowage.finite import finite_number
 
 
-def whole_number(minimum: int) -> Callable[[str], int]:
-    """A whole number of at least ``minimum``."""
+def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """A whole number of at least ``minimum`` (and at most ``maximum``, when given)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be a whole number of at least {minimum}, not {text!r}")
+        if value < minimum or (maximum is not None and value > maximum):
+            upto = f" and at most {maximum}" if maximum is not None else ""
+            raise argparse.ArgumentTypeError(f"must be a whole number of at least {minimum}{upto}, not {text!r}")
         return value
     parse.__name__ = f"whole number >= {minimum}"
     return parse

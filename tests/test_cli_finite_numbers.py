@@ -143,3 +143,20 @@ def test_the_latency_floor_refuses_no_threads_or_workers(flag, value, capsys, mo
     with pytest.raises(SystemExit) as exc:
         floor.main([flag, value])
     assert exc.value.code == 2 and f"argument {flag}: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "70000"])
+def test_binpack_real_port_base_is_a_port_flag_or_environment(value, capsys, monkeypatch):
+    """``STOWAGE_BENCH_PORT_BASE=abc`` ended ``python -m benchmarks.binpack.real --help`` in a
+    ValueError traceback (int() while building the parser), and ``--port-base 70000`` was taken
+    (the control plane then failed to bind, minutes later)."""
+    from benchmarks.binpack.real import build_parser
+    from tests.cli_checks import assert_refused_by_name
+
+    assert_refused_by_name(build_parser(), "--port-base", value, capsys)
+    monkeypatch.setenv("STOWAGE_BENCH_PORT_BASE", value)
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args([])
+    assert exc.value.code == 2 and "argument --port-base: " in capsys.readouterr().err
+    monkeypatch.setenv("STOWAGE_BENCH_PORT_BASE", "24000")
+    assert build_parser().parse_args([]).port_base == 24000

@@ -998,7 +998,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(a flag given beside it stands: --quick --burst 0 times no burst)")
     p.add_argument("--workers", type=whole_number(1), default=2, help="the extender's --workers (scheduler.yaml runs 2)")
     p.add_argument("--pod-timeout", type=positive_number, default=120.0, help="seconds to wait for one pod's outcome")
-    p.add_argument("--port-base", type=int, default=int(os.environ.get("STOWAGE_BENCH_PORT_BASE", "23950")),
+    # a string default goes through the type, so a bad $STOWAGE_BENCH_PORT_BASE is refused by name
+    p.add_argument("--port-base", type=whole_number(1, 65535 - 3), default=os.environ.get("STOWAGE_BENCH_PORT_BASE", "23950"),
                    help="first of 4 loopback ports for etcd/kube-apiserver/kube-scheduler (default $STOWAGE_BENCH_PORT_BASE or 23950)")
     p.add_argument("--work-dir", default=None, help="control plane files and logs (default: a temporary folder, kept on failure)")
     p.add_argument("--data-dir", default=None, help="folder with the openb CSVs (default ../shared/openb, or $STOWAGE_OPENB)")
