@@ -139,6 +139,7 @@ def _build_app(cfg: ServeConfig) -> Flask:
     # Kube mode: imported lazily so simulated mode never needs the Kubernetes client set up.
     from .kube import KubeFeeder, load_api_client
     from .kube_binder import MERGE_PATCH, KubeBinder
+    from .kube_post import bound_client
     from .requeue import Requeuer
 
     api_client = load_api_client(kubeconfig=cfg.kubeconfig, in_cluster=cfg.in_cluster)
@@ -151,6 +152,9 @@ def _build_app(cfg: ServeConfig) -> Flask:
                               filter_keeps=cfg.filter_keeps, pod_cache_bytes=cfg.pod_cache_bytes,
                               learned_bytes=cfg.learned_bytes, unknown_outcome_hold_s=cfg.bind_outcome_hold_s)
     # Pods refused on a model the watch has since given room are tried again (extender/requeue.py).
+    # Its PATCH is bounded whole (extender.kube_post.whole_request) on this client, which the
+    # binder hooked (bound_client; said again here so the dependency reads where it is used).
+    bound_client(api_client)
     requeuer = Requeuer(lambda ns, name, body: feeder.core.patch_namespaced_pod(
         name, ns, body, _content_type=MERGE_PATCH, _request_timeout=10), feeder.pending_uid).start()
     feeder.on_cards_freed = requeuer.cards_freed
