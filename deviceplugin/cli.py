@@ -14,7 +14,7 @@ from stowage.finite import seconds
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES
 from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
 
-from gpunode.health import ignored_xids_option
+from gpunode.health import DEFAULT_IGNORED_XIDS, ignored_xids_option
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 
@@ -33,8 +33,8 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
               help="Resources to advertise (repeat the flag; env: space separated).")
 @click.option("--ignored-xids", envvar="STOWAGE_IGNORED_XIDS", default=None, callback=ignored_xids_option,
               help="XIDs that do not mark a card unhealthy, comma separated; replaces the default "
-                   "13,31,43,45,68,109 (application faults). 'all' disables health checks (a card in MIG "
-                   "mode is still unhealthy).")
+                   f"{','.join(map(str, sorted(DEFAULT_IGNORED_XIDS)))} (application faults). 'all' disables "
+                   "health checks (a card in MIG mode is still unhealthy).")
 @click.option("--recovery-quiet-seconds", envvar="STOWAGE_RECOVERY_QUIET_SECONDS", type=seconds(0),
               default=120.0, help="An unhealthy card quiet this long is probed and, if fine, marked Healthy again.")
 @click.option("--probe-interval-seconds", envvar="STOWAGE_PROBE_INTERVAL_SECONDS", type=seconds(0.05),
