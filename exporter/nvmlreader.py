@@ -172,6 +172,9 @@ class NvmlReader:
         if xid_recreate_after is not None:
             self._xid_pace.update(recreate_after=xid_recreate_after)
         self._stop = threading.Event()           # closed: no new watcher
+        # Held by close() and by a reading from its "not closed" check to the watcher's start, so
+        # that a close cannot fall between them (and leave a watcher started after it running).
+        self._lifecycle = threading.Lock()
         self._proc = _ProcUtilState()
         self._missing: set[str] = set()
         self._known: dict[str, CardSample] = {}   # uuid -> last sample read of every card ever read
@@ -196,8 +199,9 @@ class NvmlReader:
         return True
 
     def close(self) -> None:
-        self._stop.set()
-        self._stop_xids()
+        with self._lifecycle:
+            self._stop.set()
+            self._stop_xids()
         self.nvml.shutdown()
         self.ok = False
 
@@ -368,9 +372,10 @@ class NvmlReader:
         for back in sorted(self._missing - labels_now):
             log.info("GPU %s answers again", back)
         self._missing = labels_now
-        watching = self._xid_thread is not None and self._xid_thread.is_alive()
-        if self._xid_enabled and self._health.cards and not watching and not self._stop.is_set():
-            self._start_xids()                    # first read, after an NVML re-init, or the watcher died
+        with self._lifecycle:
+            watching = self._xid_thread is not None and self._xid_thread.is_alive()
+            if self._xid_enabled and self._health.cards and not watching and not self._stop.is_set():
+                self._start_xids()                # first read, after an NVML re-init, or the watcher died
         return self._xid_blind(cards)
 
     def _log_missing(self, label: str, reason: str, labels_now: set[str]) -> None:
