@@ -108,6 +108,7 @@ def decode_inventory(value: str) -> Inventory:
         raise InventoryError(f"{INVENTORY_ANNOTATION} lists {len(doc['cards'])} cards, at most {MAX_CARDS_PER_NODE}")
     cards = []
     seen: set[int] = set()
+    uuids: dict[str, int] = {}   # uuid -> the index of the card that has it
     top = MAX_CARDS_PER_NODE - 1
     for i, c in enumerate(doc["cards"]):
         try:
@@ -127,7 +128,12 @@ def decode_inventory(value: str) -> Inventory:
             raise InventoryError(f"{INVENTORY_ANNOTATION}: card #{i} is malformed ({str(exc)[:120]})") from None
         if card.index in seen:
             raise InventoryError(f"{INVENTORY_ANNOTATION}: card #{i} has a duplicate index {card.index}")
+        if card.uuid in uuids:
+            # records name cards by uuid: one uuid for two cards could never be recorded (refused)
+            raise InventoryError(f"{INVENTORY_ANNOTATION}: card #{i} has the uuid of card {uuids[card.uuid]} "
+                                 f"({card.uuid[:64]!r})")
         seen.add(card.index)
+        uuids[card.uuid] = card.index
         cards.append(card)
     try:
         unit = _bounded(doc.get("memoryUnitMiB") or DEFAULT_MEMORY_UNIT_MIB, 1, MAX_MEMORY_UNIT_MIB, "memoryUnitMiB")

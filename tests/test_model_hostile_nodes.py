@@ -69,3 +69,13 @@ def test_sixty_four_cards_are_still_a_node():
     inv = inventory_from_node({"metadata": {"name": "n", "labels": {GFD_COUNT: "64", GFD_MEMORY: "81920"}},
                                "status": {"allocatable": {"nvidia.com/gpu": "64"}}})
     assert len(inv.cards) == 64 and inv.cards[0].memory_mib == 81920
+
+
+def test_two_cards_under_one_uuid_are_an_inventory_error():
+    """A record names cards by uuid, and a record naming one uuid twice is refused (the extender's
+    feed and the device plugin alike): a node whose inventory gave two cards one uuid would have had
+    its own 2-GPU pods' records refused after their bind. Its inventory is refused instead, saying
+    why, as for a duplicate index (the device plugin never publishes such a list: it reads a uuid
+    once)."""
+    with pytest.raises(InventoryError, match="uuid of card 0"):
+        decode_inventory('{"cards":[{"index":0,"uuid":"GPU-a","memoryMiB":1},{"index":1,"uuid":"GPU-a","memoryMiB":1}]}')
