@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from packing.fit import (FITS, NO_GPUS, NOT_SCHEDULABLE, POD_LIMIT, WHOLE_ONLY, msg_compute, msg_cpu,
+from packing.fit import (FITS, NO_GPUS, POD_LIMIT, WHOLE_ONLY, msg_closed, msg_compute, msg_cpu,
                          msg_free_cards, msg_host_memory, msg_memory, msg_no_usable_card, msg_tail, open_nodes,
                          row_any, row_count)
 from packing.model import CardArrays, ClusterModel
@@ -72,7 +72,7 @@ def reasons(a: CardArrays, rows: np.ndarray, req: GpuRequest, allowed: np.ndarra
     node_ok = open_nodes(a, tolerates)[rows]
     present = a.exists[rows]
     cpu, hmem = a.cpu_free[rows], a.hmem_free[rows]
-    settle(~node_ok, [], lambda: NOT_SCHEDULABLE)
+    settle(~node_ok, [a.closed[rows]], lambda c: msg_closed(c))
     if req.is_gpu:
         settle(~row_any(present), [], lambda: NO_GPUS)
     settle(cpu < req.cpu_milli, [], lambda: msg_cpu(req))

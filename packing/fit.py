@@ -19,6 +19,7 @@ import numpy as np
 
 from stowage.inventory import model_matches
 from stowage.resources import GpuRequest, fmt_mib
+from stowage.taints import closure_words
 
 from .model import CardArrays
 from .pod_policy import PodPolicy
@@ -127,6 +128,13 @@ def fit(a: CardArrays, req: GpuRequest, allowed: np.ndarray, tolerates: int = 0)
 
 
 NOT_SCHEDULABLE = "node is not schedulable for GPU pods (unknown to Stowage or cordoned)"
+
+
+def msg_closed(closed: int) -> str:
+    """Why a closed node takes no pod, its reasons named (:class:`stowage.taints.NodeClosure`
+    bits: "node is cordoned", "node is not Ready"); :data:`NOT_SCHEDULABLE` without a reason."""
+    words = closure_words(closed)
+    return f"node is {words}" if words else NOT_SCHEDULABLE
 NO_GPUS = "node has no GPUs"
 WHOLE_ONLY = ("card memory unknown on this node (no stowage.io/gpu-inventory annotation or GPU Feature "
               "Discovery memory label): only whole-GPU pods can be placed here")
@@ -201,7 +209,7 @@ def reason(a: CardArrays, i: int, req: GpuRequest, allowed: np.ndarray, whole_on
     if whole_only and req.is_shared and a.exists[i].any():
         return WHOLE_ONLY
     if not a.node_ok[i] and not (tolerates and _opened(int(a.closed[i]), tolerates)):
-        return NOT_SCHEDULABLE
+        return msg_closed(int(a.closed[i]))
     if req.is_gpu and not a.exists[i].any():
         return NO_GPUS
     if a.cpu_free[i] < req.cpu_milli:

@@ -82,3 +82,12 @@ def tolerations_for(closures: int) -> list[dict[str, str]]:
     return [{"key": key, "operator": "Exists", "effect": NO_SCHEDULE}
             for reason, key in TAINT_KEYS.items() if closures & reason]
 
+
+# A closure in the words of a filter reason (no ", ": kube-scheduler joins reasons with it).
+_WORDS = {NodeClosure.CORDONED: "cordoned", NodeClosure.NOT_READY: "not Ready",
+          NodeClosure.UNREACHABLE: "unreachable (Ready Unknown)", NodeClosure.OTHER: "closed"}
+
+
+def closure_words(closures: int) -> str:
+    """``closures`` in words, e.g. "cordoned and not Ready" ("" for none)."""
+    return " and ".join(w for reason, w in _WORDS.items() if closures & reason)

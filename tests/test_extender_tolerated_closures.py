@@ -19,7 +19,6 @@ from extender.kube_binder import KubeBinder
 from extender.kube_objects import node_view, pod_for_bind
 from extender.service import ExtenderService
 from extender.wire import BindingArgs, encode, parse_extender_args
-from packing.fit import NOT_SCHEDULABLE
 from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
 from stowage.taints import NodeClosure, tolerated_closures, tolerates_taint
 
@@ -105,6 +104,9 @@ NODES = {"open": lambda: inv_node("open", [80, 80]),
          "notready": lambda: inv_node("notready", [80, 80], ready=False),
          "unknown": lambda: unknown_node("unknown"),
          "both": lambda: inv_node("both", [80, 80], ready=False, unschedulable=True)}
+# Why each closed node is refused, in filter's words (kube-scheduler counts nodes per reason).
+WHY = {"cordoned": "node is cordoned", "notready": "node is not Ready", "unknown": "node is unreachable (Ready Unknown)",
+       "both": "node is cordoned and not Ready"}
 # Which nodes kube-scheduler's NodeUnschedulable and TaintToleration filters let each pod reach
 # (with the node lifecycle controller's NoSchedule taints on the not-Ready ones).
 REACHES = {"plain": (None, {"open"}),
@@ -133,7 +135,7 @@ def test_filter_and_bind_open_closed_nodes_to_the_pods_that_tolerate_them(kube, 
         answer = orjson.loads(encode(svc.filter(parse_extender_args(body)).to_json()))
         assert set(answer["NodeNames"]) == reach, name
         refused = {**answer["FailedNodes"], **answer.get("FailedAndUnresolvableNodes", {})}
-        assert refused == {n: NOT_SCHEDULABLE for n in set(NODES) - reach}, name
+        assert refused == {n: WHY[n] for n in set(NODES) - reach}, name
     # Bind reads the watch's copy of the pending pod: the DaemonSet's pod is bound to the cordoned
     # node with its card recorded; the plain pod is refused there, saying why.
     uid = pods["daemonset"]["metadata"]["uid"]
@@ -142,6 +144,6 @@ def test_filter_and_bind_open_closed_nodes_to_the_pods_that_tolerate_them(kube, 
     assert bound["spec"]["nodeName"] == "cordoned"
     assert decode_allocation(bound["metadata"]["annotations"][ALLOCATION_ANNOTATION]).node == "cordoned"
     why = svc.bind(BindingArgs("plain", "default", pods["plain"]["metadata"]["uid"], "cordoned"))
-    assert why.endswith(NOT_SCHEDULABLE) and not kube.get_pod("default", "plain")["spec"].get("nodeName")
+    assert why.endswith("node is cordoned") and not kube.get_pod("default", "plain")["spec"].get("nodeName")
     assert svc.bind(BindingArgs("ready-only", "default", pods["ready-only"]["metadata"]["uid"], "both")).endswith(
-        NOT_SCHEDULABLE)
+        "node is cordoned and not Ready")
