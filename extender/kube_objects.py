@@ -190,10 +190,6 @@ class NodeView:
         """Equal fingerprints mean an update would not change the model (heartbeats are skipped)."""
         return (self.inventory, self.closed, self.error, self.cpu_milli, self.mem_mib, self.max_pods)
 
-    @property
-    def schedulable(self) -> bool:
-        return not self.closed
-
 
 def node_allocatable(node: Mapping[str, Any]) -> tuple[float, float, float]:
     """(milli-CPU, memory MiB, pods) from ``status.allocatable``, what kube-scheduler's

@@ -25,7 +25,6 @@ import numpy as np
 
 from stowage.inventory import Card, Inventory, normalize_model
 from stowage.resources import CORE_MILLI_PER_CARD, GpuRequest
-from stowage.taints import NodeClosure
 
 INF = float("inf")
 
@@ -320,14 +319,10 @@ class ClusterModel:
                 self._touch(i)
 
     def upsert_node(self, name: str, inventory: Inventory, *, cpu_milli: float = INF,
-                    host_mem_mib: float = INF, max_pods: float = INF, schedulable: bool = True,
-                    closed: int = 0) -> None:
+                    host_mem_mib: float = INF, max_pods: float = INF, closed: int = 0) -> None:
         """Add a node or replace its cards and allocatable CPU, memory and pod count (INF: not
         modelled); allocations already held on it are kept. ``closed``: why it takes no new pods
-        (:class:`stowage.taints.NodeClosure` bits); ``schedulable=False`` alone closes it for a
-        reason no toleration opens."""
-        if not schedulable and not closed:
-            closed = NodeClosure.OTHER
+        (:class:`stowage.taints.NodeClosure` bits; 0: open)."""
         with self.lock:
             cards = list(inventory.cards)
             width = max((c.index for c in cards), default=-1) + 1
