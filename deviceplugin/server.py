@@ -737,7 +737,8 @@ class DevicePlugin:
         from ever serving before, silently; now it is said, and what it was about is read in the
         background (:class:`~gpunode.nvml.LateCards`) once it returns."""
         try:
-            cards, self.nvml_ok = self.nvml.start_within(self.cfg.nvml_deadline_s)
+            cards = self.nvml.start_within(self.cfg.nvml_deadline_s)
+            self.nvml_ok = True   # initialised, or to be by LateCards: what NVML does not answer now is read later
         except NvmlUnavailable as exc:
             log.error("%s -- advertising no GPUs", exc)
             return []

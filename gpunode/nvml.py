@@ -233,9 +233,10 @@ class Nvml:
             _optional(pynvml.nvmlShutdown)
             self._ok = False
 
-    def start_within(self, deadline_s: float) -> tuple[list[GpuInfo], bool]:
+    def start_within(self, deadline_s: float) -> list[GpuInfo]:
         """:meth:`init` and :meth:`discover`, each NVML call waited for at most ``deadline_s``:
-        ``(the cards read, whether NVML is initialised or may be later)``.
+        the cards read now (NVML is initialised, or may be later: what is not read now is
+        :class:`LateCards`' to read).
 
         NVML may never answer a call (a card fallen off the bus can hang the driver), and no Python
         code can interrupt it: made inline, one such call kept the device plugin from ever serving.
@@ -256,13 +257,13 @@ class Nvml:
             self.uncounted = str(exc)
             log.error("%s -- no GPU is advertised until NVML can be initialised; tried again in the background "
                       "with back-off", exc)
-            return [], True
+            return []
         if isinstance(done, Stuck):
             self.uncounted = f"nvmlInit did not return within {deadline_s:g} s"
             log.error("%s (NVML or the driver is hung?); no GPU is advertised until it returns, then they are "
                       "counted and read in the background", self.uncounted)
-            return [], True
-        return self.discover(calls), True
+            return []
+        return self.discover(calls)
 
     def discover(self, calls: DeadlineCalls | None = None) -> list[GpuInfo]:
         """All cards NVML reports, with NVLink peers resolved to card indices by PCI bus id.
