@@ -38,6 +38,7 @@ from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, RecordTr
 
 from .errors import BindError, BindOutcomeUnknown
 from .kube import api_message, read_or_none
+from .kube_objects import NOT_A_POD, object_meta
 from .kube_post import DirectPoster, bound_client, direct_poster, whole_request
 
 log = logging.getLogger("stowage.kube")
@@ -58,11 +59,10 @@ def _pod_parts(pod: Any) -> tuple[Mapping[str, Any], Mapping[str, Any], Mapping[
     peer that lies). Why: such an answer proves nothing about the pod; taken as a pod it raised
     AttributeError, or read as "not this pod" (a plain failure) after a 5xx, and the service then
     released cards a Binding still on its way could be given."""
-    if not isinstance(pod, Mapping):
+    meta = object_meta(pod)
+    if meta is None:
         return None
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
-        return None
+    spec = pod.get("spec") or {}
     annotations = meta.get("annotations") or {}
     if not isinstance(annotations, Mapping) or not isinstance(meta.get("uid", ""), str) \
             or not isinstance(spec.get("nodeName") or "", str):
@@ -104,7 +104,7 @@ class KubeBinder:
                 raise BindError(f"pod {key} not found")
             parts = _pod_parts(pod)
             if parts is None:
-                raise BindError(f"pod {key} read from the API server is not a pod (an object with metadata and spec)")
+                raise BindError(f"pod {key} read from the API server {NOT_A_POD}")
             uid = str(parts[0].get("uid") or "")
         value = self.trust.encode(record, uid) if record is not None else None
         try:

@@ -37,6 +37,20 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     return f"{m.get('namespace') or 'default'}/{m.get('name') or '?'}"
 
 
+NOT_A_POD = "is not a pod (an object with object metadata and spec)"
+
+
+def object_meta(pod: Any) -> Mapping[str, Any] | None:
+    """``metadata`` of a pod read from the API server or the watch's copy ({} when it has none),
+    or None when what was read is not a pod's shape (a JSON list or text, metadata or spec of
+    another type: a proxy's answer, a peer that lies): it tells nothing about the pod, and must
+    not crash the bind that reads it (``ExtenderService``, ``KubeBinder``)."""
+    if not isinstance(pod, Mapping) or not isinstance(pod.get("spec") or {}, Mapping):
+        return None
+    meta = pod.get("metadata") or {}
+    return meta if isinstance(meta, Mapping) else None
+
+
 def pod_for_bind(pod: Mapping[str, Any]) -> dict:
     """The parts of a pending pod that bind reads (``ExtenderService.pod_info``: identity, the
     requests by :func:`~stowage.resources.pod_request`, the ``stowage.io/`` policy annotations,

@@ -58,7 +58,7 @@ from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GpuRequest, RequestError,
 from .bounds import BoundUse
 from .errors import BindError, BindOutcomeUnknown  # noqa: F401  (BindError re-exported: binders raise it)
 from .hold_timer import HoldTimer
-from .kube_objects import TERMINAL_PHASES
+from .kube_objects import NOT_A_POD, TERMINAL_PHASES, object_meta
 from .learned_past import DepartedPods, Shape, replay
 from .learned_uids import LEARNED_BYTES, LearnedUids
 from .nominated import PodMarks
@@ -305,19 +305,6 @@ def pod_info_bytes(info: "PodInfo", shared: PodPolicy | None = None) -> int:
             if models and models is not common:
                 n += sys.getsizeof(models) + sum(sys.getsizeof(m) for m in models)
     return n
-
-
-NOT_A_POD = "is not a pod (an object with object metadata and spec)"
-
-
-def _read_meta(pod: Any) -> Mapping[str, Any] | None:
-    """``metadata`` of a pod bind read through the pod source ({} when it has none), or None when
-    what was read is not a pod's shape (a JSON list or text, metadata or spec of another type: a
-    proxy's answer, a peer that lies): it tells nothing about the pod, and must not crash the bind."""
-    if not isinstance(pod, Mapping) or not isinstance(pod.get("spec") or {}, Mapping):
-        return None
-    meta = pod.get("metadata") or {}
-    return meta if isinstance(meta, Mapping) else None
 
 
 def _bound_or_finished(pod: Mapping[str, Any]) -> bool:
@@ -815,7 +802,7 @@ class ExtenderService:
             return f"cannot read pod {args.key}: {exc}"
         if pod is None:
             return f"pod {args.key} not found"
-        meta = _read_meta(pod)
+        meta = object_meta(pod)
         if meta is None:
             return f"pod {args.key} read from the API server {NOT_A_POD}"
         uid = str(meta.get("uid") or "")
@@ -1042,7 +1029,7 @@ class ExtenderService:
             return f"{refusal} (cannot check whether it is bound: {exc})"
         if pod is None:
             return refusal
-        meta = _read_meta(pod)
+        meta = object_meta(pod)
         if meta is None:
             return f"{refusal} (cannot check whether it is bound: the pod read {NOT_A_POD})"
         if not pod or meta.get("uid", uid) != uid:
@@ -1160,7 +1147,7 @@ class ExtenderService:
             log.info("pod %s: its bind hold is up but the pod cannot be read (%s); tried again in %.0fs",
                      alloc.name, exc, HOLD_RECHECK_S)
             return
-        meta = _read_meta(pod) if pod is not None else {}
+        meta = object_meta(pod) if pod is not None else {}
         if meta is None:
             log.info("pod %s: its bind hold is up but the pod read %s; tried again in %.0fs", alloc.name, NOT_A_POD,
                      HOLD_RECHECK_S)
