@@ -21,8 +21,9 @@ SMALL_SETTLE = 128  # up to this many rows per branch, distinct keys found with 
 
 def reasons(a: CardArrays, rows: np.ndarray, req: GpuRequest, allowed: np.ndarray,
             tolerates: int = 0) -> list[str]:
-    """``[reason(a, i, req, allowed, detail=False, tolerates=tolerates) for i in rows]`` (what filter answers: no
-    per-node numbers, so kube-scheduler adds equal causes up), computed for all rows at once.
+    """``[reason(a, i, req, allowed, detail=False, tolerates=tolerates) for i in rows]`` (what
+    filter answers: no per-node numbers, so kube-scheduler adds equal causes up), computed for all
+    rows at once.
 
     Why: a filter on a large cluster can fail thousands of nodes (a 4-GPU pod on a half-used
     cluster), and one :func:`reason` per node in Python cost more than the whole rest of the
@@ -72,7 +73,7 @@ def reasons(a: CardArrays, rows: np.ndarray, req: GpuRequest, allowed: np.ndarra
     node_ok = open_nodes(a, tolerates)[rows]
     present = a.exists[rows]
     cpu, hmem = a.cpu_free[rows], a.hmem_free[rows]
-    settle(~node_ok, [a.closed[rows]], lambda c: msg_closed(c))
+    settle(~node_ok, [a.closed[rows]], msg_closed)
     if req.is_gpu:
         settle(~row_any(present), [], lambda: NO_GPUS)
     settle(cpu < req.cpu_milli, [], lambda: msg_cpu(req))

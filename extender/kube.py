@@ -500,8 +500,8 @@ class KubeFeeder:
         # Asked of every node the feed applies (listed or watched; not a deleted one), before it
         # is applied: True when the node takes no new pods for a reason the feed does not read
         # itself (it reads spec.unschedulable and the Ready condition), so it is applied as
-        # closed for a reason no pod's toleration opens (stowage.taints.NodeClosure.OTHER). Also where a reader notes nodes (stowage inspect/plan: why a node takes no
-        # pods). An exception it raises is logged and reads as False. The extender sets none:
+        # closed for a reason no pod's toleration opens (stowage.taints.NodeClosure.OTHER). Also
+        # where a reader notes nodes (stowage inspect/plan: why a node takes no pods). An exception it raises is logged and reads as False. The extender sets none:
         # kube-scheduler applies taints itself before it asks the extender, and it still places
         # pods on a node that only has a deletionTimestamp (v1.28.7:
         # tests/integration/test_real_node_deleting.py), so the extender offers that node too.

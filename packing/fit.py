@@ -128,13 +128,6 @@ def fit(a: CardArrays, req: GpuRequest, allowed: np.ndarray, tolerates: int = 0)
 
 
 NOT_SCHEDULABLE = "node is not schedulable for GPU pods (unknown to Stowage or cordoned)"
-
-
-def msg_closed(closed: int) -> str:
-    """Why a closed node takes no pod, its reasons named (:class:`stowage.taints.NodeClosure`
-    bits: "node is cordoned", "node is not Ready"); :data:`NOT_SCHEDULABLE` without a reason."""
-    words = closure_words(closed)
-    return f"node is {words}" if words else NOT_SCHEDULABLE
 NO_GPUS = "node has no GPUs"
 WHOLE_ONLY = ("card memory unknown on this node (no stowage.io/gpu-inventory annotation or GPU Feature "
               "Discovery memory label): only whole-GPU pods can be placed here")
@@ -148,6 +141,13 @@ WHOLE_ONLY = ("card memory unknown on this node (no stowage.io/gpu-inventory ann
 # up to 78 entries of "1 no card with ... best is 130 MiB on card 1" (5 KB in its PodScheduled
 # condition, 47 KB before kube-scheduler's own CPU filter), unreadable in `kubectl describe`. The
 # detail (``detail=True``: the node's own numbers) is for one node at a time, a bind refused.
+def msg_closed(closed: int) -> str:
+    """Why a closed node takes no pod, its reasons named (:class:`stowage.taints.NodeClosure`
+    bits: "node is cordoned", "node is not Ready"); :data:`NOT_SCHEDULABLE` without a reason."""
+    words = closure_words(closed)
+    return f"node is {words}" if words else NOT_SCHEDULABLE
+
+
 def msg_cpu(req: GpuRequest, free: float | None = None) -> str:
     """``free``: the node's free CPU (millicores), said only with ``detail``."""
     if free is None:

@@ -147,3 +147,10 @@ def test_filter_and_bind_open_closed_nodes_to_the_pods_that_tolerate_them(kube, 
     assert why.endswith("node is cordoned") and not kube.get_pod("default", "plain")["spec"].get("nodeName")
     assert svc.bind(BindingArgs("ready-only", "default", pods["ready-only"]["metadata"]["uid"], "both")).endswith(
         "node is cordoned and not Ready")
+
+
+def test_every_closure_reads_well_after_kube_schedulers_count_prefix():
+    """kube-scheduler prefixes each reason with its count of nodes and joins them with ", "."""
+    from packing.fit import msg_closed
+    texts = {msg_closed(bits) for bits in range(16)}
+    assert len(texts) == 16 and all(t.startswith("node is ") and ", " not in t for t in texts)
