@@ -3,13 +3,14 @@ workers (the requeue: extender/requeue.py; the bind hold timer: extender/hold_ti
 that starting, waking and stopping them is written once."""
 from __future__ import annotations
 
+import abc
 import threading
 from typing import TypeVar
 
 W = TypeVar("W", bound="Worker")
 
 
-class Worker:
+class Worker(abc.ABC):
     """Runs :meth:`_run` on a daemon thread named :attr:`thread_name` between :meth:`start` and
     :meth:`stop`; :meth:`_run` waits on ``self._wake`` and returns once ``self._stop`` is set."""
 
@@ -36,5 +37,6 @@ class Worker:
         if self._thread is not None:
             self._thread.join(5)
 
+    @abc.abstractmethod
     def _run(self) -> None:
-        raise NotImplementedError
+        """The thread's loop (each worker's own)."""
