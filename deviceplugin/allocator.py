@@ -152,9 +152,12 @@ class Ledger:
         return len(self.given.get((uid, resource), ()))
 
     def add(self, uid: str, resource: str, ids: Iterable[str], at: int | None = None) -> None:
-        """Book the answer of the pod's next container; ``at``: of its container at that position,
-        asked for again, so the answers booked from there on were lost (the kubelet never took
-        them up) and are dropped."""
+        """Book the answer of the pod's container at position ``at`` (its next one, or an init
+        container asked again; None: the one after those booked). The answers booked from there on were lost (the kubelet never took
+        them up: it asks for that container now) and are dropped. Why: while PodResources answers,
+        a regular container counts as served only once the kubelet lists it, so each lost answer of
+        one (another caller's, a restarting kubelet's) was appended, for as long as its pod lived
+        (40 lost answers, 40 entries); now a pod holds at most one entry per container."""
         entries = self.given.setdefault((uid, resource), [])
         if at is not None:
             del entries[at:]

@@ -354,7 +354,7 @@ class Allocations:
             steered = self._steered.pop((resource, frozenset(ids)), None)
             cand = allocator.allocate(table, resource, ids, found, steered)
             ans = allocator.container_answer(table, resource, ids, cand)
-            self.ledger.add(cand.uid, resource, ids, at=cand.done if cand.retried else None)
+            self.ledger.add(cand.uid, resource, ids, at=cand.done)
             if cand.moved_from is not None:   # the reconciler corrects the record once the kubelet lists it
                 self._moved[cand.uid] = cand.record
                 log.warning("%s: %s moved from card(s) %s, which the kubelet did not offer, to %s", resource,
