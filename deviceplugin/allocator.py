@@ -96,6 +96,7 @@ class Candidate:
     moved_from: AllocationRecord | None = None   # its record before :func:`relocation` moved it
     again: int = 0              # its first ``again`` containers (init ones) may be asked for again (:func:`_progress`)
     retried: bool = False       # :meth:`at` placed it on an earlier container than ``done``: the kubelet asks again
+    others_started: bool = False   # some device of another of our resources counts as given to it
 
     @property
     def ref(self) -> str:
@@ -113,19 +114,39 @@ class Candidate:
     def signature(self) -> tuple[frozenset[str], int, bool]:
         return self.cards, self.next_size, self.record.whole
 
-    def at(self, size: int) -> Candidate | None:
+    def at(self, size: int, holds_none: bool = False) -> Candidate | None:
         """This pod placed on the container the kubelet asks ``size`` devices for; None if none of its
         containers it may ask for next needs that many.
 
         Its next container first; else the latest of the init containers whose answers may have been
         lost (``again``): the kubelet asks for them again in order, and the latest keeps ``done`` at or
-        past the kubelet's own position, so each of its next requests is one the pod can take."""
+        past the kubelet's own position, so each of its next requests is one the pod can take.
+
+        ``holds_none``: a GetPreferredAllocation without ``must_include``, so the kubelet holds no
+        device of this resource the container could reuse. The kubelet's next container of a pod whose
+        init containers it holds devices for reuses them (no call at all, or ``must_include`` naming
+        them: its devicesToAllocate), so when the ledger's init answers may have been lost, such a
+        request is the pod's first container asked again, whatever the next container's size. Why:
+        an init container asked again with the size of the main container was taken for the main
+        container: refused in the fallback when the main container then asked, reusing its devices,
+        and never moved off a recorded card that went Unhealthy meanwhile."""
+        if holds_none and min(self.again, self.done) > 0:
+            return self.asked_again(0, size)
         if self.next_size == size:
             return self
         for k in reversed(range(min(self.again, self.done))):
-            if self.sizes[k] == size:
-                return replace(self, done=k, again=0, retried=True)
+            if (again := self.asked_again(k, size)) is not None:
+                return again
         return None
+
+    def asked_again(self, k: int, size: int) -> Candidate | None:
+        """This pod placed on its container ``k``, whose answer may have been lost, asked again for
+        ``size`` devices; None if that is not one of those containers or not its size. Asked again
+        from its first container, the pod holds nothing of this resource (the kubelet dropped nothing
+        it took up), so it may be moved like a pod not started (:func:`relocation`)."""
+        if k >= min(self.again, self.done) or self.sizes[k] != size:
+            return None
+        return replace(self, done=k, again=0, retried=True, started=self.started if k else self.others_started)
 
     def describe(self) -> str:
         again = sorted({self.sizes[k] for k in range(min(self.again, self.done))} - {self.next_size})
@@ -260,6 +281,8 @@ class PodSurvey:
     # PodResources answered: a moved pod's record can be corrected to the card it got (without the
     # kubelet's list the reconciler cannot see it, the record would stay wrong: no move then)
     can_move: bool = False
+    # cards advertised Unhealthy: the kubelet offers none of their devices, a refusal says so
+    unhealthy: frozenset[str] = frozenset()
 
     def free_for(self, uid: str, uuid: str) -> bool:
         return self.claimed.get(uuid, frozenset()) <= {uid}
@@ -412,9 +435,10 @@ def survey(pods: Iterable[Mapping[str, Any]], node: str, resource: str, ledger: 
                          "admitted (that pod has no allocation record the plugin honours)")
             continue
         started = any(p.served > 0 for p in progress.values())
+        others = any(p.served > 0 for r, p in progress.items() if r != resource)
         cands.append(Candidate(uid=uid, namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""),
                                record=rec, sizes=sizes, done=done, order=_order(pod), in_progress=in_progress,
-                               started=started, again=again))
+                               started=started, again=again, others_started=others))
     cands.sort(key=lambda c: c.order)
     busy = [c for c in cands if c.in_progress]
     if busy:
@@ -507,6 +531,10 @@ def _unknown_cards(uuids: Sequence[str]) -> str:
 
 def _explain(survey_: PodSurvey) -> str:
     parts = [c.describe() for c in survey_.candidates] + survey_.notes
+    sick = [f"{c.ref}'s recorded card {u} is Unhealthy" for c in survey_.candidates for u in c.record.uuids
+            if u in survey_.unhealthy]
+    if sick:   # the reason the kubelet offers none of its devices, in the pod's admission error
+        parts.append(", ".join(sick) + " (the kubelet offers no device of an Unhealthy card)")
     return "; ".join(parts) if parts else "no pod bound to this node is waiting for this resource"
 
 
@@ -556,7 +584,7 @@ def preferred(table: DeviceTable, resource: str, available: list[str], must_incl
         raise AllocationRefused(INVALID_ARGUMENT, f"{resource}: must_include device(s) {some_ids(not_offered)} "
                                 "are not among the available ones")
     fits = []
-    for c in (m for c in found.candidates if (m := c.at(size)) is not None):
+    for c in (m for c in found.candidates if (m := c.at(size, holds_none=not must_include)) is not None):
         if any(card_of[i] not in c.cards for i in must_include):
             continue
         pick, included = list(must_include), set(must_include)
@@ -572,7 +600,8 @@ def preferred(table: DeviceTable, resource: str, available: list[str], must_incl
         # yet) is no retry, and taken for one it would hand the pod admitted next its card
         return min(fits, key=lambda f: f[0].retried)
     offered = _by_card(card_of, available)
-    movable = [m for c in found.candidates if (m := c.at(size)) is not None and _move_kind(table, resource, m, offered)]
+    movable = [m for c in found.candidates
+               if (m := c.at(size, holds_none=not must_include)) is not None and _move_kind(table, resource, m, offered)]
     kinds = {_move_kind(table, resource, c, offered) for c in movable}
     if movable and len(kinds) == 1 and not must_include:
         # Any of them may be the pod being admitted (the kubelet lists each: survey); moved alike,
@@ -675,11 +704,12 @@ def _not_moved(movable: list[Candidate], kinds: int, can_move: bool) -> str:
 
 
 def allocate(table: DeviceTable, resource: str, ids: list[str], found: PodSurvey,
-             steered: str | None = None) -> Candidate:
+             steered: tuple[str, int | None] | None = None) -> Candidate:
     """The one pod these device IDs can belong to; refuses mismatches and disagreements.
 
-    ``steered`` is the uid GetPreferredAllocation proposed exactly these IDs for, if any: it
-    wins among equally consistent candidates.
+    ``steered`` is the uid GetPreferredAllocation proposed exactly these IDs for, if any, and the
+    position of the container it placed that pod on when it was one asked again (else None): it
+    wins among equally consistent candidates, on that container.
     """
     if not ids:
         raise AllocationRefused(INVALID_ARGUMENT, f"{resource}: Allocate without device IDs")
@@ -689,12 +719,14 @@ def allocate(table: DeviceTable, resource: str, ids: list[str], found: PodSurvey
                                 f"the {len(ids)} asked for")
     card_of = _cards_of(table, resource, ids)
     cards = set(card_of.values())
-    fits = [m for c in found.candidates if (m := c.at(len(ids))) is not None and cards <= m.cards]
+    placed = [m for c in found.candidates if (m := _as_steered(c, len(ids), steered)) is not None]
+    fits = [m for m in placed if cards <= m.cards]
+    uid = steered[0] if steered is not None else None
     if not fits:
         # GetPreferredAllocation moved the pod off recorded cards the kubelet did not offer (only it
         # sees what is offered): the same move, onto exactly these devices, is that pod's
-        for c in (m for c in found.candidates if (m := c.at(len(ids))) is not None):
-            if c.uid == steered:
+        for c in placed:
+            if c.uid == uid:
                 moved = relocation(table, resource, c, _by_card(card_of, ids), found)
                 if moved is not None and set(moved[1]) == set(ids):
                     return moved[0]
@@ -702,12 +734,23 @@ def allocate(table: DeviceTable, resource: str, ids: list[str], found: PodSurvey
                                 f"{', '.join(sorted(cards))}) match no pod's allocation record on this node; "
                                 f"candidates: {_explain(found)}")
     for c in fits:
-        if c.uid == steered:
+        if c.uid == uid:
             return c
     if len({c.signature for c in fits}) > 1:
         raise AllocationRefused(FAILED_PRECONDITION, f"{resource}: devices {some_ids(ids)} fit several pods whose "
                                 f"records disagree, refusing to guess: {'; '.join(c.describe() for c in fits)}")
     return fits[0]
+
+
+def _as_steered(c: Candidate, size: int, steered: tuple[str, int | None] | None) -> Candidate | None:
+    """``c`` placed on the container an Allocate of ``size`` devices is for: the one
+    GetPreferredAllocation placed it on when it steered these devices to it as a container asked
+    again (the Allocate that follows carries no ``must_include`` to tell), else :meth:`Candidate.at`."""
+    if steered is not None and steered[0] == c.uid and steered[1] is not None:
+        again = c.asked_again(steered[1], size)
+        if again is not None:
+            return again
+    return c.at(size)
 
 
 @dataclass(frozen=True)

@@ -248,7 +248,9 @@ class Allocations:
         self.trust = trust or RecordTrust()
         self.kubelet, self.on_allocated = kubelet, on_allocated
         self.ledger = allocator.Ledger()
-        self._steered: OrderedDict[tuple[str, frozenset[str]], str] = OrderedDict()   # newest last
+        # (resource, device set) -> (pod uid, the position of the container asked again it was steered for, or
+        # None: its next one), newest last
+        self._steered: OrderedDict[tuple[str, frozenset[str]], tuple[str, int | None]] = OrderedDict()
         # pod uid -> its record as moved by allocator.relocation, until the kubelet's list says where
         # it is: the kubelet reuses an init container's devices for the app container without a
         # GetPreferredAllocation, and PodResources (v1.28) does not list init containers
@@ -295,8 +297,10 @@ class Allocations:
         given = {uid for p in pods if (uid := str((p.get("metadata") or {}).get("uid"))) in self._moved
                  and allocator.given_any(p, self.ledger, view)}
         self._moved = {u: r for u, r in self._moved.items() if u in given}
-        return allocator.survey(pods, self.node, resource, self.ledger, view, {**self._moved, **fixed},
-                                trust=self.trust, table=table)
+        found = allocator.survey(pods, self.node, resource, self.ledger, view, {**self._moved, **fixed},
+                                 trust=self.trust, table=table)
+        found.unhealthy = frozenset(u for u, ok in self.state.health.items() if not ok)
+        return found
 
     def preferred(self, resource: str, req: Any) -> Any:
         out = []
@@ -307,7 +311,7 @@ class Allocations:
                 cand, ids = allocator.preferred(table, resource, list(creq.available_deviceIDs),
                                                 list(creq.must_include_deviceIDs), int(creq.allocation_size), found)
                 key = (resource, frozenset(ids))
-                self._steered[key] = cand.uid
+                self._steered[key] = (cand.uid, cand.done if cand.retried else None)
                 self._steered.move_to_end(key)
                 while len(self._steered) > MAX_STEERED:
                     self._steered.popitem(last=False)
