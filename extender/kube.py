@@ -1045,7 +1045,7 @@ class KubeFeeder:
     # ------------------------------------------------------------------ applying objects
     def _apply_node(self, node: Mapping[str, Any]) -> None:
         try:
-            v = node_view(node)
+            v = node_view(node, self.memory_unit_mib)
             if not v.name:
                 log.error("node without metadata.name ignored")
                 return
@@ -1216,7 +1216,8 @@ class KubeFeeder:
                 if not (self._overbooked and v.uid in self._overbooked):
                     return  # nothing new for the model (status updates, our own bind echo)
             else:
-                self.model.assign(v.uid, v.key, **assign_args(self._placed(v.record), v.cpu_milli, v.host_mem_mib))
+                self.model.assign(v.uid, v.key, **assign_args(self._placed(v.record), v.cpu_milli, v.host_mem_mib,
+                                                              v.kube_request))
                 with self._lock:
                     self._records[v.uid] = v.record
                     self._unrecorded.pop(v.uid, None)
@@ -1322,7 +1323,7 @@ class KubeFeeder:
         if held is not None and held.node == v.node and (held.cpu_milli, held.host_mem_mib) == (
                 v.cpu_milli, v.host_mem_mib):
             return
-        self.model.assign(v.uid, v.key, v.node, (), v.host_request, check=False)
+        self.model.assign(v.uid, v.key, v.node, (), v.host_request, check=False, kube_request=v.kube_request)
 
     def _note_unrecorded(self, pod: Mapping[str, Any], uid: str, key: str, node: str) -> None:
         """A bound GPU pod without our record (bound by another scheduler): say so once."""

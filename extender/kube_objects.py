@@ -6,17 +6,19 @@ so the rules ("which node is schedulable", "which pod holds cards") are testable
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from decimal import ROUND_CEILING
 from itertools import islice
 from typing import Any, Mapping
 
 from stowage.allocation import (ALLOCATION_ANNOTATION, AllocationError, AllocationRecord, RecordTrust,
                                 allocation_of_pod)
-from packing.model import ClusterModel
+from packing.model import AllocatableGpu, ClusterModel, Counts
 from stowage.inventory import Inventory, InventoryError, inventory_from_node
 from packing.pod_policy import policy_annotations, small_like
 from stowage.taints import NodeClosure, tolerated_closures, tolerations_for
-from stowage.resources import (MAX_CONTAINERS_PER_POD, REQUEST_RESOURCES, GpuRequest, RequestError, parse_quantity,
-                               pod_host_request, quantity_to_bytes, quantity_to_milli)
+from stowage.resources import (CORE_MILLI_PER_CARD, DEFAULT_MEMORY_UNIT_MIB, MAX_CONTAINERS_PER_POD, RESOURCE_GPU,
+                               RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, REQUEST_RESOURCES, GpuRequest, RequestError,
+                               parse_quantity, pod_gpu_amounts, pod_host_request, quantity_to_bytes, quantity_to_milli)
 
 INF = float("inf")
 
@@ -199,10 +201,12 @@ class NodeView:
     cpu_milli: float = INF   # status.allocatable (INF: not stated, not modelled)
     mem_mib: float = INF
     max_pods: float = INF
+    gpu_allocatable: AllocatableGpu = AllocatableGpu()   # status.allocatable's GPU resources
 
     def fingerprint(self) -> tuple:
         """Equal fingerprints mean an update would not change the model (heartbeats are skipped)."""
-        return (self.inventory, self.closed, self.error, self.cpu_milli, self.mem_mib, self.max_pods)
+        return (self.inventory, self.closed, self.error, self.cpu_milli, self.mem_mib, self.max_pods,
+                self.gpu_allocatable)
 
 
 def node_allocatable(node: Mapping[str, Any]) -> tuple[float, float, float]:
@@ -226,8 +230,39 @@ def node_allocatable(node: Mapping[str, Any]) -> tuple[float, float, float]:
             read("pods", lambda v: int(parse_quantity(v))))
 
 
-def node_view(node: Mapping[str, Any]) -> NodeView:
-    """Node -> inventory + schedulability. A malformed inventory yields a node with no cards."""
+# Past this an allocatable GPU quantity is no count kube-scheduler could hold (int64): not stated.
+_MAX_STATED = 2 ** 63 - 1
+
+
+def node_gpu_allocatable(node: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB) -> AllocatableGpu:
+    """The node's ``status.allocatable`` of ``nvidia.com/gpu``, ``nvidia.com/gpu-memory`` and
+    ``nvidia.com/gpu-core`` as kube-scheduler reads them (``Quantity.Value()``: a fraction rounded
+    up), in the model's units: gpu-memory units times ``memory_unit_mib`` (the feed's unit, the
+    one pods' requests are read in, so both sides scale alike and compare as kube-scheduler's
+    units do), gpu-core percent times 10. One not stated, or not a non-negative quantity an
+    int64 holds, is None (the reader falls back on the cards: :class:`packing.model.AllocatableGpu`)."""
+    status = node.get("status")
+    alloc = status.get("allocatable") if isinstance(status, Mapping) else None
+    if not isinstance(alloc, Mapping):
+        return AllocatableGpu()
+
+    def read(key: str) -> int | None:
+        if key not in alloc:
+            return None
+        try:
+            v = parse_quantity(alloc[key]).to_integral_value(rounding=ROUND_CEILING)
+        except (RequestError, TypeError, ValueError, ArithmeticError):
+            return None
+        return int(v) if v.is_finite() and 0 <= v <= _MAX_STATED else None
+
+    gpus, mem, core = read(RESOURCE_GPU), read(RESOURCE_GPU_MEMORY), read(RESOURCE_GPU_CORE)
+    return AllocatableGpu(gpus=gpus, mem_mib=None if mem is None else mem * memory_unit_mib,
+                          core_milli=None if core is None else core * (CORE_MILLI_PER_CARD // 100))
+
+
+def node_view(node: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB) -> NodeView:
+    """Node -> inventory + schedulability. A malformed inventory yields a node with no cards.
+    ``memory_unit_mib``: the unit of ``nvidia.com/gpu-memory`` (:func:`node_gpu_allocatable`)."""
     name = str(meta(node).get("name") or "")
     try:
         inv = inventory_from_node(node)
@@ -237,7 +272,8 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
         err = str(exc) or repr(exc)
     cpu, mem, pods = node_allocatable(node)
     return NodeView(name=name, inventory=inv, closed=int(node_closure(node)), error=err,
-                    cpu_milli=cpu, mem_mib=mem, max_pods=pods)
+                    cpu_milli=cpu, mem_mib=mem, max_pods=pods,
+                    gpu_allocatable=node_gpu_allocatable(node, memory_unit_mib))
 
 
 def node_into_model(model: ClusterModel, v: NodeView) -> None:
@@ -245,7 +281,7 @@ def node_into_model(model: ClusterModel, v: NodeView) -> None:
     schedulability. The watch does this for every node it sees, and so does every simulation
     that stands in for an API server (the bin-packing replay), so both models hold the same."""
     model.upsert_node(v.name, v.inventory, cpu_milli=v.cpu_milli, host_mem_mib=v.mem_mib,
-                      max_pods=v.max_pods, closed=v.closed)
+                      max_pods=v.max_pods, closed=v.closed, gpu_allocatable=v.gpu_allocatable)
 
 
 @dataclass(frozen=True)
@@ -262,6 +298,7 @@ class PodView:
     cpu_milli: int = 0             # host CPU / memory by the effective-request rule (pod_host_request)
     host_mem_mib: float = 0
     scheduler: str = ""            # spec.schedulerName ("default-scheduler" when unset)
+    kube_request: Counts = Counts()   # the GPU resources kube-scheduler counts it as asking (pod_gpu_amounts)
 
     @property
     def holds_cards(self) -> bool:
@@ -297,10 +334,15 @@ def pod_view(pod: Mapping[str, Any], trust: RecordTrust | None = None) -> PodVie
         cpu, mem = pod_host_request(pod, max_containers=None)   # held on its node whatever its size
     except (RequestError, TypeError, ValueError, AttributeError):
         cpu, mem = 0, 0.0  # an API server stores no malformed quantity; a hand-made object counts nothing
+    try:
+        kube_request = Counts(*pod_gpu_amounts(pod, trust.memory_unit_mib if trust is not None
+                                               else DEFAULT_MEMORY_UNIT_MIB, max_containers=None))
+    except (RequestError, TypeError, ValueError, AttributeError):
+        kube_request = Counts()   # as above
     return PodView(uid=str(m.get("uid") or ""), key=pod_key(pod), node=str(spec.get("nodeName") or ""),
                    terminal=status.get("phase") in TERMINAL_PHASES, record=record, error=err,
                    has_annotation=ALLOCATION_ANNOTATION in ann, cpu_milli=cpu, host_mem_mib=mem,
-                   scheduler=str(spec.get("schedulerName") or "default-scheduler"))
+                   scheduler=str(spec.get("schedulerName") or "default-scheduler"), kube_request=kube_request)
 
 
 
@@ -332,9 +374,11 @@ def record_by_uuid(record: AllocationRecord, uuids: Mapping[int, str]) -> Alloca
     return replace(record, cards=cards)
 
 
-def assign_args(record: AllocationRecord, cpu_milli: int = 0, host_mem_mib: float = 0) -> dict[str, Any]:
+def assign_args(record: AllocationRecord, cpu_milli: int = 0, host_mem_mib: float = 0,
+                kube_request: Counts | None = None) -> dict[str, Any]:
     """Keyword arguments for ``ClusterModel.assign(..., check=False)`` that replay ``record`` exactly
-    (with the pod's host CPU and memory)."""
+    (with the pod's host CPU and memory, and what kube-scheduler counts it as asking: by default
+    what the record books)."""
     cards = [c.index for c in record.cards]
     if record.whole:
         req = GpuRequest(gpus=max(1, len(cards)), cpu_milli=cpu_milli, host_mem_mib=host_mem_mib)
@@ -343,4 +387,5 @@ def assign_args(record: AllocationRecord, cpu_milli: int = 0, host_mem_mib: floa
                          core_milli=max((c.core_milli for c in record.cards), default=0),
                          cpu_milli=cpu_milli, host_mem_mib=host_mem_mib)
     return {"node": record.node, "cards": cards, "req": req, "check": False,
-            "mem_mib": [c.memory_mib for c in record.cards], "core_milli": [c.core_milli for c in record.cards]}
+            "mem_mib": [c.memory_mib for c in record.cards], "core_milli": [c.core_milli for c in record.cards],
+            "kube_request": kube_request}

@@ -161,6 +161,52 @@ def models_epoch(models: Sequence[str]) -> int:
 MODEL_NAMES_SLACK = 64
 
 
+@dataclass(frozen=True)
+class Counts:
+    """kube-scheduler's node-wide view of the GPU resources: whole cards (``nvidia.com/gpu``),
+    share memory MiB (``nvidia.com/gpu-memory`` x the memory unit) and share compute milli
+    (``nvidia.com/gpu-core`` x 10). What a pod asks of them, what a node has free, what evicting
+    pods frees: kube-scheduler's NodeResourcesFit compares these, not cards."""
+
+    gpus: int = 0
+    mem_mib: int = 0
+    core_milli: int = 0
+
+    def __add__(self, o: "Counts") -> "Counts":
+        return Counts(self.gpus + o.gpus, self.mem_mib + o.mem_mib, self.core_milli + o.core_milli)
+
+    def __sub__(self, o: "Counts") -> "Counts":
+        return Counts(self.gpus - o.gpus, self.mem_mib - o.mem_mib, self.core_milli - o.core_milli)
+
+    def covers(self, o: "Counts") -> bool:
+        return self.gpus >= o.gpus and self.mem_mib >= o.mem_mib and self.core_milli >= o.core_milli
+
+    def at_least_zero(self) -> "Counts":
+        return Counts(max(self.gpus, 0), max(self.mem_mib, 0), max(self.core_milli, 0))
+
+
+def request_counts(req: GpuRequest) -> Counts:
+    """What a pod of ``req`` asks in kube-scheduler's count: a whole-GPU pod its cards and the
+    ``nvidia.com/gpu-memory`` it states as a per-card minimum (kube-scheduler counts that too),
+    a share its memory and compute."""
+    if req.is_whole:
+        return Counts(gpus=req.gpus, mem_mib=req.min_card_mem_mib)
+    return Counts(mem_mib=req.mem_mib, core_milli=req.core_milli)
+
+
+@dataclass(frozen=True)
+class AllocatableGpu:
+    """A node's ``status.allocatable`` of the three GPU resources, in :class:`Counts`' units
+    (memory in MiB by the feed's memory unit): what kube-scheduler's NodeResourcesFit counts pods'
+    requests against. None: the node does not state it (or not as a quantity); whoever counts
+    then falls back on its own estimate (the healthy cards), since kube-scheduler, which reads a
+    missing one as 0, proposes no victims there for a pod asking it anyway."""
+
+    gpus: int | None = None
+    mem_mib: int | None = None
+    core_milli: int | None = None
+
+
 @dataclass
 class PodAllocation:
     """One pod's hold on one node: its cards (none for a pod that asks for no GPU), its host
@@ -177,6 +223,10 @@ class PodAllocation:
     cpu_milli: int = 0      # host CPU (milli) and memory (MiB) the pod requests
     host_mem_mib: float = 0
     applied: bool = False   # False while the node is not (yet) in the model
+    # What kube-scheduler counts the pod as asking of the GPU resources on its node, from its
+    # spec (the feed's) or its request (a bind): also for a pod that holds no card in the model
+    # (another scheduler's, a refused record), as kube-scheduler subtracts every bound pod's.
+    kube_request: Counts = field(default_factory=Counts)
 
 
 @dataclass
@@ -187,6 +237,7 @@ class NodeMeta:
     source: str = "simulated"
     whole_only: bool = False
     pods: set[str] = field(default_factory=set)
+    gpu_allocatable: AllocatableGpu = field(default_factory=AllocatableGpu)
 
 
 class ClusterModel:
@@ -319,10 +370,13 @@ class ClusterModel:
                 self._touch(i)
 
     def upsert_node(self, name: str, inventory: Inventory, *, cpu_milli: float = INF,
-                    host_mem_mib: float = INF, max_pods: float = INF, closed: int = 0) -> None:
+                    host_mem_mib: float = INF, max_pods: float = INF, closed: int = 0,
+                    gpu_allocatable: AllocatableGpu = AllocatableGpu()) -> None:
         """Add a node or replace its cards and allocatable CPU, memory and pod count (INF: not
         modelled); allocations already held on it are kept. ``closed``: why it takes no new pods
-        (:class:`stowage.taints.NodeClosure` bits; 0: open)."""
+        (:class:`stowage.taints.NodeClosure` bits; 0: open). ``gpu_allocatable``: its allocatable
+        GPU resources as kube-scheduler counts them (read by the preempt verb and ``stowage
+        plan``, never by filter: it costs no array)."""
         with self.lock:
             cards = list(inventory.cards)
             width = max((c.index for c in cards), default=-1) + 1
@@ -337,6 +391,7 @@ class ClusterModel:
             meta = self.meta.get(name) or NodeMeta(name=name)
             meta.uuids, meta.models = {}, {}
             meta.source, meta.whole_only = inventory.source, inventory.whole_only
+            meta.gpu_allocatable = gpu_allocatable
             for c in cards:
                 k = c.index
                 a.exists[i, k] = True
@@ -426,12 +481,14 @@ class ClusterModel:
     # ----------------------------------------------------------- allocations
     def assign(self, uid: str, name: str, node: str, cards: Iterable[int], req: GpuRequest, *,
                check: bool = True, mem_mib: Iterable[int] | None = None,
-               core_milli: Iterable[int] | None = None) -> PodAllocation:
+               core_milli: Iterable[int] | None = None, kube_request: Counts | None = None) -> PodAllocation:
         """Record that pod ``uid`` holds ``cards`` on ``node``.
 
         With ``check`` (bind), raises :class:`AllocationConflict` unless the cards still have room.
         Without it (rebuilding from pod annotations), the allocation is recorded whatever the
         state, so an allocation that exists on the cluster is never lost from the model.
+        ``kube_request``: what kube-scheduler counts the pod as asking (:class:`Counts`; by
+        default ``req``'s, :func:`request_counts`).
         """
         cards = tuple(int(k) for k in cards)
         with self.lock:
@@ -453,7 +510,8 @@ class ClusterModel:
                 self._check_room(node, i, cards, req, mems, cores)
             alloc = PodAllocation(uid=uid, name=name, node=node, cards=cards, mem_mib=mems,
                                   core_milli=cores, whole=req.is_whole, cpu_milli=req.cpu_milli,
-                                  host_mem_mib=req.host_mem_mib)
+                                  host_mem_mib=req.host_mem_mib,
+                                  kube_request=request_counts(req) if kube_request is None else kube_request)
             self.allocations[uid] = alloc
             meta = self.meta.setdefault(node, NodeMeta(name=node))
             meta.pods.add(uid)

@@ -38,7 +38,7 @@ from typing import Iterable, Sequence
 from stowage.resources import CORE_MILLI_PER_CARD, GpuRequest
 
 from .decide import feasible
-from .model import CardArrays, ClusterModel, PodAllocation, book, book_request
+from .model import AllocatableGpu, CardArrays, ClusterModel, Counts, PodAllocation, book, book_request, request_counts
 from .placer import choose_cards_default
 from .pod_policy import PodPolicy
 
@@ -46,31 +46,10 @@ DEFAULT_BUDGET = 128  # subset fits tried per node before the greedy pass (~0.25
 
 
 @dataclass(frozen=True)
-class Counts:
-    """kube-scheduler's node-wide view of the GPU resources: whole cards (``nvidia.com/gpu``),
-    share memory MiB (``nvidia.com/gpu-memory``) and share compute milli (``nvidia.com/gpu-core``)."""
-
-    gpus: int = 0
-    mem_mib: int = 0
-    core_milli: int = 0
-
-    def __add__(self, o: "Counts") -> "Counts":
-        return Counts(self.gpus + o.gpus, self.mem_mib + o.mem_mib, self.core_milli + o.core_milli)
-
-    def __sub__(self, o: "Counts") -> "Counts":
-        return Counts(self.gpus - o.gpus, self.mem_mib - o.mem_mib, self.core_milli - o.core_milli)
-
-    def covers(self, o: "Counts") -> bool:
-        return self.gpus >= o.gpus and self.mem_mib >= o.mem_mib and self.core_milli >= o.core_milli
-
-    def at_least_zero(self) -> "Counts":
-        return Counts(max(self.gpus, 0), max(self.mem_mib, 0), max(self.core_milli, 0))
-
-
-@dataclass(frozen=True)
 class Holder:
-    """A pod on the node: what it holds there (``cards`` empty: nothing Stowage knows of) and its
-    priority (``spec.priority``; 0 when unknown, as for a pod without a PriorityClass)."""
+    """A pod on the node: what it holds there (``cards`` empty: nothing Stowage knows of), its
+    priority (``spec.priority``; 0 when unknown, as for a pod without a PriorityClass) and what
+    kube-scheduler counts it as asking (``kube``; None: unknown, counted from its cards)."""
 
     uid: str
     name: str = ""
@@ -81,14 +60,18 @@ class Holder:
     whole: bool = False
     cpu_milli: int = 0
     host_mem_mib: int = 0
+    kube: Counts | None = None
 
     @property
     def holds_cards(self) -> bool:
         return bool(self.cards)
 
     def counts(self) -> Counts:
-        """What this pod takes in kube-scheduler's count: a whole-GPU pod its cards, a share its
-        memory and compute (whole-GPU pods ask for ``nvidia.com/gpu`` only)."""
+        """What this pod takes in kube-scheduler's count: what it asks (``kube``), also when it
+        holds no card in the model (another scheduler's GPU pod); unknown, what its cards say: a
+        whole-GPU pod its cards, a share its memory and compute."""
+        if self.kube is not None:
+            return self.kube
         if not self.cards:
             return Counts()
         if self.whole:
@@ -122,18 +105,21 @@ class Verdict:
         return self.victims is not None
 
 
-def request_counts(req: GpuRequest) -> Counts:
-    if req.is_whole:
-        return Counts(gpus=req.gpus)
-    return Counts(mem_mib=req.mem_mib, core_milli=req.core_milli)
-
-
-def scheduler_free(a: CardArrays, i: int, on_node: Iterable[Holder]) -> Counts:
-    """What kube-scheduler's count says is free on node i: the healthy cards' totals (what
-    Stowage's device plugin advertises as allocatable) less what the pods on it hold."""
+def scheduler_free(a: CardArrays, i: int, on_node: Iterable[Holder],
+                   stated: AllocatableGpu = AllocatableGpu()) -> Counts:
+    """What kube-scheduler's count says is free on node i, as its NodeResourcesFit has it: the
+    node's ``status.allocatable`` (``stated``) less what every pod bound there asks (``on_node``:
+    all of them, those that hold no card in the model too). A resource the node does not state
+    falls back on an estimate: the healthy cards' totals, what Stowage's device plugin advertises
+    (kube-scheduler reads a missing one as 0 and proposes no victims there for a pod asking it,
+    so the estimate only answers hand-made and simulated nodes). It is not the count where the
+    device plugin advertises fewer, or a card just went unhealthy and the kubelet has not yet
+    lowered allocatable."""
     healthy = a.exists[i] & a.healthy[i]
     n = int(healthy.sum())
-    total = Counts(gpus=n, mem_mib=int(a.mem_total[i][healthy].sum()), core_milli=n * CORE_MILLI_PER_CARD)
+    total = Counts(gpus=n if stated.gpus is None else stated.gpus,
+                   mem_mib=int(a.mem_total[i][healthy].sum()) if stated.mem_mib is None else stated.mem_mib,
+                   core_milli=n * CORE_MILLI_PER_CARD if stated.core_milli is None else stated.core_milli)
     used = Counts()
     for h in on_node:
         used = used + h.counts()
@@ -184,7 +170,11 @@ def choose_victims(row: CardArrays, models: Sequence[str], req: GpuRequest, poli
     order = {h.uid: j for j, h in enumerate(proposed)}
     fixed = [h for h in proposed if not h.holds_cards]   # proposed for what the cards cannot show
     gpu = sorted((h for h in proposed if h.holds_cards), key=lambda h: (h.priority, order[h.uid]))
-    need = (request_counts(req) - sched_free).at_least_zero()
+    # The victims kept whatever the cards say are evicted too: what they ask is freed in the count.
+    fixed_free = Counts()
+    for h in fixed:
+        fixed_free = fixed_free + h.counts()
+    need = (request_counts(req) - sched_free - fixed_free).at_least_zero()
 
     def ok(chosen: Sequence[Holder]) -> bool:
         freed = Counts()
@@ -256,7 +246,7 @@ def holder(alloc: PodAllocation, priority: int = 0) -> Holder:
     """A model allocation as a :class:`Holder`."""
     return Holder(uid=alloc.uid, name=alloc.name, priority=int(priority), cards=tuple(alloc.cards),
                   mem_mib=tuple(alloc.mem_mib), core_milli=tuple(alloc.core_milli), whole=alloc.whole,
-                  cpu_milli=alloc.cpu_milli, host_mem_mib=alloc.host_mem_mib)
+                  cpu_milli=alloc.cpu_milli, host_mem_mib=alloc.host_mem_mib, kube=alloc.kube_request)
 
 
 def judge_node(model: ClusterModel, node: str, req: GpuRequest, policy: PodPolicy, victims: Sequence[str],
@@ -283,7 +273,8 @@ def judge_node(model: ClusterModel, node: str, req: GpuRequest, policy: PodPolic
         else:
             proposed.append(Holder(uid=uid, priority=prio))
     nominees = list(nominees)
-    sched = scheduler_free(model.a, i, (holder(a) for a in on_node if a.applied))
+    sched = scheduler_free(model.a, i, (holder(a) for a in on_node if a.applied),
+                           meta.gpu_allocatable if meta is not None else AllocatableGpu())
     for nom in nominees:  # kube-scheduler's dry run counts them on the node too
         sched = sched - request_counts(nom.req)
     return choose_victims(row_copy(model.a, i), model.models, req, policy, proposed, sched, nominees,

@@ -357,6 +357,23 @@ def pod_containers(pod: Mapping[str, Any], max_containers: int | None = MAX_CONT
     return spec, app, init
 
 
+def pod_gpu_amounts(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB,
+                    max_containers: int | None = MAX_CONTAINERS_PER_POD) -> tuple[int, int, int]:
+    """(``nvidia.com/gpu``, ``nvidia.com/gpu-memory`` in MiB, ``nvidia.com/gpu-core`` in milli)
+    a pod asks by the effective-request rule, with ``spec.overhead``'s GPUs: the pod's request
+    as kube-scheduler's NodeResourcesFit adds it up, whatever the three mean together (a
+    whole-GPU pod's gpu-memory counts against the node's allocatable too). Unchecked beyond each
+    quantity's grammar (:func:`pod_gpu_request` says what the combination means, or why not)."""
+    spec, app_containers, init_containers = pod_containers(pod, max_containers)
+    app = [_amounts(c, memory_unit_mib) for c in app_containers]
+    init = [(_amounts(c, memory_unit_mib), c.get("restartPolicy") == "Always") for c in init_containers]
+    gpus, mem_mib, core_milli = _effective(app, init)
+    overhead = spec.get("overhead") or {}
+    if isinstance(overhead, Mapping) and RESOURCE_GPU in overhead:
+        gpus += quantity_to_int(overhead[RESOURCE_GPU], f"overhead {RESOURCE_GPU}")
+    return gpus, mem_mib, core_milli
+
+
 def pod_gpu_request(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB,
                     max_containers: int | None = MAX_CONTAINERS_PER_POD) -> GpuRequest:
     """The GPU request of a pod object (Kubernetes JSON, camelCase), by the effective-request rule.
@@ -365,13 +382,7 @@ def pod_gpu_request(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMOR
     malformed (negative, fractional, or an impossible combination), or the pod has more than
     ``max_containers`` containers (:func:`pod_containers`).
     """
-    spec, app_containers, init_containers = pod_containers(pod, max_containers)
-    app = [_amounts(c, memory_unit_mib) for c in app_containers]
-    init = [(_amounts(c, memory_unit_mib), c.get("restartPolicy") == "Always") for c in init_containers]
-    gpus, mem_mib, core_milli = _effective(app, init)
-    overhead = spec.get("overhead") or {}
-    if isinstance(overhead, Mapping) and RESOURCE_GPU in overhead:
-        gpus += quantity_to_int(overhead[RESOURCE_GPU], f"overhead {RESOURCE_GPU}")
+    gpus, mem_mib, core_milli = pod_gpu_amounts(pod, memory_unit_mib, max_containers)
     if gpus > MAX_GPUS_PER_POD:
         raise RequestError(f"pod asks for {gpus} GPUs; at most {MAX_GPUS_PER_POD} are supported")
     if mem_mib > MAX_CARD_MEMORY_MIB:
