@@ -31,7 +31,7 @@ import numpy as np
 from extender.placing import request_pod, schedule, serve
 from extender.service import ExtenderService, pod_ask, pod_shape
 from packing.fit import card_mask, fit, reason
-from packing.model import CardArrays, ClusterModel, PodAllocation
+from packing.model import AllocatableGpu, CardArrays, ClusterModel, Counts, PodAllocation, request_counts
 from packing.placer import Placer, attach_placer
 from packing.pod_policy import PodPolicy
 from packing.registry import PLACERS, POLICY_PLACER, get_placer, placer_for
@@ -250,18 +250,32 @@ WHATIF_NAMESPACE = "stowage-plan"
 # kube-scheduler's NodeResourcesFit words for a node whose allocatable nvidia.com/gpu is used up.
 KUBE_GPU_REFUSAL = ("Insufficient nvidia.com/gpu (kube-scheduler: the node's allocatable nvidia.com/gpu, less what its "
                     "pods ask, is too few)")
+# ... and for a slice's two resources.
+KUBE_GPU_MEMORY_REFUSAL = ("Insufficient nvidia.com/gpu-memory (kube-scheduler: the node's allocatable "
+                           "nvidia.com/gpu-memory, less what its pods ask, is too little)")
+KUBE_GPU_CORE_REFUSAL = ("Insufficient nvidia.com/gpu-core (kube-scheduler: the node's allocatable nvidia.com/gpu-core, "
+                         "less what its pods ask, is too little)")
 
 
 @dataclass(frozen=True)
 class GpuAllocatable:
-    """kube-scheduler's own check of ``nvidia.com/gpu`` (NodeResourcesFit), made before it sends
-    the extender a node: a pod asking N whole GPUs goes only to a node whose allocatable
-    ``nvidia.com/gpu`` less the GPUs its pods ask is at least N. The live extender never sees a
-    node that fails it, so a what-if must not offer one either: on a node whose allocatable count
-    is below its inventory's healthy cards (or whose pods hold unhealthy cards) Stowage's free
-    cards promised room kube-scheduler refuses. ``stated``: node -> allocatable
-    ``nvidia.com/gpu`` (:attr:`stowage_ops.cluster_source.LiveFacts.gpu_allocatable`; None:
-    unreadable, not checked). Slices ask ``nvidia.com/gpu-memory``, not ``nvidia.com/gpu``."""
+    """kube-scheduler's own check of the GPU resources (NodeResourcesFit), made before it sends
+    the extender a node: a pod goes only to a node whose allocatable ``nvidia.com/gpu``,
+    ``nvidia.com/gpu-memory`` and ``nvidia.com/gpu-core``, each less what the pods bound there
+    ask of it, covers what the pod asks (N whole GPUs ask ``nvidia.com/gpu``, and the gpu-memory
+    they state; a slice its memory and compute). The live extender never sees a node that fails
+    it, so a what-if must not offer one either: on a node whose allocatable is below its
+    inventory's healthy cards (or whose pods hold unhealthy cards) Stowage's free cards promised
+    room kube-scheduler refuses.
+
+    ``stated``: node -> allocatable ``nvidia.com/gpu``
+    (:attr:`stowage_ops.cluster_source.LiveFacts.gpu_allocatable`: a missing one is 0, as
+    kube-scheduler reads it; None: unreadable, not checked). Memory and compute are the model's
+    (:attr:`packing.model.NodeMeta.gpu_allocatable`, as the feed read the Node, in the feed's
+    memory unit) less what every pod on the node asks
+    (:attr:`packing.model.PodAllocation.kube_request`: those without a record too); a node that
+    does not state one is not checked for it (a node with Stowage's device plugin states all
+    three; one without it has no card memory for a slice)."""
 
     stated: Mapping[str, int | None] = field(default_factory=dict)
     # node -> nvidia.com/gpu asked by pods bound there that hold no card in the model
@@ -276,35 +290,78 @@ class GpuAllocatable:
         held = sum(len(al.cards) for al in _pods_on(model, node) if al.whole)
         return stated - held - self.outside.get(node, 0)
 
-    def tight(self, model: ClusterModel) -> frozenset[str]:
-        """The nodes where kube-scheduler's room is below Stowage's free healthy cards: the only
-        ones where its check can refuse what the extender would take. (Placing or moving pods
-        takes as much of both; only a pod leaving unhealthy cards frees more of the first.)"""
-        out = []
-        for node in self.stated:
+    @staticmethod
+    def share_room(model: ClusterModel, node: str) -> tuple[int | None, int | None]:
+        """(gpu-memory MiB, gpu-core milli) kube-scheduler would still admit on ``node``; None
+        where the node does not state it (not checked)."""
+        meta = model.meta.get(node)
+        if meta is None or node not in model.index:
+            return None, None
+        st = meta.gpu_allocatable
+        if st.mem_mib is None and st.core_milli is None:
+            return None, None
+        used = Counts()
+        for al in _pods_on(model, node):
+            used = used + al.kube_request
+        return (None if st.mem_mib is None else st.mem_mib - used.mem_mib,
+                None if st.core_milli is None else st.core_milli - used.core_milli)
+
+    def refusal(self, model: ClusterModel, node: str, req: GpuRequest) -> str:
+        """kube-scheduler's words refusing a pod of ``req`` on ``node`` ('' when it admits it)."""
+        ask = request_counts(req)
+        if ask.gpus:
             room = self.room(model, node)
-            if room is not None:
-                i = model.index[node]
-                free = int((model.a.exists[i] & model.a.healthy[i] & (model.a.pods[i] == 0)).sum())
-                if room < free:
-                    out.append(node)
+            if room is not None and room < ask.gpus:
+                return KUBE_GPU_REFUSAL
+        if ask.mem_mib or ask.core_milli:
+            mem, core = self.share_room(model, node)
+            if ask.mem_mib and mem is not None and mem < ask.mem_mib:
+                return KUBE_GPU_MEMORY_REFUSAL
+            if ask.core_milli and core is not None and core < ask.core_milli:
+                return KUBE_GPU_CORE_REFUSAL
+        return ""
+
+    def tight(self, model: ClusterModel) -> frozenset[str]:
+        """The nodes where kube-scheduler's room is below what Stowage's healthy cards have free
+        (whole cards; memory; compute): the only ones where its check can refuse what the
+        extender would take. (Placing pods takes as much of both, or more of the cards: a whole
+        card all its memory; only a pod leaving unhealthy cards, or a whole card, frees more of
+        the second, and a drain's emptied node takes no pods.)"""
+        out = []
+        a = model.a
+        for node in set(self.stated) | {n for n, meta in model.meta.items() if meta.gpu_allocatable != _UNSTATED}:
+            i = model.index.get(node)
+            if i is None:
+                continue
+            healthy = a.exists[i] & a.healthy[i]
+            room = self.room(model, node)
+            if room is not None and room < int((healthy & (a.pods[i] == 0)).sum()):
+                out.append(node)
+                continue
+            mem, core = self.share_room(model, node)
+            if (mem is not None and mem < int(np.maximum(a.mem_free[i][healthy], 0).sum())) or (
+                    core is not None and core < int(np.maximum(a.core_free[i][healthy], 0).sum())):
+                out.append(node)
         return frozenset(out)
 
     def admitted(self, model: ClusterModel, names: Sequence[str], req: GpuRequest, tight: Collection[str],
                  refusals: dict[str, str] | None = None) -> list[str]:
         """``names`` less the ``tight`` nodes kube-scheduler refuses a pod of ``req`` (each
-        given :data:`KUBE_GPU_REFUSAL` in ``refusals``)."""
-        if not req.gpus or not tight:
+        given its words, :meth:`refusal`, in ``refusals``)."""
+        if not req.is_gpu or not tight:
             return list(names)
         out = []
         for n in names:
-            room = self.room(model, n) if n in tight else None
-            if room is not None and room < req.gpus:
+            why = self.refusal(model, n, req) if n in tight else ""
+            if why:
                 if refusals is not None:
-                    refusals[n] = KUBE_GPU_REFUSAL
+                    refusals[n] = why
                 continue
             out.append(n)
         return out
+
+
+_UNSTATED = AllocatableGpu()
 
 
 @dataclass
@@ -332,7 +389,7 @@ def capacity(model: ClusterModel, shape: Shape, placer: str | Placer | None = No
     """Schedule pods of ``shape`` one after another, through the extender's service on a copy of
     the cluster, until none fits; then why not, per node, in the words filter uses. ``progress``
     is told the count after each pod placed (a big cluster takes minutes to fill to ``limit``).
-    ``allocatable``: a live cluster's nodes' allocatable ``nvidia.com/gpu``, which kube-scheduler
+    ``allocatable``: a live cluster's nodes' allocatable GPU resources, which kube-scheduler
     checks before it sends the extender a node (:class:`GpuAllocatable`)."""
     sim = model.copy()
     service = _service(sim, placer, learned)
@@ -755,8 +812,11 @@ def preemption_plan(model: ClusterModel, shape: Shape, priority: int,
     the pods of lower priority are the candidates (as kube-scheduler proposes them), and
     :func:`packing.preempt.judge_node` — the extender's preempt verb — keeps the fewest of them
     whose going frees cards the pod can use. ``priorities``: pod uid -> priority (0 when absent).
-    ``allocatable``: as for :func:`capacity`; a node where kube-scheduler's check refuses the pod
-    is no option (which evictions would satisfy that check is not planned)."""
+    ``allocatable``: as for :func:`capacity`; a node where kube-scheduler's check of
+    ``nvidia.com/gpu`` refuses the pod is no option (which evictions would satisfy that check is
+    not planned); one where its check of gpu-memory or gpu-core does gets the evictions its count
+    needs (:func:`packing.preempt.judge_node` counts the node's allocatable), even where the
+    cards have room now."""
     from packing.preempt import judge_node, row_copy
 
     prio = dict(priorities or {})
@@ -772,7 +832,10 @@ def preemption_plan(model: ClusterModel, shape: Shape, priority: int,
                 continue
             row = row_copy(model.a, i)
             f = fit(row, shape.req, mask[i:i + 1], shape.policy.tolerates)
-            if f.ok[0]:
+            # The cards have room, but kube-scheduler's count of gpu-memory or gpu-core may not:
+            # then it preempts there, and judge_node keeps the pods its count needs gone.
+            refused = kube.refusal(model, name, shape.req) if f.ok[0] else ""
+            if f.ok[0] and not refused:
                 options.append(PreemptOption(name, ()))
                 continue
             if f.unresolvable[0]:  # wrong model, cards too small or too few: no eviction helps
@@ -782,9 +845,9 @@ def preemption_plan(model: ClusterModel, shape: Shape, priority: int,
             pods = {al.uid: al for al in _pods_on(model, name)}
             lower = sorted((u for u in pods if prio.get(u, 0) < priority), key=lambda u: (prio.get(u, 0), u))
             if not lower:
-                why["no pod of lower priority holds cards here" if pods else
-                    reason(model.a, i, shape.req, mask, _whole_only(model, name), detail=False,
-                           tolerates=shape.policy.tolerates)] += 1
+                why[refused or ("no pod of lower priority holds cards here" if pods else
+                                reason(model.a, i, shape.req, mask, _whole_only(model, name), detail=False,
+                                       tolerates=shape.policy.tolerates))] += 1
                 continue
             verdict = judge_node(model, name, shape.req, shape.policy, lower, prio)
             if verdict.victims is None:
