@@ -334,13 +334,17 @@ def pod_view(pod: Mapping[str, Any], trust: RecordTrust | None = None) -> PodVie
         cpu, mem = pod_host_request(pod, max_containers=None)   # held on its node whatever its size
     except (RequestError, TypeError, ValueError, AttributeError):
         cpu, mem = 0, 0.0  # an API server stores no malformed quantity; a hand-made object counts nothing
-    try:
-        kube_request = Counts(*pod_gpu_amounts(pod, trust.memory_unit_mib if trust is not None
-                                               else DEFAULT_MEMORY_UNIT_MIB, max_containers=None))
-    except (RequestError, TypeError, ValueError, AttributeError):
-        kube_request = Counts()   # as above
-    return PodView(uid=str(m.get("uid") or ""), key=pod_key(pod), node=str(spec.get("nodeName") or ""),
-                   terminal=status.get("phase") in TERMINAL_PHASES, record=record, error=err,
+    node = str(spec.get("nodeName") or "")
+    terminal = status.get("phase") in TERMINAL_PHASES
+    kube_request = Counts()
+    if node and not terminal:   # only a pod that holds room on a node counts there (a parse per event)
+        try:
+            kube_request = Counts(*pod_gpu_amounts(pod, trust.memory_unit_mib if trust is not None
+                                                   else DEFAULT_MEMORY_UNIT_MIB, max_containers=None))
+        except (RequestError, TypeError, ValueError, AttributeError):
+            pass   # as above: counts nothing
+    return PodView(uid=str(m.get("uid") or ""), key=pod_key(pod), node=node,
+                   terminal=terminal, record=record, error=err,
                    has_annotation=ALLOCATION_ANNOTATION in ann, cpu_milli=cpu, host_mem_mib=mem,
                    scheduler=str(spec.get("schedulerName") or "default-scheduler"), kube_request=kube_request)
 
