@@ -147,3 +147,14 @@ def test_a_hostile_allocatable_is_that_nodes_fallback_only(kube, value):
     got = m.meta["n"].gpu_allocatable.gpus
     assert got == (2 if value == "1.5" else None)
     assert m.meta["ok"].gpu_allocatable.gpus == 1
+
+
+def test_a_change_of_allocatable_alone_reaches_the_model(kube):
+    """The kubelet lowers allocatable nvidia.com/gpu (an XID) before anything else of the Node
+    changes: the feed skips a node event whose view is unchanged (heartbeats), so the allocatable
+    must be part of that view or the model keeps the old count."""
+    f = new_feeder(kube, ClusterModel())
+    f._apply_node(node("n", 4, 24, gpu="4", gpu_memory="96"))
+    f._apply_node(node("n", 4, 24, gpu="3", gpu_memory="72"))
+    assert f.model.meta["n"].gpu_allocatable.gpus == 3
+    assert f.model.meta["n"].gpu_allocatable.mem_mib == 72 * GiB
