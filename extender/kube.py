@@ -59,7 +59,7 @@ from .errors import KubeConfigError
 from .bounds import BoundUse, ListLearnUse
 from .feed_health import FeedHealth, StreamHealth
 from .kube_objects import (LIST_LEARN_BYTES, assign_args, meta, node_into_model, node_view, pod_for_bind, pod_key,
-                           pod_for_learn, pod_view, record_by_uuid, resource_version)
+                           pod_for_learn, pod_kube_request, pod_view, record_by_uuid, resource_version)
 from .pending_pods import PENDING_BYTES, PENDING_ENTRIES, PendingPods, pack, unpack
 from packing.model import ClusterModel
 from stowage.taints import NodeClosure
@@ -1103,7 +1103,8 @@ class KubeFeeder:
             if alloc is not None and alloc.node == node and tuple(c.index for c in placed.cards) != alloc.cards:
                 log.warning("node %s: pod %s's card(s) %s now have index(es) %s (the node's cards were renumbered)",
                             node, alloc.name, [c.uuid for c in rec.cards], [c.index for c in placed.cards])
-                self.model.assign(uid, alloc.name, **assign_args(placed, alloc.cpu_milli, alloc.host_mem_mib))
+                self.model.assign(uid, alloc.name, **assign_args(placed, alloc.cpu_milli, alloc.host_mem_mib,
+                                                                 alloc.kube_request))
 
     def _remove_node(self, name: str) -> None:
         with self._lock:
@@ -1198,7 +1199,7 @@ class KubeFeeder:
                 log.error("pod %s (uid %s): %s. Stowage cannot tell which cards it uses; they are NOT counted "
                           "(any earlier valid record is kept)", v.key, v.uid, v.error)
             if v.node and v.uid not in self.model.allocations:
-                self._hold_host(v)  # it still runs there: its CPU, memory and pod slot count
+                self._hold_host(v, pod)  # it still runs there: its CPU, memory and pod slot count
             return
         with self._lock:
             self._pod_errors.pop(v.uid, None)
@@ -1217,7 +1218,7 @@ class KubeFeeder:
                     return  # nothing new for the model (status updates, our own bind echo)
             else:
                 self.model.assign(v.uid, v.key, **assign_args(self._placed(v.record), v.cpu_milli, v.host_mem_mib,
-                                                              v.kube_request))
+                                                              pod_kube_request(pod, self.trust.memory_unit_mib)))
                 with self._lock:
                     self._records[v.uid] = v.record
                     self._unrecorded.pop(v.uid, None)
@@ -1233,7 +1234,7 @@ class KubeFeeder:
             self._forget_pod(v.uid, departed=False)
         if v.node:
             self._note_unrecorded(pod, v.uid, v.key, v.node)
-            self._hold_host(v)
+            self._hold_host(v, pod)
 
     def _record_removed(self, v: Any) -> None:
         """Bound pod ``v``'s applied record was removed: a pod error, logged once; its cards stay."""
@@ -1315,7 +1316,7 @@ class KubeFeeder:
         if first:
             log.error("pod %s (uid %s): %s", v.key, v.uid, msg)
 
-    def _hold_host(self, v: Any) -> None:
+    def _hold_host(self, v: Any, pod: Mapping[str, Any]) -> None:
         """A pod bound to a node without cards in the model (no GPU, or another scheduler's GPU
         pod): it holds its CPU, memory and a pod slot there, which the model counts as
         kube-scheduler does. Kept as it is when already held there (our own bind's reservation)."""
@@ -1323,7 +1324,8 @@ class KubeFeeder:
         if held is not None and held.node == v.node and (held.cpu_milli, held.host_mem_mib) == (
                 v.cpu_milli, v.host_mem_mib):
             return
-        self.model.assign(v.uid, v.key, v.node, (), v.host_request, check=False, kube_request=v.kube_request)
+        self.model.assign(v.uid, v.key, v.node, (), v.host_request, check=False,
+                          kube_request=pod_kube_request(pod, self.trust.memory_unit_mib))
 
     def _note_unrecorded(self, pod: Mapping[str, Any], uid: str, key: str, node: str) -> None:
         """A bound GPU pod without our record (bound by another scheduler): say so once."""

@@ -298,7 +298,6 @@ class PodView:
     cpu_milli: int = 0             # host CPU / memory by the effective-request rule (pod_host_request)
     host_mem_mib: float = 0
     scheduler: str = ""            # spec.schedulerName ("default-scheduler" when unset)
-    kube_request: Counts = Counts()   # the GPU resources kube-scheduler counts it as asking (pod_gpu_amounts)
 
     @property
     def holds_cards(self) -> bool:
@@ -334,19 +333,22 @@ def pod_view(pod: Mapping[str, Any], trust: RecordTrust | None = None) -> PodVie
         cpu, mem = pod_host_request(pod, max_containers=None)   # held on its node whatever its size
     except (RequestError, TypeError, ValueError, AttributeError):
         cpu, mem = 0, 0.0  # an API server stores no malformed quantity; a hand-made object counts nothing
-    node = str(spec.get("nodeName") or "")
-    terminal = status.get("phase") in TERMINAL_PHASES
-    kube_request = Counts()
-    if node and not terminal:   # only a pod that holds room on a node counts there (a parse per event)
-        try:
-            kube_request = Counts(*pod_gpu_amounts(pod, trust.memory_unit_mib if trust is not None
-                                                   else DEFAULT_MEMORY_UNIT_MIB, max_containers=None))
-        except (RequestError, TypeError, ValueError, AttributeError):
-            pass   # as above: counts nothing
-    return PodView(uid=str(m.get("uid") or ""), key=pod_key(pod), node=node,
-                   terminal=terminal, record=record, error=err,
+    return PodView(uid=str(m.get("uid") or ""), key=pod_key(pod), node=str(spec.get("nodeName") or ""),
+                   terminal=status.get("phase") in TERMINAL_PHASES, record=record, error=err,
                    has_annotation=ALLOCATION_ANNOTATION in ann, cpu_milli=cpu, host_mem_mib=mem,
-                   scheduler=str(spec.get("schedulerName") or "default-scheduler"), kube_request=kube_request)
+                   scheduler=str(spec.get("schedulerName") or "default-scheduler"))
+
+
+def pod_kube_request(pod: Mapping[str, Any], memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB) -> Counts:
+    """What kube-scheduler counts a bound pod as asking of the GPU resources on its node
+    (:func:`stowage.resources.pod_gpu_amounts`, in the model's units); nothing for a malformed
+    one, as for its host request. Read only where the model takes the pod in, not in
+    :func:`pod_view`: most events of a bound pod (our own bind's echo, status updates) change
+    nothing in the model, and the parse would be paid on every one of them."""
+    try:
+        return Counts(*pod_gpu_amounts(pod, memory_unit_mib, max_containers=None))
+    except (RequestError, TypeError, ValueError, AttributeError):
+        return Counts()
 
 
 

@@ -158,3 +158,25 @@ def test_a_change_of_allocatable_alone_reaches_the_model(kube):
     f._apply_node(node("n", 4, 24, gpu="3", gpu_memory="72"))
     assert f.model.meta["n"].gpu_allocatable.gpus == 3
     assert f.model.meta["n"].gpu_allocatable.mem_mib == 72 * GiB
+
+
+def test_renumbered_cards_keep_what_kube_scheduler_counts_the_pod_asking(kube):
+    """A whole-GPU pod that also states nvidia.com/gpu-memory (a per-card minimum) counts that
+    memory against the node's allocatable in kube-scheduler's count. When the node's cards are
+    renumbered the feed puts the pod back on its cards by uuid; it once re-booked it from its
+    record alone, and the memory the pod asks dropped out of the preempt verb's count."""
+    f = new_feeder(kube, ClusterModel())
+    f._apply_node(node("n", 2, 24, gpu="2", gpu_memory="48"))
+    pod = whole("a", "n", 1, 24)
+    pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu-memory"] = "20"
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu-memory"] = "20"
+    f._apply_pod(pod)
+    asked = Counts(gpus=1, mem_mib=20 * GiB)
+    assert f.model.allocations["uid-a"].kube_request == asked
+    renumbered = node("n", 2, 24, gpu="2", gpu_memory="48")
+    inv = [Card(index=1 - k, uuid=f"GPU-n-{k}", model="NVIDIA L4", memory_mib=24 * GiB) for k in range(2)]
+    renumbered["metadata"]["annotations"][INVENTORY_ANNOTATION] = encode_inventory(inv, 1024)
+    f._apply_node(renumbered)
+    al = f.model.allocations["uid-a"]
+    assert al.cards == (0,), al   # card GPU-n-1 is index 0 now
+    assert al.kube_request == asked
