@@ -53,7 +53,7 @@ from stowage.digits import whole_number
 from stowage.logtext import escaped
 from stowage.kubelist import (LIST_PAGE_BYTES, LIST_PAGE_SIZE, OBJECT_BYTES, ListLoop, PageSizer, byte_size,
                                list_in_pages, status_of)
-from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request
+from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request, shown
 
 from .errors import KubeConfigError
 from .bounds import BoundUse, ListLearnUse
@@ -249,6 +249,10 @@ class UnusableEvent(ValueError):
 
 # The watch event types of the API (besides ERROR, which WatchStream raises).
 _EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
+# The ``kind`` each stream's event objects have (bookmarks' too). A real API server writes it in every
+# watch event; one without it is taken as the stream's kind (a hand-made object), one of another
+# kind is refused (:meth:`KubeFeeder._event`), as client-go's reflector refuses an unexpected type.
+_KINDS = {NODES: "Node", PODS: "Pod"}
 
 
 class WatchOverran(Exception):
@@ -1015,14 +1019,21 @@ class KubeFeeder:
 
     def _event(self, st: StreamState, type_: str | None, obj: Any) -> None:
         """Apply one watch event. An event that cannot be applied as a whole (a type other than
-        ADDED, MODIFIED, DELETED, BOOKMARK; no object) raises :class:`UnusableEvent`: the stream
+        ADDED, MODIFIED, DELETED, BOOKMARK; no object; an object of another ``kind`` than the
+        stream's) raises :class:`UnusableEvent`: the stream
         fails and is re-opened from the last resourceVersion applied (client-go's watch decoder
         refuses both too). Skipped, the change it carried was lost while the model read complete,
         and taking its resourceVersion moved the watch past events not yet applied (or past the
         API server's own: kube-apiserver answers a watch from there with nothing). An object that
         lacks what its kind needs (a name, a uid) is that object's error only (logged)."""
-        if type_ not in _EVENT_TYPES or not isinstance(obj, Mapping):
-            what = f"of type {type_!r}" if type_ not in _EVENT_TYPES else f"{type_} without an object"
+        what = ""
+        if type_ not in _EVENT_TYPES:
+            what = f"of type {type_!r}"
+        elif not isinstance(obj, Mapping):
+            what = f"{type_} without an object"
+        elif obj.get("kind", _KINDS[st.kind]) != _KINDS[st.kind]:
+            what = f"{type_} of a {shown(obj.get('kind'))}, not a {_KINDS[st.kind]}"
+        if what:
             raise UnusableEvent(f"{st.kind} watch: an event {what} cannot be applied; the watch is re-opened from "
                                 f"resourceVersion {st.rv or '(none)'}")
         rv = resource_version(obj)

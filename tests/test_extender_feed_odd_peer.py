@@ -232,3 +232,34 @@ def test_the_error_of_a_pending_pod_deleted_while_the_watch_was_away_goes_at_the
     kube.delete_pod("default", "bound", emit=False)
     f.sync_once()
     assert f.health()["pod_errors"] == 0 and f.status()["pod_errors"] == {}
+
+
+@pytest.mark.parametrize("kind,type_", [(NODES, "MODIFIED"), (NODES, "DELETED"), (PODS, "DELETED")],
+                         ids=["pod-modified-on-nodes", "pod-deleted-on-nodes", "node-deleted-on-pods"])
+def test_an_event_for_an_object_of_another_kind_fails_the_stream_and_changes_nothing(kube, feeders, kind, type_):
+    """Found by experiment (a raw watch event whose object is of the wrong kind): the feeder
+    applied whatever object came on a stream as that stream's kind. A Pod named like a node,
+    MODIFIED on the nodes watch, was read as that node with no inventory (its cards gone from the
+    model); DELETED, it removed the node; a Node object DELETED on the pods watch, under a pod's
+    name and uid, freed the pod's card while it ran. Its resourceVersion was taken too. client-go's
+    reflector refuses an event whose object is not of the expected type; a real API server never
+    sends one. Now such an event is one the feeder cannot apply: the stream fails there and is
+    re-opened from the last resourceVersion applied, and the model keeps what it held."""
+    kube.create_node(inv_node("n1", [80, 80]))
+    p = kube.create_pod(make_pod("n1", gpus=1, node="n1", phase="Running",
+                                 annotations={ALLOCATION_ANNOTATION: rec("n1", 0)}))
+    f = started(kube, feeders)
+    st = f.streams[kind]
+    rv = st.rv
+    uid = p["metadata"]["uid"]
+    wrong = {"kind": "Pod" if kind == NODES else "Node", "apiVersion": "v1",
+             "metadata": {"name": "n1", "uid": uid, "resourceVersion": str(kube.resource_version + 1000)},
+             "spec": {}, "status": {}}
+    kube.raw_watches(kind, [line({"type": type_, "object": wrong})], end=False)
+    kube.drop_watches(kind)
+    kube.wait_for(lambda: st.errors >= 2)
+    assert st.rv == rv and "cannot be applied" in st.last_error and "Node" in st.last_error
+    assert row(f.model, "n1")["cards"] == [0, 1] and row(f.model, "n1")["pods"] == [1, 0]
+    assert uid in f.model.allocations
+    kube.clear_faults()
+    kube.wait_for(lambda: f.ready()[0] and st.failures == 0)
