@@ -22,6 +22,7 @@ response object that returns.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -49,6 +50,11 @@ OBJECT_BYTES = 16 << 20
 # How often one list starts again from its first page after its snapshot expired (410 Expired)
 # before it fails instead (:func:`list_in_pages`).
 EXPIRED_RESTARTS = 3
+# Pages without an object, each with a continue token, in a row, past which a list fails
+# (:class:`ListLoop`). kube-apiserver fills every page it serves (it reads on from etcd until the
+# page holds ``limit`` objects or none are left, selectors or not), so an empty page with a token
+# does not come from it; a peer serving them with a new token each time kept a list asking for ever.
+EMPTY_PAGES = 64
 # Bytes asked of the response per read while a page is bounded.
 _CHUNK = 1 << 20
 # A page too big asks next for this fraction of its objects; a page under 1/GROW_BELOW of the
@@ -105,6 +111,11 @@ def expired(body: Any) -> bool:
     reads the reason only; kube-apiserver sends it with a 410): a list's snapshot (continue
     token) or a resourceVersion that etcd compacted."""
     return status_of(body).get("reason") == "Expired"
+
+
+def _digest(token: str) -> bytes:
+    """16 bytes that stand for a continue token in a list's memory of those it sent."""
+    return hashlib.blake2b(token.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def byte_size(n: int) -> str:
@@ -196,10 +207,17 @@ def list_in_pages(call: Callable[[int, str], Any], sizer: PageSizer, what: str, 
       from its first page, in pages (client-go's pager lists everything in one request there:
       the whole cluster's size, the memory the pages bound); after :data:`EXPIRED_RESTARTS` in a
       row it fails. Any other error, an Expired first page included, propagates.
-    - A page that gives back the very ``continue`` token it was asked with fails the list
-      (:class:`ListLoop`): asked again, it would answer again.
+    - A page that gives back a ``continue`` token this list asked with already (the very one it
+      was sent, or one of a round: A, B, A) fails the list (:class:`ListLoop`): asked again, it
+      would answer again. So do :data:`EMPTY_PAGES` pages in a row without an object, each with
+      a token. (Pages that come again *with* objects, under new tokens, are the caller's to
+      catch: an object listed twice.) Before, only the very token sent was caught: empty pages
+      whose tokens went round kept the list asking for ever, the feed's watch never re-opened.
+      Of each token sent only a 16-byte digest is kept (a peer decides how long a token is).
     """
     rv, count, cont, requests, restarts = "", 0, "", 0, 0
+    sent_tokens: set[bytes] = set()   # digests of the continue tokens this list asked with
+    empty_run = 0                     # pages in a row without an object
     while True:
         requests += 1
         try:
@@ -225,7 +243,8 @@ def list_in_pages(call: Callable[[int, str], Any], sizer: PageSizer, what: str, 
                         "(%s, HTTP %s); listing all %s again from the first page", what, count, requests - 1,
                         status_of(body).get("message") or "Expired", getattr(exc, "status", "?"), kind)
             restart()
-            cont, count = "", 0
+            cont, count, empty_run = "", 0, 0
+            sent_tokens.clear()
             continue
         lmeta = doc.get("metadata") or {}
         items = doc.get("items") or []
@@ -234,10 +253,17 @@ def list_in_pages(call: Callable[[int, str], Any], sizer: PageSizer, what: str, 
             rv = str(lmeta.get("resourceVersion") or "")
         apply(items)
         count += len(items)
+        empty_run = empty_run + 1 if not items else 0
         del items
         sent, cont = cont, str(lmeta.get("continue") or "")
         if not cont:
             return rv, count, requests
-        if cont == sent:
-            raise ListLoop(f"{what}: the API server answered a page with the very continue token it was sent, "
-                           f"after {count} objects in {requests} requests; the list is abandoned")
+        if sent:
+            sent_tokens.add(_digest(sent))
+        if _digest(cont) in sent_tokens:
+            which = "the very continue token it was sent" if cont == sent else "a continue token it was sent before"
+            raise ListLoop(f"{what}: the API server answered a page with {which}, after {count} objects in "
+                           f"{requests} requests; the list is abandoned")
+        if empty_run >= EMPTY_PAGES:
+            raise ListLoop(f"{what}: {empty_run} empty pages in a row, each with a continue token (kube-apiserver "
+                           f"fills its pages), after {count} objects in {requests} requests; the list is abandoned")

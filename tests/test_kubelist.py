@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 
 import pytest
 
-from stowage.kubelist import OBJECT_BYTES, PageSizer, PageTooBig, byte_size, read_page
+from stowage.kubelist import (EMPTY_PAGES, OBJECT_BYTES, ListLoop, PageSizer, PageTooBig, byte_size, list_in_pages,
+                              read_page)
 
 
 class Resp:
@@ -94,3 +96,71 @@ def test_a_sizer_needs_one_object_and_one_byte_at_least(size, bound, one):
 
 def test_byte_sizes_read_well_in_logs():
     assert byte_size(16 << 20) == "16 MiB" and byte_size(40 << 10) == "40 KiB"
+
+
+class Unending(Exception):
+    """The list under test asked for more pages than any bounded list would."""
+
+
+def pages_from(pages: dict[str, dict], most: int = 500):
+    """A ``call(limit, continue)`` serving ``pages[continue]``, and the continue tokens asked for."""
+    asked: list[str] = []
+
+    def call(limit: int, cont: str) -> Resp:
+        asked.append(cont)
+        if len(asked) > most:
+            raise Unending(f"still listing after {most} requests: {asked[-4:]}")
+        return Resp(pages[cont])
+    return call, asked
+
+
+def empty_page(cont: str) -> dict:
+    return {"metadata": {"resourceVersion": "7", "continue": cont}, "items": []}
+
+
+@pytest.mark.parametrize("cycle", [["A", "B"], ["A", "B", "C"]], ids=["two-tokens", "three-tokens"])
+def test_a_list_whose_continue_tokens_come_round_again_fails_instead_of_listing_for_ever(cycle):
+    """Found by experiment: a peer answering empty pages whose continue tokens go round (A, B, A,
+    ...; a proxy or a server that is not kube-apiserver) kept the list asking for ever: the loop
+    check caught only a page giving back the very token it was sent, and "listed twice" only
+    pages with objects. The feed's thread stayed in that list (its watch never re-opened, the
+    model frozen) until /readyz's silence rule, 12 minutes later. Now a continue token asked for
+    once already in the list fails it (ListLoop: back-off, then a new list), after one round."""
+    pages = {"": empty_page(cycle[0])}
+    for token, nxt in zip(cycle, cycle[1:] + cycle[:1]):
+        pages[token] = empty_page(nxt)
+    call, asked = pages_from(pages)
+    with pytest.raises(ListLoop, match="continue token"):
+        list_in_pages(call, PageSizer(), "pods list", "pods", lambda items: None, lambda: None, logging.getLogger())
+    assert asked == ["", *cycle]
+
+
+def test_a_list_of_empty_pages_that_never_ends_fails():
+    """Empty pages with a new continue token each time (kube-apiserver fills every page it can:
+    an empty page with a token never comes from it) kept the list asking for ever too. Now
+    EMPTY_PAGES in a row fail the list."""
+    call, asked = pages_from(_Endless())
+    with pytest.raises(ListLoop, match="empty"):
+        list_in_pages(call, PageSizer(), "pods list", "pods", lambda items: None, lambda: None, logging.getLogger())
+    assert len(asked) == EMPTY_PAGES
+
+
+def test_empty_pages_between_pages_of_objects_do_not_fail_the_list():
+    """One empty page fewer than EMPTY_PAGES in a row, then objects: the list completes."""
+    pages = {"": empty_page("t0")}
+    for i in range(EMPTY_PAGES - 2):
+        pages[f"t{i}"] = empty_page(f"t{i + 1}")
+    pages[f"t{EMPTY_PAGES - 2}"] = {"metadata": {"continue": "last"}, "items": [{"a": 1}]}
+    pages["last"] = {"metadata": {}, "items": [{"b": 2}]}
+    got: list = []
+    call, _ = pages_from(pages)
+    rv, count, requests = list_in_pages(call, PageSizer(), "pods list", "pods", got.extend, lambda: None,
+                                        logging.getLogger())
+    assert (rv, count, requests) == ("7", 2, EMPTY_PAGES + 1) and got == [{"a": 1}, {"b": 2}]
+
+
+class _Endless(dict):
+    """Every continue token's page: empty, with a token never sent before."""
+
+    def __getitem__(self, cont: str) -> dict:
+        return empty_page(f"t{int(cont[1:] or 0) + 1}")
