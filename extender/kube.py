@@ -52,7 +52,7 @@ from stowage.allocation import ALLOCATION_ANNOTATION, AllocationRecord, RecordTr
 from stowage.digits import whole_number
 from stowage.logtext import escaped
 from stowage.kubelist import (LIST_PAGE_BYTES, LIST_PAGE_SIZE, OBJECT_BYTES, ListLoop, PageSizer, byte_size,
-                               list_in_pages, status_of)
+                               list_in_pages, read_page, status_of)
 from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, pod_gpu_request, shown
 
 from .errors import KubeConfigError
@@ -236,6 +236,12 @@ def watch_event(line: bytes) -> dict:
     if not isinstance(event, dict):
         raise ValueError(f"watch event is not an object: {line[:200]!r}")
     return event
+
+
+def _revision(rv: str) -> int | None:
+    """A resourceVersion as the etcd revision it is on kube-apiserver (a whole number of at most
+    20 digits), else None (opaque: not compared)."""
+    return int(rv) if 0 < len(rv) <= 20 and rv.isascii() and rv.isdigit() else None
 
 
 class Gone(Exception):
@@ -1005,12 +1011,42 @@ class KubeFeeder:
         self._healthy(st)
         with self._lock:
             st.gone_streak = 0
+        if seen == 0:
+            self._check_not_ahead(st)
         if lasted < self.short_watch_s:
             # Over at once, yet with events: not a failure (it delivered), but a server that does
             # it every time (one bookmark, then the end) must not have the watch re-opened in a
             # loop. client-go is held to 5 requests a second by its client's rate limiter; this is
             # one watch a kind per short_watch_s at most, while it goes on.
             self._stop.wait(self.short_watch_s - lasted)
+
+    def _check_not_ahead(self, st: StreamState) -> None:
+        """After a watch that ended without an event: raise :class:`Gone` (a relist) when the
+        stream's resourceVersion is ahead of the API server's current one.
+
+        Why: kube-apiserver (v1.28.7, checked) answers a watch from a resourceVersion ahead of
+        its own with 200 and then nothing until its timeout, and a healthy watch on a quiet
+        cluster also ends without an event (no bookmark either), so the watch alone cannot tell a
+        frozen model from a quiet cluster. It happens after etcd is restored from a backup, or
+        after a peer's lying bookmark; the model then missed every change until the 10-minute
+        resync while /readyz said in sync. The API server's current resourceVersion is what a
+        list of one object carries (read from etcd: its revision now, which no resourceVersion
+        the feed took from the server passes). resourceVersions are opaque by the API's rules,
+        so they are compared only when both are whole numbers (etcd's revisions); a failed
+        probe is logged and changes nothing (the watch itself worked). One small request per
+        quiet watch (5-10 minutes) per kind."""
+        ours = st.rv
+        try:
+            server = str((read_page(self._list_call(st.kind, limit=1), OBJECT_BYTES)[0].get("metadata") or {})
+                         .get("resourceVersion") or "")
+        except Exception as exc:   # (a probe only: the next quiet watch asks again)
+            log.debug("%s: could not read the API server's resourceVersion: %s", st.kind, api_message(exc))
+            return
+        if _revision(ours) is not None and _revision(server) is not None and _revision(ours) > _revision(server):
+            log.warning("%s watch: resourceVersion %s is ahead of the API server's %s (etcd restored from a "
+                        "backup?): a watch from it sees nothing until the server passes it; relisting",
+                        st.kind, ours, escaped(server))
+            raise Gone(f"resourceVersion {ours} is ahead of the API server's {escaped(server)}")
 
     def _overran(self, timeout: int) -> WatchOverran:
         return WatchOverran(f"the watch was still open {self.watch_overrun_s:g}s after the timeoutSeconds={timeout} it "

@@ -263,3 +263,30 @@ def test_an_event_for_an_object_of_another_kind_fails_the_stream_and_changes_not
     assert uid in f.model.allocations
     kube.clear_faults()
     kube.wait_for(lambda: f.ready()[0] and st.failures == 0)
+
+
+def test_a_watch_resource_version_ahead_of_the_api_servers_is_noticed_and_relisted(kube, feeders, caplog):
+    """Found by experiment (the carried "RV ahead frozen until resync"): once the feed's
+    resourceVersion is ahead of the API server's (etcd restored from a backup; a peer's lying
+    bookmark, here), every watch from it is answered 200 and then nothing until its timeout
+    (kube-apiserver v1.28.7 does so, docs/kube.md), so pods bound and deleted meanwhile never
+    reached the model while /readyz said in sync, until the 10-minute resync. A watch that ends
+    without an event cannot tell that from a quiet cluster, so now it asks the API server's
+    current resourceVersion (a list of one object) and relists when its own is ahead of it."""
+    kube.create_node(inv_node("n1", [80, 80]))
+    f = started(kube, feeders, watch_timeout_s=2)
+    st = f.streams[PODS]
+    ahead = str(kube.resource_version + 1000)
+    kube.raw_watches("pods", [line({"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1",
+                                                                   "metadata": {"resourceVersion": ahead}}})])
+    kube.drop_watches("pods")
+    kube.wait_for(lambda: st.rv == ahead)
+    kube.clear_faults()
+    lists = st.lists
+    with caplog.at_level(logging.WARNING, logger="stowage.kube"):
+        p = kube.create_pod(make_pod("p", gpus=1, node="n1", phase="Running",
+                                     annotations={ALLOCATION_ANNOTATION: rec("n1", 1)}))
+        kube.wait_for(lambda: p["metadata"]["uid"] in f.model.allocations, timeout=15)
+    assert st.lists > lists and int(st.rv) <= kube.resource_version
+    assert row(f.model, "n1")["pods"] == [0, 1]
+    assert "ahead of the API server's" in caplog.text and f.ready()[0]
