@@ -804,7 +804,7 @@ class KubeFeeder:
         start, as client-go does.
         """
         return list_in_pages(lambda limit, cont: self._list_call(kind, limit, cont), self._sizers[kind],
-                             f"{kind} list", kind, apply, restart, log)
+                             f"{kind} list", kind, apply, restart, log, list_kind=f"{_KINDS[kind]}List")
 
     def _relist(self, st: StreamState) -> None:
         """List every object of the kind and make the model match it exactly.

@@ -75,6 +75,12 @@ class ListLoop(RuntimeError):
                    "again: is the continue parameter passed on?); the list is abandoned")
 
 
+class WrongListKind(RuntimeError):
+    """A list page whose ``kind`` is not the list's (a PodList answered for nodes: a proxy that
+    routes wrong, a peer that lies): the list fails before anything of the page is applied, as
+    client-go refuses an object of an unexpected type."""
+
+
 class ObjectTooBig(RuntimeError):
     """A page of one object passed :data:`OBJECT_BYTES` (or the page bound, if larger) before it
     was read to the end: no API server serves such an object (etcd bounds what it stores), and
@@ -192,7 +198,7 @@ class PageSizer:
 
 def list_in_pages(call: Callable[[int, str], Any], sizer: PageSizer, what: str, kind: str,
                   apply: Callable[[list], None], restart: Callable[[], None],
-                  log: logging.Logger) -> tuple[str, int, int]:
+                  log: logging.Logger, list_kind: str = "") -> tuple[str, int, int]:
     """List every object in pages (``call(limit, continue)`` returns one unread response), sized
     by ``sizer``, handing each page's items to ``apply`` as it arrives and dropping it. Returns
     (the first page's resourceVersion, objects, requests). ``what`` names the list in log lines
@@ -207,6 +213,8 @@ def list_in_pages(call: Callable[[int, str], Any], sizer: PageSizer, what: str, 
       from its first page, in pages (client-go's pager lists everything in one request there:
       the whole cluster's size, the memory the pages bound); after :data:`EXPIRED_RESTARTS` in a
       row it fails. Any other error, an Expired first page included, propagates.
+    - With ``list_kind`` (``"PodList"``): a page of another ``kind`` fails the list before any
+      of it is applied (:class:`WrongListKind`); a page without one is taken as the list's.
     - A page that gives back a ``continue`` token this list asked with already (the very one it
       was sent, or one of a round: A, B, A) fails the list (:class:`ListLoop`): asked again, it
       would answer again. So do :data:`EMPTY_PAGES` pages in a row without an object, each with
@@ -246,6 +254,9 @@ def list_in_pages(call: Callable[[int, str], Any], sizer: PageSizer, what: str, 
             cont, count, empty_run = "", 0, 0
             sent_tokens.clear()
             continue
+        if list_kind and isinstance(doc, dict) and doc.get("kind", list_kind) != list_kind:
+            raise WrongListKind(f"{what}: a page of kind {str(doc.get('kind'))[:64]!r} came, not {list_kind}, after "
+                                f"{count} {kind} in {requests} requests; the list is abandoned")
         lmeta = doc.get("metadata") or {}
         items = doc.get("items") or []
         del doc

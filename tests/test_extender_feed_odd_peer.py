@@ -290,3 +290,23 @@ def test_a_watch_resource_version_ahead_of_the_api_servers_is_noticed_and_relist
     assert st.lists > lists and int(st.rv) <= kube.resource_version
     assert row(f.model, "n1")["pods"] == [0, 1]
     assert "ahead of the API server's" in caplog.text and f.ready()[0]
+
+
+def test_a_list_page_of_another_kind_fails_the_list_and_changes_nothing(kube):
+    """Found by experiment (the nodes list answered with the pods list, as a proxy routing it
+    wrong would): the feeder applied each item of whatever list came as a node. Every real node
+    was removed at the list's end (not listed) and each pod became a node without cards, the
+    list read complete. Now a page whose ``kind`` is not the list's (NodeList, PodList) fails
+    the list before anything of it is applied (back-off, then a new list)."""
+    kube.create_node(inv_node("n1", [80, 80]), emit=False)
+    kube.create_pod(make_pod("p", gpus=1, node="n1", phase="Running",
+                             annotations={ALLOCATION_ANNOTATION: rec("n1", 0)}), emit=False)
+    f = new_feeder(kube)
+    f.sync_once()
+    rv = f.streams[NODES].rv
+    list_call = f._list_call
+    f._list_call = lambda kind, limit=0, cont="": list_call(PODS, limit, cont)   # type: ignore[method-assign]
+    with pytest.raises(Exception, match="PodList"):
+        f.sync_once()
+    assert set(f.model.index) == {"n1"} and row(f.model, "n1")["pods"] == [1, 0]
+    assert f.streams[NODES].rv == rv
