@@ -526,7 +526,7 @@ def _unknown_cards(uuids: Sequence[str]) -> str:
     pod author's, up to 256 characters, in a cluster that does not sign records), the first few.
     Why: the note goes into the plugin's log line and the gRPC status the kubelet shows as the pod's
     admission error; written as it was, a uuid of escape sequences and new lines reached both."""
-    return some_ids([shown(u, UNKNOWN_CHARS) for u in uuids], UNKNOWN_SHOWN, "cards")
+    return some_ids(uuids, UNKNOWN_SHOWN, "cards", UNKNOWN_CHARS)
 
 
 def _explain(survey_: PodSurvey) -> str:
@@ -538,16 +538,22 @@ def _explain(survey_: PodSurvey) -> str:
     return "; ".join(parts) if parts else "no pod bound to this node is waiting for this resource"
 
 
-def some_ids(ids: Sequence[str], shown: int = 8, what: str = "devices") -> str:
-    """Device IDs (or other ``what``) for a message: all of them when few, else the first ``shown``
-    and how many.
+ID_CHARS = 64              # characters of each device ID a message shows (the kubelet's IDs have at most 63)
+
+
+def some_ids(ids: Sequence[str], count: int = 8, what: str = "devices", chars: int = ID_CHARS) -> str:
+    """Device IDs (or other ``what``) for a message: all of them when few, else the first ``count``
+    and how many; each quoted as ``repr`` writes it, at most ``chars`` characters of it.
 
     A request may carry 4 MiB of IDs (gRPC's limit): a refusal naming each one made a status message
     of a megabyte, which the caller's gRPC cannot receive (it sees RESOURCE_EXHAUSTED instead of the
-    refusal), and a log line as long, per call."""
-    if len(ids) <= shown:
-        return ", ".join(ids)
-    return f"{', '.join(ids[:shown])}, ... ({len(ids)} {what})"
+    refusal), and a log line as long, per call. Quoted, because the IDs are the caller's text: an
+    empty ID vanished from the message (``unknown device ID(s) ; ...``), one with a comma read as
+    two, and one a megabyte long still made a megabyte message."""
+    quoted = [shown(i, chars) for i in ids[:count]]
+    if len(ids) <= count:
+        return ", ".join(quoted)
+    return f"{', '.join(quoted)}, ... ({len(ids)} {what})"
 
 
 def _cards_of(table: DeviceTable, resource: str, ids: Iterable[str]) -> dict[str, str]:
