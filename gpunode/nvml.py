@@ -700,10 +700,16 @@ class XidWatch:
 
     def __init__(self, uuids: list[str], stop: threading.Event | None = None, first_retry_s: float = 0.1,
                  max_retry_s: float = 5.0, recreate_after: int = 5,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, log_every_s: float = 60.0) -> None:
         self.uuids = list(uuids)
         self.max_retry_s = max_retry_s
         self.recreate_after = max(1, recreate_after)
+        # Outages said loudly: the first of its error, then at most one per ``log_every_s`` (see _failed)
+        self.log_every_s, self._clock = log_every_s, clock
+        self._loud_at: float | None = None   # when an outage was last said loudly
+        self._loud_error = ""                # ... and its error
+        self._outage_loud = False            # the outage now (or last) was said loudly: so is its end
+        self._quiet_outages = 0              # outages kept at debug since the last loud one
         self._stop = stop if stop is not None else threading.Event()
         self._backoff = Backoff(first_retry_s, max_retry_s, clock)
         self._events: XidEvents | None = None
@@ -746,7 +752,8 @@ class XidWatch:
             return self._failed(ev.detail)
         ended = self._backoff.succeeded()
         if ended:
-            log.warning("NVML XID events are watched again, after %d failed waits", ended)
+            log.log(logging.WARNING if self._outage_loud else logging.DEBUG,
+                    "NVML XID events are watched again, after %d failed waits", ended)
         return ev
 
     def add(self, uuid: str) -> None:
@@ -768,11 +775,34 @@ class XidWatch:
         """The same words for every try of one outage, so it is logged once."""
         return f"{'re-' if self._made else ''}creating the NVML event set failed: {exc}"
 
+    def _loud_outage(self, detail: str) -> tuple[bool, int]:
+        """Whether a new outage failing with ``detail`` is said loudly, and how many outages were kept
+        quiet before it. A wait that works ends an outage, so a channel failing every other wait (an
+        intermittent ``Unknown Error``) made each failure a new one: a warning for it and one for its
+        end, about two a second for as long as it flapped. The first outage of an error is loud, then
+        at most one per ``log_every_s``; the loud line counts the quiet ones."""
+        now = self._clock()
+        loud = (detail != self._loud_error or self._loud_at is None or now - self._loud_at >= self.log_every_s)
+        if not loud:
+            self._quiet_outages += 1
+            return False, 0
+        quiet, self._quiet_outages = self._quiet_outages, 0
+        self._loud_at, self._loud_error = now, detail
+        return True, quiet
+
     def _failed(self, detail: str) -> XidEvent:
         delay, new = self._backoff.failed(detail)
+        quiet = 0
+        if self.failures == 1:   # a new outage: paced across outages
+            new, quiet = self._loud_outage(detail)
+            self._outage_loud = new
+        elif new:                # another error within one outage is said, and so is the outage's end
+            self._outage_loud = True
         if new:
-            log.warning("%s; XIDs of %s go unseen; retrying with back-off up to %g s (repeats logged at debug)",
-                        detail, ", ".join(self.watched or self.uuids) or "no card", self.max_retry_s)
+            more = (f"; {quiet} more outages of the event channel, each ended, since the last one logged "
+                    "(at debug)" if quiet else "")
+            log.warning("%s; XIDs of %s go unseen; retrying with back-off up to %g s (repeats logged at debug)%s",
+                        detail, ", ".join(self.watched or self.uuids) or "no card", self.max_retry_s, more)
         else:
             log.debug("%s (failure %d in a row; next try in %.2f s)", detail, self.failures, delay)
         if self.failures % self.recreate_after == 0 and self._events is not None:
