@@ -10,6 +10,7 @@ and re-registers, well within the ~1.2 s after which a restarted kubelet fails p
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import socket
@@ -391,14 +392,21 @@ class ResourceServicer(pb_grpc.DevicePluginServicer):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.resource}: {MAX_STREAMS} ListAndWatch "
                           "streams are open already")
         try:
-            seen = -1
+            seen, last = -1, b""
             while not self.stop.is_set() and context.is_active():
                 with self.state.cond:
                     if self.state.version == seen:
                         self.state.cond.wait(0.2)
                         continue
                     seen = self.state.version
-                yield self.state.list_response(self.resource)
+                # Built after the lock is let go: a change meanwhile is in this list already, and
+                # its version would send the same list again (seen in a flapping card's stream).
+                # Compared by digest: a list may be 4 MiB, and each open stream would keep one.
+                resp = self.state.list_response(self.resource)
+                digest = hashlib.sha256(resp.SerializeToString(deterministic=True)).digest()
+                if digest != last:
+                    last = digest
+                    yield resp
         finally:
             self._refusing = False
             self._streams.release()
