@@ -742,6 +742,7 @@ class DevicePlugin:
         self._watcher: threading.Thread | None = None
         self.kubelet_sock = os.path.join(cfg.plugin_dir, KUBELET_SOCKET)
         self._dir_present = True
+        self._publishing = threading.Lock()   # see _publish
 
     def _discover(self) -> list[GpuInfo]:
         """The cards to serve from the start. Each NVML call is waited for at most ``nvml_deadline_s``
@@ -810,8 +811,14 @@ class DevicePlugin:
         self._watcher.start()
 
     def _publish(self) -> None:
+        """Hand the publisher the cards as advertised now. Two threads publish (the health thread,
+        and its watchdog while it is stalled): each reads the state and hands it over under one
+        lock, so the last value handed over was read last. Before, a watchdog held up between the
+        two handed its stale "every card Unhealthy" over after the health thread had published the
+        cards Healthy again, and the annotation kept it until health changed again."""
         if self.publisher is not None:
-            self.publisher.publish(encode_inventory(self.state.cards(), self.cfg.memory_unit_mib))
+            with self._publishing:
+                self.publisher.publish(encode_inventory(self.state.cards(), self.cfg.memory_unit_mib))
 
     def _kubelet_ino(self) -> int | None:
         try:

@@ -11,6 +11,7 @@ in all but a driver fault); a watchdog notices that the thread has made no progr
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from dp_harness import rig
@@ -69,3 +70,36 @@ def test_a_hung_xid_registration_of_a_late_card_is_noticed(monkeypatch, caplog):
         finally:
             hang.release()
         assert r.kubelet.wait_for(lambda: u1 in _health(r) and set(_health(r).values()) == {"Healthy"})
+
+
+def test_the_inventory_ends_with_what_is_advertised_when_the_watchdog_and_the_health_thread_publish_at_once(
+        monkeypatch):
+    """Found by reading who publishes the inventory: the watchdog (every card Unhealthy) and the
+    health thread (its own view) each computed the annotation and then handed it to the publisher,
+    without a lock. A watchdog held up between the two (here: 1.5 s, as a preempted thread) handed
+    its stale "every card Unhealthy" over after the health thread had published the cards Healthy
+    again: the node's annotation kept saying Unhealthy (the extender placed nothing there) while
+    the kubelet had them Healthy, until the next change of health."""
+    from deviceplugin.kube import InventoryPublisher
+    from stowage.inventory import decode_inventory
+
+    real_publish = InventoryPublisher.publish
+
+    def held_up_when_all_unhealthy(self: Any, value: str) -> None:
+        if not any(c.healthy for c in decode_inventory(value).cards):
+            threading.Event().wait(1.5)
+        real_publish(self, value)
+    with rig(monkeypatch, health_stall_s=1.0, recovery_quiet_s=0.3) as r:
+        assert r.registered()
+        monkeypatch.setattr(InventoryPublisher, "publish", held_up_when_all_unhealthy)
+        hang = Hang("nvmlEventSetWait")
+        hang.install(monkeypatch)
+        try:
+            assert r.kubelet.wait_for(lambda: set(_health(r).values()) == {"Unhealthy"})
+        finally:
+            hang.release()   # while the watchdog's publish is held up
+        assert r.kubelet.wait_for(lambda: set(_health(r).values()) == {"Healthy"})
+        threading.Event().wait(2.5)   # the held-up publish has landed, and the publisher has patched
+        assert all(c.healthy for c in r.plugin.state.cards())
+        assert r.kube.wait_for(lambda: r.plugin.publisher.published is not None and all(
+            c.healthy for c in decode_inventory(r.plugin.publisher.published).cards), timeout=3)
