@@ -558,14 +558,24 @@ class HealthMonitor:
         """
         stalled = False
         while not self._stop.wait(min(1.0, self.cfg.health_stall_s / 4)):
-            cards = sorted(self.state.health)
-            judged = not self.cfg.health_disabled   # health checks disabled: no card is judged, this neither
-            was, stalled = stalled, self._beat.stalled(
-                f"Every card is advertised Unhealthy until it goes on: {', '.join(cards) or 'no card yet'}"
-                if judged else "")
-            if stalled and not was and judged:
-                self.state.set_health({u: False for u in cards})
-                self.on_change()
+            try:
+                stalled = self._watch_round(stalled)
+            except Exception as exc:   # (a bug or a publisher's fault: said, and the next round looks again)
+                log.error("health thread's watchdog: a round failed (%s); it goes on watching", exc, exc_info=True)
+
+    def _watch_round(self, stalled: bool) -> bool:
+        """One look at the health thread's progress (:meth:`_watch_progress`); returns whether it
+        is stalled now. Apart so that a round that raises costs that round only: the thread once
+        ended with it, and a hung health thread was never noticed again."""
+        cards = sorted(self.state.health)
+        judged = not self.cfg.health_disabled   # health checks disabled: no card is judged, this neither
+        was, stalled = stalled, self._beat.stalled(
+            f"Every card is advertised Unhealthy until it goes on: {', '.join(cards) or 'no card yet'}"
+            if judged else "")
+        if stalled and not was and judged:
+            self.state.set_health({u: False for u in cards})
+            self.on_change()
+        return stalled
 
     def _probe_all(self, now: float, uuids: list[str] | None = None) -> set[str]:
         """Probe every tracked card (or ``uuids``) at once, each waited for at most ``nvml_deadline_s``;

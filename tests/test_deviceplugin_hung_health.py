@@ -103,3 +103,34 @@ def test_the_inventory_ends_with_what_is_advertised_when_the_watchdog_and_the_he
         assert all(c.healthy for c in r.plugin.state.cards())
         assert r.kube.wait_for(lambda: r.plugin.publisher.published is not None and all(
             c.healthy for c in decode_inventory(r.plugin.publisher.published).cards), timeout=3)
+
+
+def test_the_watchdog_goes_on_after_a_round_of_its_own_that_raised(monkeypatch, caplog):
+    """The watchdog's loop had no guard: anything raising in one of its rounds (a publisher, a
+    state update, a bug) ended the thread without a word, and a hung health thread was never
+    noticed again (every card stayed advertised Healthy). Noticed by the NVML helper (session 15).
+    Here its first look at the heartbeat raises; a hang after that must still be noticed."""
+    from gpunode.backoff import Heartbeat
+    real = Heartbeat.stalled
+    calls = {"n": 0}
+
+    def stalled_once_broken(self: Heartbeat, consequence: str = "") -> bool:
+        if self.what == "health thread":
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("a round of the watchdog that raised")
+        return real(self, consequence)
+
+    monkeypatch.setattr(Heartbeat, "stalled", stalled_once_broken)
+    with rig(monkeypatch, health_stall_s=2.0, recovery_quiet_s=0.3) as r:
+        assert r.registered()
+        assert r.kube.wait_for(lambda: calls["n"] >= 1)
+        hang = Hang("nvmlEventSetWait")
+        hang.install(monkeypatch)
+        try:
+            assert r.kube.wait_for(lambda: hang.hanging == 1)
+            assert r.kubelet.wait_for(lambda: set(_health(r).values()) == {"Unhealthy"})
+        finally:
+            hang.release()
+        assert r.kubelet.wait_for(lambda: set(_health(r).values()) == {"Healthy"})
+    assert _errors(caplog, "watchdog", "a round of the watchdog that raised")
