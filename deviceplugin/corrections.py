@@ -49,9 +49,6 @@ class KubeletView:
     def owners(self, resource: str) -> dict[str, PodRef]:
         return {i: ref for ref, conts in self.pods.items() for res in conts.values() for i in res.get(resource, ())}
 
-    def holds_any(self, ref: PodRef) -> bool:
-        return any(ids for res in (self.pods.get(ref) or {}).values() for ids in res.values())
-
     def cards(self, ref: PodRef, table: DeviceTable) -> list[str]:
         """Card UUIDs the pod's devices are on, in order of first appearance."""
         out: dict[str, None] = {}

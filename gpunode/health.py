@@ -147,10 +147,6 @@ class HealthTracker:
             self.on_watch_restored(now)
         return changed
 
-    def due_for_recovery(self, now: float) -> list[str]:
-        return [u for u, c in self.cards.items()
-                if not c.healthy and u not in self.blind and now - c.since >= self.quiet_s]
-
     def on_probe(self, uuid: str, problem: str | None, now: float) -> bool:
         """Apply a probe result; returns whether the card's health changed.
 
