@@ -9,9 +9,10 @@ from typing import Any
 import click
 
 from stowage import logtext
+from stowage.bounded import WholeRange
 from stowage.clickcheck import cannot_listen, check_can_listen
 from stowage.finite import seconds
-from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES
+from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES, MAX_CARD_MEMORY_MIB
 from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
 
 from gpunode.health import DEFAULT_IGNORED_XIDS, ignored_xids_option
@@ -25,7 +26,7 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
                    "and whose pods' allocation records steer Allocate.")
 @click.option("--plugin-dir", envvar="STOWAGE_PLUGIN_DIR", default=DEFAULT_PLUGIN_DIR,
               help="The kubelet's device-plugin directory (kubelet.sock lives there).")
-@click.option("--memory-unit-mib", envvar="STOWAGE_MEMORY_UNIT_MIB", type=click.IntRange(min=1),
+@click.option("--memory-unit-mib", envvar="STOWAGE_MEMORY_UNIT_MIB", type=WholeRange(1, MAX_CARD_MEMORY_MIB),
               default=DEFAULT_MEMORY_UNIT_MIB,
               help="MiB per nvidia.com/gpu-memory device. Must equal the extender's --memory-unit-mib.")
 @click.option("--resource", "resources", envvar="STOWAGE_RESOURCES", multiple=True,
@@ -54,7 +55,7 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
                         "is honoured when it matches its pod's request, node and scheduler (docs/security.md).")
 @scheduler_name_option("schedulerName(s) of Stowage's profile(s): records on other schedulers' pods are not "
                        "honoured. Must equal the extender's --scheduler-name.")
-@click.option("--metrics-port", envvar="STOWAGE_METRICS_PORT", type=click.IntRange(min=0, max=65535), default=0,
+@click.option("--metrics-port", envvar="STOWAGE_METRICS_PORT", type=WholeRange(0, 65535), default=0,
               help="Serve the plugin's Prometheus metrics (record corrections) on this port; 0: off.")
 @click.option("--kube-api", envvar="STOWAGE_KUBE_API", default=None,
               help="API server URL (e.g. kubectl proxy); default: in-cluster config, else kubeconfig.")

@@ -9,6 +9,7 @@ import click
 
 from gpunode.health import DEFAULT_IGNORED_XIDS, ignored_xids_option
 from stowage import logtext
+from stowage.bounded import WholeRange
 from stowage.finite import seconds
 
 from .checkpoint import DEFAULT_CHECKPOINT
@@ -18,7 +19,7 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 @click.command(name="exporter", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.option("--port", envvar="STOWAGE_EXPORTER_PORT", type=click.IntRange(0, 65535), default=9400,
+@click.option("--port", envvar="STOWAGE_EXPORTER_PORT", type=WholeRange(0, 65535), default=9400,
               help="Port serving GET /metrics (Prometheus text format).")
 @click.option("--listen-address", envvar="STOWAGE_EXPORTER_ADDRESS", default="0.0.0.0",
               help="Address to listen on.")

@@ -19,10 +19,11 @@ from flask import Flask
 
 from stowage import logtext
 from stowage.allocation import RecordTrust
+from stowage.bounded import WholeRange
 from stowage.clickcheck import CheckedCommand, after_parsing, check_can_listen, parse_host_port
 from stowage.finite import seconds
 from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
-from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
+from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, MAX_CARD_MEMORY_MIB
 
 from .app import DEFAULT_MAX_BODY_BYTES, create_app
 from .gunicorn_conf import ExtenderServer, TLSFiles, gunicorn_options, register_exit
@@ -51,6 +52,9 @@ KUBE_ONLY_OPTIONS = {"record_key_file": "--record-key-file", "scheduler_names": 
 # The largest memory bound a flag sets (16 GiB; the shipped extender container has 1 GiB in all):
 # a bigger number is a typo (MiB taken for bytes), not a cluster.
 MAX_BOUND_MIB = 16384
+# The longest --timeout (an hour): gunicorn restarts a worker that answers nothing this long; past
+# it a stuck worker is never restarted, and a number past a float's range crashed gunicorn's master.
+MAX_WORKER_TIMEOUT_S = 3600
 
 
 @dataclass
@@ -250,7 +254,7 @@ def _check_metrics_bind(ctx: click.Context, param: click.Parameter, value: str |
 
 def _bound_mib_option(flag: str, default_bytes: int, help_text: str) -> Callable[[Callable], Callable]:
     """A memory bound's flag, in MiB: 1 to MAX_BOUND_MIB, its library default shown."""
-    return click.option(flag, type=click.IntRange(1, MAX_BOUND_MIB), default=default_bytes >> 20, show_default=True,
+    return click.option(flag, type=WholeRange(1, MAX_BOUND_MIB), default=default_bytes >> 20, show_default=True,
                         help=f"{help_text} Raising it raises the memory the extender may use: raise its "
                              "container's limit with it.")
 
@@ -311,11 +315,11 @@ def _learned_configmap(ctx: click.Context, param: click.Parameter, value: str) -
 @click.option("--allow-unauthenticated", is_flag=True,
               help="Serve plain HTTP on an address other machines can reach. Anyone reaching it can bind "
                    "any pod to any node and read every allocation: only for isolated test setups.")
-@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+@click.option("--workers", type=WholeRange(1, 64), default=1, show_default=True,
               help="HTTP worker processes. 1: one process holds the model and serves the HTTP. "
                    "More: the split layout, N HTTP-only workers in front of ONE decision process that "
                    "holds the model (the HTTP work then uses several cores; answers are the same).")
-@click.option("--threads", type=click.IntRange(1, 256), default=8, show_default=True,
+@click.option("--threads", type=WholeRange(1, 256), default=8, show_default=True,
               help="Request threads per worker process.")
 @click.option("--url-prefix", default="", show_default=True,
               help="Path prefix of the verbs, e.g. /stowage for /stowage/filter (the scheduler's urlPrefix path).")
@@ -335,9 +339,9 @@ def _learned_configmap(ctx: click.Context, param: click.Parameter, value: str) -
                    "kube-scheduler's own scores choose among equal ones; the shipped scheduler config has no "
                    "prioritizeVerb). fitting: every node that fits, for a scheduler config with prioritizeVerb "
                    "that blends Stowage's ranking with kube-scheduler's scores (weight).")
-@click.option("--memory-unit-mib", type=click.IntRange(1), default=DEFAULT_MEMORY_UNIT_MIB, show_default=True,
+@click.option("--memory-unit-mib", type=WholeRange(1, MAX_CARD_MEMORY_MIB), default=DEFAULT_MEMORY_UNIT_MIB, show_default=True,
               help="MiB per unit of nvidia.com/gpu-memory (must match the device plugin).")
-@click.option("--max-body-mib", type=click.IntRange(1), default=DEFAULT_MAX_BODY_BYTES // (1 << 20),
+@click.option("--max-body-mib", type=WholeRange(1, MAX_BOUND_MIB), default=DEFAULT_MAX_BODY_BYTES // (1 << 20),
               show_default=True, help="Largest request body accepted (HTTP 413 above).")
 @click.option("--metrics-bind", metavar="HOST:PORT", default=None, callback=_check_metrics_bind,
               help="Also serve /metrics (only) on this address, e.g. 0.0.0.0:9888: for Prometheus when "
@@ -360,7 +364,7 @@ def _learned_configmap(ctx: click.Context, param: click.Parameter, value: str) -
 @click.option("--client-timeout", type=seconds(1, 600), default=DEFAULT_CLIENT_TIMEOUT_S, show_default=True,
               help="Seconds a client has to send a whole request (TLS handshake, head, body) once it started, "
                    "and again to take the answer; past it: 408, and the thread serves others.")
-@click.option("--timeout", type=click.IntRange(5), default=60, show_default=True,
+@click.option("--timeout", type=WholeRange(5, MAX_WORKER_TIMEOUT_S), default=60, show_default=True,
               help="Seconds a request may run before gunicorn restarts the worker.")
 @click.option("--learned-configmap", default=DEFAULT_PAST_NAME, show_default=True, metavar="[NAMESPACE/]NAME|off",
               callback=_learned_configmap,

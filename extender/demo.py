@@ -28,6 +28,7 @@ import click
 import requests
 from tqdm import tqdm
 
+from stowage.bounded import WholeRange
 from stowage.finite import seconds
 from stowage.resources import RESOURCE_GPU, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, fmt_cards, fmt_mib
 
@@ -315,11 +316,11 @@ def summary(state: dict, outcomes: list[Outcome], elapsed: float, requests_sent:
               flag_value=BUILTIN,
               help="Simulated cluster YAML, or builtin (default, and a bare --simulated: the built-in cluster of 36 "
                    "mixed GPU nodes). --simulated is the name the extender, inspect and plan give it.")
-@click.option("--pods", type=click.IntRange(1, 100_000), default=150, show_default=True, help="Pods to schedule.")
+@click.option("--pods", type=WholeRange(1, 100_000), default=150, show_default=True, help="Pods to schedule.")
 @click.option("--seed", type=int, default=7, show_default=True, help="Seed of the workload mix.")
 @click.option("--full-nodes", is_flag=True,
               help="Send full v1.Node objects (nodeCacheCapable: false) instead of node names.")
-@click.option("--threads", type=click.IntRange(1, 64), default=4, show_default=True,
+@click.option("--threads", type=WholeRange(1, 64), default=4, show_default=True,
               help="Request threads of the extender's worker.")
 @click.option("--quiet", is_flag=True,
               help="Do not print one line per pod (a terminal still shows a progress bar on standard error).")

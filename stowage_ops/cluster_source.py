@@ -38,15 +38,19 @@ import click
 
 from packing.model import ClusterModel
 from stowage.allocation import DEFAULT_SCHEDULER_NAMES, RecordTrust
+from stowage.bounded import WholeRange
 from stowage.clickcheck import CheckedCommand, after_parsing, checked_while_parsing
 from stowage.textable import printable
 from stowage.trust_options import load_trust, record_key_file_option, scheduler_name_option
-from stowage.resources import DEFAULT_MEMORY_UNIT_MIB
+from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, MAX_CARD_MEMORY_MIB
 
 LIVE_TIMEOUT_S = 20   # per API request of inspect/plan (the extender's own feed waits longer)
 READ_PROGRESS_EVERY = 10_000   # pods: a line on stderr while a big cluster is read (~2 s per 10,000)
 LIVE_RETRIES = 1      # a server that does not answer costs the operator at most ~2 x LIVE_TIMEOUT_S a list
 
+# The most random pods --fill places (as `stowage demo --pods`): each is scheduled through the
+# extender's code, whether or not it fits, so --fill 10**30 never ended.
+MAX_FILL = 100_000
 SOURCE_OPTIONS = ("kubeconfig", "context", "in_cluster", "simulated", "fill", "seed", "memory_unit_mib",
                   "scheduler_names", "record_key_file")
 
@@ -167,10 +171,10 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--simulated", is_flag=False, flag_value="builtin", default=None, metavar="[FILE]",
                      help="Use the embedded simulated cluster, or the cluster described in FILE (YAML), "
                           "instead of a live one."),
-        click.option("--fill", type=click.IntRange(min=0), default=0, show_default=True,
+        click.option("--fill", type=WholeRange(0, MAX_FILL), default=0, show_default=True,
                      help="With --simulated: first place N pods of a seeded random mix (whole GPUs and slices)."),
         click.option("--seed", type=int, default=0, show_default=True, help="Seed for --fill."),
-        click.option("--memory-unit-mib", type=click.IntRange(min=1), default=DEFAULT_MEMORY_UNIT_MIB,
+        click.option("--memory-unit-mib", type=WholeRange(1, MAX_CARD_MEMORY_MIB), default=DEFAULT_MEMORY_UNIT_MIB,
                      show_default=True, help="MiB per nvidia.com/gpu-memory unit (as configured for the extender)."),
         scheduler_name_option("Live cluster: the extender's --scheduler-name, the schedulerName(s) of Stowage's "
                               "profile(s): only these pods' allocation records count (and their shapes are what "

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import click
 
+from stowage.bounded import WholeRange
 from stowage.clickcheck import after_parsing
 from stowage.resources import fmt_cards
 from stowage_ops.cluster_source import (LearnFrom, LiveFacts, OperatorCommand, Source, cluster_options,
@@ -24,6 +25,8 @@ from stowage.textable import render
 # Long work (a --shape counted to --limit, --drain's candidates: minutes each on thousands of
 # nodes) says how far it is on stderr every this many pods placed or nodes tried.
 PROGRESS_EVERY = 1000
+MAX_LIMIT = 1_000_000   # --limit: pods counted per shape (each is placed on a copy of the model)
+MAX_NODES = 100_000     # --max-nodes, --top: more nodes than any cluster has (Kubernetes supports 5,000)
 
 
 def _capacity_text(res: CapacityResult, top: int, unmatched: list[str], models: list[str]) -> str:
@@ -144,20 +147,20 @@ def _check_plan(ctx: click.Context) -> None:
 @click.option("--preempt", "preempt_shapes", multiple=True, metavar="SHAPE", callback=shapes_option,
               help="What it would take to place one pod of this shape at --priority: which lower-priority "
                    "pods would have to go where, best node first (repeatable).")
-@click.option("--priority", type=int, default=None,
+@click.option("--priority", type=WholeRange(-(2 ** 31), 2 ** 31 - 1), default=None,
               help="With --preempt: the pod's priority (its PriorityClass value); only pods of lower "
                    "priority can be evicted for it.")
 @click.option("--placer", default="pack", show_default=True, callback=_placer_option,
               help="Placement policy to simulate: pack, spread, or a placer name (e.g. most-allocated).")
-@click.option("--limit", type=click.IntRange(min=1), default=DEFAULT_LIMIT, show_default=True,
+@click.option("--limit", type=WholeRange(1, MAX_LIMIT), default=DEFAULT_LIMIT, show_default=True,
               help="Stop counting a shape after this many pods.")
 @click.option("--any-model", is_flag=True,
               help="With --drain, for pods whose own ask is unknown (a simulated cluster's; a live "
                    "cluster's pods move as they ask): let them move to other GPU models (whole-GPU pods "
                    "still only to cards at least as large). Default: such a pod only moves to its "
                    "current model.")
-@click.option("--max-nodes", type=click.IntRange(min=1), default=None, help="With --drain: empty at most this many nodes.")
-@click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="Nodes listed per shape.")
+@click.option("--max-nodes", type=WholeRange(1, MAX_NODES), default=None, help="With --drain: empty at most this many nodes.")
+@click.option("--top", type=WholeRange(1, MAX_NODES), default=15, show_default=True, help="Nodes listed per shape.")
 @learn_options
 @output_option
 @after_parsing(_check_plan)
