@@ -61,3 +61,20 @@ def test_an_unknown_mode_is_refused_by_name(capsys):
         build_parser().parse_args(["--modes", "stowage,fast"])
     assert "argument --modes: unknown mode 'fast' (known: plain, stowage)" in capsys.readouterr().err
     assert build_parser().parse_args(["--modes", " plain , stowage"]).modes == ["plain", "stowage"]
+
+
+@pytest.mark.parametrize("argv", [["--jobs", "4", "--port-base", "65510"], ["--jobs", "2", "--port-base", "65530"],
+                                  ["--jobs", "10000"]])
+def test_jobs_whose_ports_pass_65535_are_refused_up_front(argv, capsys):
+    """Job K's control plane listens on --port-base + 10*K .. +3: ``--jobs 4 --port-base 65510``
+    was taken, and the fourth job's etcd could not bind, minutes into the run."""
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--jobs" in err and "--port-base" in err and "65535" in err
+
+
+def test_jobs_whose_ports_fit_are_taken():
+    args = build_parser().parse_args(["--jobs", "4", "--port-base", str(65535 - 33)])
+    assert (args.jobs, args.port_base) == (4, 65502)

@@ -891,6 +891,7 @@ class Report:
 
 
 _SLOT = 0
+PORTS_PER_JOB = 10   # job K's control plane: --port-base + PORTS_PER_JOB*K .. +3
 
 
 def _exit_on_sigterm(in_worker: bool = False) -> None:
@@ -923,7 +924,7 @@ def _init_worker(slots: Any) -> None:
 def _task(job: tuple) -> RealRun:
     nodes, pods, mode, seed, opts, limit, until = job
     mine = RunOptions(**{**asdict(opts), "slot": _SLOT, "work_dir": opts.work_dir / f"slot{_SLOT}",
-                         "port_base": opts.port_base + 10 * _SLOT})
+                         "port_base": opts.port_base + PORTS_PER_JOB * _SLOT})
     return replay_real(nodes, pods, mode, seed, mine, limit=limit, until_pct=until)
 
 
@@ -953,10 +954,21 @@ def _burst_to_time(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _ports_fit(args: argparse.Namespace) -> str | None:
+    """Job K listens on --port-base + PORTS_PER_JOB*K .. +3: refused while parsing when the last
+    job's ports pass 65535 (its etcd failed to bind minutes into the run, the others' results lost)."""
+    last = args.port_base + PORTS_PER_JOB * (args.jobs - 1) + 3
+    if last > 65535:
+        most = (65535 - 3 - args.port_base) // PORTS_PER_JOB + 1
+        return (f"--jobs {args.jobs} from --port-base {args.port_base} needs ports up to {last}, past 65535 "
+                f"(each job takes {PORTS_PER_JOB}): give at most --jobs {most}, or a lower --port-base")
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = CheckedParser(
         prog=PROG,
-        formatter_class=HelpFormatter, checks=[_burst_to_time],
+        formatter_class=HelpFormatter, checks=[_burst_to_time, _ports_fit],
         description="Replay an openb trace through a real kube-apiserver + kube-scheduler v1.28.7 "
                     "(../shared/k8s), with the extender as deployed and with plain kube-scheduler, "
                     "beside the simulated replay of the same seeds; optionally time a burst of GPU pods.",
