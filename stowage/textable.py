@@ -2,6 +2,7 @@
 right-aligned, no dependency — output that reads well in a terminal and diffs well in a ticket."""
 from __future__ import annotations
 
+import re
 import unicodedata
 from typing import Any, Sequence
 
@@ -20,10 +21,26 @@ MAX_ALIGNED = 60   # characters: a longer cell overflows its own line instead of
 UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 
+# The longest name Kubernetes takes (a DNS subdomain: nodes, namespaced object names): a longer run
+# of text without white space came from a hostile or fake source, not from an API server. A
+# 5,000-character node name was printed whole, lines of 10,000 characters in `stowage plan`.
+MAX_NAME_SHOWN = 253
+_LONG_RUN = re.compile(r"\S{%d,}" % (MAX_NAME_SHOWN + 1))
+
+
+def _cut(run: re.Match[str]) -> str:
+    """The run's first characters and '...' (no longer than :data:`MAX_NAME_SHOWN`, so that text
+    printed twice is cut once), then how long it was."""
+    return f"{run.group()[:MAX_NAME_SHOWN - 3]}... ({len(run.group())} characters)"
+
+
 def printable(text: str) -> str:
-    """The cell as the terminal should get it: the characters of :data:`UNSAFE_CATEGORIES` a node's
-    owner or a pod author may have written shown as '?'."""
-    return "".join("?" if unicodedata.category(ch) in UNSAFE_CATEGORIES else ch for ch in text)
+    """The cell or line as the terminal should get it: the characters of :data:`UNSAFE_CATEGORIES`
+    a node's owner or a pod author may have written shown as '?', and every run without white
+    space longer than :data:`MAX_NAME_SHOWN` (no name an API server takes is) cut there, saying
+    how long it was."""
+    safe = "".join("?" if unicodedata.category(ch) in UNSAFE_CATEGORIES else ch for ch in text)
+    return _LONG_RUN.sub(_cut, safe) if len(safe) > MAX_NAME_SHOWN else safe
 
 
 def render(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, indent: str = "") -> str:

@@ -148,3 +148,25 @@ def test_plan_drain_moves_cpu_pods_leaves_daemonset_pods_and_names_unknown_gpu_p
         assert "1 GPU pods, 5 other pods bound" in table
         insp = CliRunner().invoke(main, ["inspect", "--kubeconfig", cfg]).output
         assert "WARNING: 1 GPU pod(s)" in insp
+
+
+def test_names_no_api_server_takes_are_cut_and_escaped_in_every_text_output(tmp_path):
+    """Names come from the cluster: a fake or hostile source served a 5,000-character node name and
+    pod name ending in terminal escapes, and inspect and plan printed them whole (lines of 10,000
+    characters). They are cut past 253 characters, the longest name the API takes, with control
+    characters shown as '?'."""
+    node, pod = "n" * 5000 + "\x1b[2J\x1b]0;owned\x07", "p" * 5000 + "\x1b[31m"
+    with FakeKube() as kube:
+        for name in (node, "gpu-b"):
+            cards = [Card(index=k, uuid=f"GPU-{name[:5]}-{k}", model="NVIDIA A100-SXM4-40GB", memory_mib=40 * GiB)
+                     for k in range(2)]
+            kube.create_node(make_node(name, gpus=2, annotations={INVENTORY_ANNOTATION: encode_inventory(cards)}))
+        kube.create_pod(stowage_pod(pod, namespace="ml", gpus=1, node=node, phase="Running",
+                                    annotations=alloc(node, [(0, 40 * GiB, 1000)], True)))
+        cfg = kubeconfig(tmp_path, kube.url)
+        for args in (["inspect"], ["plan", "--shape", "1", "--drain"], ["plan", "--preempt", "2", "--priority", "10"]):
+            r = CliRunner().invoke(main, [*args, "--kubeconfig", cfg])
+            assert r.exit_code == 0, r.output[:2000]
+            assert "\x1b" not in r.output and "\x07" not in r.output
+            assert max(map(len, r.output.splitlines())) < 1000, args
+            assert "n" * 250 + "... (5014 characters)" in r.output or args[0] == "plan" and "--preempt" in args
