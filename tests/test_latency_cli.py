@@ -105,3 +105,20 @@ def test_quick_fills_in_only_what_the_user_did_not_say():
     full = settle_quick(build_parser().parse_args([]))
     assert (full.sizes, full.pods, full.clients, full.full_max) == ([1000, 5000, 10000], 600, 4, 5000)
     assert isinstance(full, argparse.Namespace)
+
+
+@pytest.mark.parametrize("module", ["benchmarks.binpack.cli", "benchmarks.binpack.real", "benchmarks.binpack.anatomy",
+                                    "benchmarks.binpack.bound", "benchmarks.elastic.cli", "benchmarks.latency.cli",
+                                    "benchmarks.latency.inproc", "benchmarks.latency.floor",
+                                    "benchmarks.latency.churn"])
+def test_every_benchmark_help_says_what_the_command_does(module, capsys):
+    """``python -m benchmarks.latency.churn --help`` listed its options and nothing else: not that
+    it runs ``stowage extender`` with pod churn inside its worker (found by experiment)."""
+    import importlib
+
+    with pytest.raises(SystemExit) as exc:
+        importlib.import_module(module).main(["--help"])
+    assert exc.value.code == 0
+    blocks = capsys.readouterr().out.split("\n\n")
+    assert blocks[0].startswith("usage:") and len(blocks) > 2
+    assert not blocks[1].lstrip().startswith(("positional arguments:", "options:")), blocks[1]

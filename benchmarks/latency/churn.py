@@ -105,7 +105,8 @@ class Churn:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.latency.churn", formatter_class=HelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.latency.churn", formatter_class=HelpFormatter,
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", type=positive_number, default=300.0, help="pod events per second (binds and deletes)")
     p.add_argument("--stats", required=True, help="file the churn thread writes its event count to")
     p.add_argument("extender_args", nargs=argparse.REMAINDER, help="-- then the `stowage extender` arguments")
