@@ -11,21 +11,37 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Iterable, Sequence
 
+from stowage.bounded import quoted
 from stowage.finite import finite_number
 
+# The most worker processes (--jobs) a benchmark starts: each is a process (binpack.real's, a
+# control plane); ``--jobs 10**30`` made a pool of that many and never started.
+MAX_JOBS = 256
+MAX_NODES = 100_000        # a simulated cluster's most nodes (extender.simcluster.MAX_NODES)
+MAX_PODS = 10_000_000      # pods a run schedules or replays
 
-def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
-    """A whole number of at least ``minimum`` (and at most ``maximum``, when given)."""
+
+def _whole(text: str, maximum: int) -> int | None:
+    """``text`` as an int, or None: a text longer than ``maximum``'s digits (and a sign) is not
+    converted (``int()`` refuses more than 4,300 digits; a huge number is out of range anyway)."""
+    if len(text.strip()) > len(str(maximum)) + 8:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def whole_number(minimum: int, maximum: int) -> Callable[[str], int]:
+    """A whole number from ``minimum`` to ``maximum`` (both ends: a count of any size went on to
+    make a pool, a cluster or a replay of that size)."""
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum or (maximum is not None and value > maximum):
-            upto = f" and at most {maximum}" if maximum is not None else ""
-            raise argparse.ArgumentTypeError(f"must be a whole number of at least {minimum}{upto}, not {text!r}")
+        value = _whole(text, maximum)
+        if value is None or not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be a whole number from {minimum} to {maximum}, not {quoted(text)}")
         return value
-    parse.__name__ = f"whole number >= {minimum}"
+    parse.__name__ = f"whole number {minimum}..{maximum}"
+    parse.whole_numbers = True   # type: ignore[attr-defined]  # tests/test_cli_whole_numbers.py walks these
     return parse
 
 
@@ -55,18 +71,16 @@ def number_at_least(minimum: float) -> Callable[[str], float]:
     return parse
 
 
-def number_list(minimum: int, example: str = "1000,5000") -> Callable[[str], list[int]]:
-    """Comma-separated whole numbers, each at least ``minimum`` ("1000,5000")."""
+def number_list(minimum: int, maximum: int, example: str = "1000,5000") -> Callable[[str], list[int]]:
+    """Comma-separated whole numbers, each from ``minimum`` to ``maximum`` ("1000,5000")."""
     def parse(text: str) -> list[int]:
-        try:
-            values = [int(s) for s in text.split(",") if s.strip()]
-        except ValueError:
-            values = []
-        if not values or min(values) < minimum:
-            raise argparse.ArgumentTypeError(
-                f"must be comma-separated whole numbers of at least {minimum} (e.g. {example}), not {text!r}")
-        return values
+        values = [_whole(s, maximum) for s in text.split(",") if s.strip()]
+        if not values or any(v is None or not minimum <= v <= maximum for v in values):
+            raise argparse.ArgumentTypeError(f"must be comma-separated whole numbers from {minimum} to {maximum} "
+                                             f"(e.g. {example}), not {quoted(text)}")
+        return values  # type: ignore[return-value]  # none is None (checked above)
     parse.__name__ = "number list"
+    parse.whole_numbers = True   # type: ignore[attr-defined]
     return parse
 
 

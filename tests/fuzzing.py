@@ -437,10 +437,10 @@ def build_parser() -> argparse.ArgumentParser:
     tests/test_doc_commands.py can check the documented command lines against it without running them."""
     from benchmarks.cliargs import whole_number   # a run of 0 requests or 0 workers would pass testing nothing
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--per-verb", type=whole_number(1), default=10_000, help="requests per verb (filter, prioritize, bind, preempt)")
-    ap.add_argument("--workers", type=whole_number(1), default=1, help="1: one process; 2+: the split layout")
+    ap.add_argument("--per-verb", type=whole_number(1, 100_000_000), default=10_000, help="requests per verb (filter, prioritize, bind, preempt)")
+    ap.add_argument("--workers", type=whole_number(1, 64), default=1, help="1: one process; 2+: the split layout")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--framing", type=whole_number(0), default=0,
+    ap.add_argument("--framing", type=whole_number(0, 100_000_000), default=0,
                     help="then this many badly framed HTTP requests (request line, headers, Content-Length, "
                          "chunking, line endings) over raw sockets")
     return ap

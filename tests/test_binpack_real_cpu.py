@@ -73,7 +73,7 @@ def test_burst_rounds_below_one_are_refused(capsys):
     with pytest.raises(SystemExit) as exc:           # refused while parsing, before any peer starts
         main(["--no-replay", "--burst", "10", "--burst-rounds", "0"])
     assert exc.value.code == 2
-    assert "--burst-rounds: must be a whole number of at least 1, not '0'" in capsys.readouterr().err
+    assert "--burst-rounds: must be a whole number from 1 to 1000, not '0'" in capsys.readouterr().err
 
 
 def test_cores_busy_and_the_cpu_bound_rate_come_from_the_peers_cpu_and_the_burst_wall_time():

@@ -79,3 +79,43 @@ def test_whole_numbers_still_parse_within_their_ends():
             t.convert(bad, None, None)
     assert WholeRange(-(2 ** 31), 2 ** 31 - 1).convert("-100", None, None) == -100
     assert len(quoted("9" * 5000)) < MAX_QUOTED + 40
+
+
+# The benchmarks' argparse commands: every whole-number flag has an upper end too.
+# ``python -m benchmarks.binpack --jobs 10**30`` never started (it made a pool of that many
+# workers); ``python -m benchmarks.latency.inproc --nodes 10**30`` ended in a traceback.
+def _benchmark_parsers():
+    import importlib
+
+    return [(m, importlib.import_module(m).build_parser()) for m in (
+        "benchmarks.binpack.cli", "benchmarks.binpack.real", "benchmarks.binpack.anatomy", "benchmarks.elastic.cli",
+        "benchmarks.latency.cli", "benchmarks.latency.inproc")]
+
+
+BENCH_INT_FLAGS = [(m, p, a.option_strings[0]) for m, p in _benchmark_parsers() for a in p._actions
+                   if a.option_strings and (a.type is int or getattr(a.type, "whole_numbers", False))
+                   and a.option_strings[0] != "--seed"]
+
+
+def test_the_benchmark_walk_finds_the_known_whole_number_flags():
+    found = {(m, f) for m, _, f in BENCH_INT_FLAGS}
+    assert {("benchmarks.binpack.cli", "--jobs"), ("benchmarks.latency.inproc", "--nodes"),
+            ("benchmarks.latency.cli", "--sizes"), ("benchmarks.elastic.cli", "--step")} <= found
+
+
+@pytest.mark.parametrize("module,parser,flag", BENCH_INT_FLAGS, ids=[f"{m} {f}" for m, _, f in BENCH_INT_FLAGS])
+def test_every_benchmark_whole_number_flag_refuses_a_huge_number_by_name(module, parser, flag, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args([flag, str(10 ** 30)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: " in err and len(err) < 2000
+
+
+@pytest.mark.parametrize("module,flag", [("benchmarks.binpack.cli", "--jobs"), ("benchmarks.latency.inproc", "--nodes"),
+                                         ("benchmarks.latency.cli", "--sizes")])
+def test_the_benchmark_numbers_found_by_experiment_are_refused(module, flag, capsys):
+    parser = dict(_benchmark_parsers())[module]
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args([flag, str(10 ** 30)])
+    assert exc.value.code == 2 and f"argument {flag}: " in capsys.readouterr().err

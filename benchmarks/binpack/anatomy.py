@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=42, help="seed (default: 42)")
     p.add_argument("--arrived", type=positive_number, default=100.0, help="stop when the arrived GPU request reaches this %% "
                    "of the cluster (default: 100)")
-    p.add_argument("--top", type=whole_number(1), default=12, help="gap sizes to list (default: 12)")
+    p.add_argument("--top", type=whole_number(1, 10_000), default=12, help="gap sizes to list (default: 12)")
     p.add_argument("--data-dir", default=None, help="folder with the openb CSVs")
     return p
 

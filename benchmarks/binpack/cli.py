@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from packing.registry import PLACERS
 
-from ..cliargs import HelpFormatter, name_list, parse_seeds, whole_number
+from ..cliargs import MAX_JOBS, HelpFormatter, name_list, parse_seeds, whole_number
 from ..entry import worker_pool
 from ..progress import progress_bar
 
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=parse_seeds, default=None, help="10 (= 42..51), 42 (that seed), 42,43 or 42-51 (default: 10, or 42 with --quick)")
     p.add_argument("--out", default="results/binpack", help="output directory (CSV, JSON, PNG; default: %(default)s)")
     p.add_argument("--data-dir", default=None, help="folder with the openb CSVs (default ../shared/openb, or $STOWAGE_OPENB)")
-    p.add_argument("--jobs", type=whole_number(1), default=min(2, os.cpu_count() or 1),
+    p.add_argument("--jobs", type=whole_number(1, MAX_JOBS), default=min(2, os.cpu_count() or 1),
                    help="worker processes (default: %(default)s, the cores here up to 2)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 1 seed on every 6th node (its tables leave out the paper's published "

@@ -69,7 +69,7 @@ from stowage.allocation import ALLOCATION_ANNOTATION, decode_allocation
 from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
 
 from ..entry import NOT_WRITTEN, interruption, run_command, worker_pool
-from ..cliargs import CheckedParser, HelpFormatter, name_list, parse_seeds, positive_number, whole_number
+from ..cliargs import MAX_JOBS, MAX_NODES, MAX_PODS, CheckedParser, HelpFormatter, name_list, parse_seeds, positive_number, whole_number
 from ..progress import progress_bar
 from .cli import load_replay
 from .runstore import code_version
@@ -984,20 +984,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=parse_seeds, default=None, help="42,43,44 (default), 42-44, 42 (that seed) or a count (3 = 42..44)")
     p.add_argument("--modes", type=name_list(MODES, "mode"), default=",".join(MODES),
                    help="comma list of stowage (kube-scheduler + extender) and plain (kube-scheduler alone)")
-    p.add_argument("--limit", type=whole_number(1), default=None, help="only the first N arriving pods of each seed (smoke runs)")
+    p.add_argument("--limit", type=whole_number(1, MAX_PODS), default=None, help="only the first N arriving pods of each seed (smoke runs)")
     p.add_argument("--until", type=positive_number, default=None, metavar="PCT",
                    help="stop each seed once the arrived GPU workload would pass PCT %% of capacity "
                         "(e.g. 101 for the figures up to 100 %%; default: the whole 130 %% protocol)")
-    p.add_argument("--jobs", type=whole_number(1), default=1,
+    p.add_argument("--jobs", type=whole_number(1, MAX_JOBS), default=1,
                    help="replays run side by side, each on its own control plane (ports +10 per job)")
-    p.add_argument("--node-stride", type=whole_number(1), default=None, help="every K-th node of the trace (a smaller cluster of the same mix)")
-    p.add_argument("--burst", type=whole_number(0), default=None, metavar="N",
+    p.add_argument("--node-stride", type=whole_number(1, MAX_NODES), default=None, help="every K-th node of the trace (a smaller cluster of the same mix)")
+    p.add_argument("--burst", type=whole_number(0, MAX_PODS), default=None, metavar="N",
                    help="also time N GPU pods created at once, with the extender and plain (0: no burst)")
     p.add_argument("--reuse", action="append", default=[], metavar="JSON",
                    help="show the runs (mode, seed) not run now from an earlier binpack_real.json of the same "
                         "trace and cluster in the tables, e.g. plain rows or other seeds measured before; "
                         "repeatable, the first file that has a run gives it")
-    p.add_argument("--burst-rounds", type=whole_number(1), default=1, metavar="K",
+    p.add_argument("--burst-rounds", type=whole_number(1, 1000), default=1, metavar="K",
                    help="time the burst K times in each mode, alternating which goes first, and report the "
                         "median ratio (one burst's ratio moves by 10 points from run to run on a shared machine)")
     p.add_argument("--burst-floor", action="store_true",
@@ -1008,7 +1008,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="smoke run: seed 42, every 6th node, the first 400 pods, a burst of 100 "
                         "(a flag given beside it stands: --quick --burst 0 times no burst)")
-    p.add_argument("--workers", type=whole_number(1), default=2, help="the extender's --workers (scheduler.yaml runs 2)")
+    p.add_argument("--workers", type=whole_number(1, 64), default=2, help="the extender's --workers (scheduler.yaml runs 2)")
     p.add_argument("--pod-timeout", type=positive_number, default=120.0, help="seconds to wait for one pod's outcome")
     # a string default goes through the type, so a bad $STOWAGE_BENCH_PORT_BASE is refused by name
     p.add_argument("--port-base", type=whole_number(1, 65535 - 3), default=os.environ.get("STOWAGE_BENCH_PORT_BASE", "23950"),

@@ -17,7 +17,7 @@ from pathlib import Path
 from benchmarks.binpack.cli import subset
 from benchmarks.binpack.trace import DEFAULT_TRACE, REPO_ROOT, TraceError, data_dir, load_nodes, trace_name
 from benchmarks.binpack.variants import load_trace
-from benchmarks.cliargs import CheckedParser, HelpFormatter, name_list, number_at_least, parse_seeds, positive_number, whole_number
+from benchmarks.cliargs import MAX_JOBS, MAX_NODES, CheckedParser, HelpFormatter, name_list, number_at_least, parse_seeds, positive_number, whole_number
 from benchmarks.entry import worker_pool
 from benchmarks.progress import progress_bar
 from packing.registry import PLACERS, POLICY_PLACER
@@ -70,10 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", type=name_list(PLACERS, "policy"), default=None, help="comma-separated placer names (default: all registered)")
     p.add_argument("--seeds", type=parse_seeds, default="42", help="seeds (tie-break order, fractional copies): 42 (that seed), 42,43, 42-44 or a count (3 = 42..44)")
     p.add_argument("--days", type=positive_number, default=14.0, help="length of the window, ending at the trace's end")
-    p.add_argument("--step", type=whole_number(1), default=60, help="seconds between HPA syncs / scheduling rounds")
-    p.add_argument("--deployments", type=whole_number(1), default=8, help="single-GPU shapes turned into HPA deployments")
+    p.add_argument("--step", type=whole_number(1, 86_400), default=60, help="seconds between HPA syncs / scheduling rounds")
+    p.add_argument("--deployments", type=whole_number(1, 10_000), default=8, help="single-GPU shapes turned into HPA deployments")
     p.add_argument("--peak", type=positive_number, default=1.0, help="peak GPU demand as a fraction of the cluster's GPUs")
-    p.add_argument("--node-stride", type=whole_number(1), default=10, help="use every N-th trace node (the trace ran at ~1%% load)")
+    p.add_argument("--node-stride", type=whole_number(1, MAX_NODES), default=10, help="use every N-th trace node (the trace ran at ~1%% load)")
     p.add_argument("--target", type=positive_number, default=60.0, help="HPA target: average GPU utilisation per replica, %%")
     p.add_argument("--tolerance", type=number_at_least(0), default=0.1, help="HPA tolerance")
     p.add_argument("--window", type=number_at_least(0), default=300.0, help="HPA scale-down stabilisation window, s")
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(--learned-configmap off)")
     p.add_argument("--unneeded", type=number_at_least(0), default=600.0, help="how long a node must stand empty before it counts as releasable, s")
     p.add_argument("--out", default="results/elastic", help="output folder (CSV, JSON, PNG)")
-    p.add_argument("--jobs", type=whole_number(1), default=min(2, os.cpu_count() or 1), help="worker processes")
+    p.add_argument("--jobs", type=whole_number(1, MAX_JOBS), default=min(2, os.cpu_count() or 1), help="worker processes")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 day on a 1/20 node subset")
     return p
 

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..cliargs import HelpFormatter, number_at_least, number_list, whole_number
+from ..cliargs import MAX_NODES, MAX_PODS, HelpFormatter, number_at_least, number_list, whole_number
 from . import cluster, procs
 from .client import Workload, prefill, schedule
 from .memory import measure_in_subprocess
@@ -51,17 +51,17 @@ def cpu_model() -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.latency", description=__doc__,
                                 formatter_class=HelpFormatter)
-    p.add_argument("--sizes", type=number_list(1), default=None, help="comma-separated cluster sizes (GPU nodes, 8 cards each; default 1000,5000,10000)")
-    p.add_argument("--pods", type=whole_number(1), default=None, help="pods scheduled per size and variant (default 600)")
-    p.add_argument("--clients", type=whole_number(1), default=None, help="concurrent client processes (one keep-alive connection each; default 4)")
-    p.add_argument("--threads", type=whole_number(1), default=8, help="request threads per gunicorn worker (as deployed)")
-    p.add_argument("--workers", type=number_list(1, example="1,2"), default="1,2",
+    p.add_argument("--sizes", type=number_list(1, MAX_NODES), default=None, help="comma-separated cluster sizes (GPU nodes, 8 cards each; default 1000,5000,10000)")
+    p.add_argument("--pods", type=whole_number(1, MAX_PODS), default=None, help="pods scheduled per size and variant (default 600)")
+    p.add_argument("--clients", type=whole_number(1, 256), default=None, help="concurrent client processes (one keep-alive connection each; default 4)")
+    p.add_argument("--threads", type=whole_number(1, 256), default=8, help="request threads per gunicorn worker (as deployed)")
+    p.add_argument("--workers", type=number_list(1, 64, example="1,2"), default="1,2",
                    help="comma-separated gunicorn worker counts to run: 1 = the one-process layout, N > 1 = the "
                         "split layout (N HTTP workers + one decision process); the floor runs with the same count")
-    p.add_argument("--full-pods", type=whole_number(0), default=None, help="pods scheduled with full Node objects (nodeCacheCapable: false; default 30)")
-    p.add_argument("--full-max", type=whole_number(0), default=None, help="largest size also run with full Node objects (default 5000)")
+    p.add_argument("--full-pods", type=whole_number(0, MAX_PODS), default=None, help="pods scheduled with full Node objects (nodeCacheCapable: false; default 30)")
+    p.add_argument("--full-max", type=whole_number(0, MAX_NODES), default=None, help="largest size also run with full Node objects (default 5000)")
     p.add_argument("--churn-rate", type=number_at_least(0), default=300.0, help="pod watch events per second in the churn variant (0: skip)")
-    p.add_argument("--memory-nodes", type=whole_number(0), default=None, help="cluster size of the model memory measurement (0: skip it; default 10000)")
+    p.add_argument("--memory-nodes", type=whole_number(0, MAX_NODES), default=None, help="cluster size of the model memory measurement (0: skip it; default 10000)")
     p.add_argument("--seed", type=int, default=7,
                    help="random seed of the simulated cluster's pods (their sizes, models and order)")
     p.add_argument("--out", default="results/latency", help="output folder (CSV, JSON)")

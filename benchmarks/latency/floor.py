@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.latency.floor", description=__doc__,
                                 formatter_class=HelpFormatter)
     p.add_argument("--bind", default="127.0.0.1:8889")
-    p.add_argument("--threads", type=whole_number(1), default=8)
-    p.add_argument("--workers", type=whole_number(1), default=1, help="gunicorn worker processes (the floor holds no state)")
+    p.add_argument("--threads", type=whole_number(1, 256), default=8)
+    p.add_argument("--workers", type=whole_number(1, 64), default=1, help="gunicorn worker processes (the floor holds no state)")
     p.add_argument("--keep-first", action="store_true", help="filter passes only the first node it was sent")
     p.add_argument("--kubeconfig", default=None,
                    help="bind creates the pod's Binding on this cluster (default: bind only says yes)")

@@ -31,7 +31,7 @@ from extender.service import ExtenderService
 from extender.simcluster import parse_cluster
 from extender.wire import (binding_result, encode, parse_binding_args, parse_extender_args)
 
-from ..cliargs import HelpFormatter, name_list, whole_number
+from ..cliargs import MAX_NODES, MAX_PODS, HelpFormatter, name_list, whole_number
 from . import cluster
 
 
@@ -165,8 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     tests/test_doc_commands.py can check the documented command lines against it without running them."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.latency.inproc", description=__doc__,
                                 formatter_class=HelpFormatter)
-    p.add_argument("--nodes", type=whole_number(1), default=5000, help="nodes of the simulated cluster")
-    p.add_argument("--pods", type=whole_number(1), default=300, help="pods scheduled, one at a time")
+    p.add_argument("--nodes", type=whole_number(1, MAX_NODES), default=5000, help="nodes of the simulated cluster")
+    p.add_argument("--pods", type=whole_number(1, MAX_PODS), default=300, help="pods scheduled, one at a time")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--modes", type=name_list(MODES, "mode"), default=",".join(MODES),
                    help="service: the service's calls on parsed arguments; wire: the same with the wire's "
