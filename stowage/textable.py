@@ -21,10 +21,11 @@ MAX_ALIGNED = 60   # characters: a longer cell overflows its own line instead of
 UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 
-# The longest name Kubernetes takes (a DNS subdomain: nodes, namespaced object names): a longer run
-# of text without white space came from a hostile or fake source, not from an API server. A
-# 5,000-character node name was printed whole, lines of 10,000 characters in `stowage plan`.
-MAX_NAME_SHOWN = 253
+# The longest run without white space an API server's names make: a pod's key, namespace (a DNS
+# label, 63) "/" name (a DNS subdomain, 253). A longer run came from a hostile or fake source, not
+# from an API server: a 5,000-character node name was printed whole, lines of 10,000 characters
+# in `stowage plan`.
+MAX_NAME_SHOWN = 63 + 1 + 253
 _LONG_RUN = re.compile(r"\S{%d,}" % (MAX_NAME_SHOWN + 1))
 
 

@@ -153,7 +153,7 @@ def test_plan_drain_moves_cpu_pods_leaves_daemonset_pods_and_names_unknown_gpu_p
 def test_names_no_api_server_takes_are_cut_and_escaped_in_every_text_output(tmp_path):
     """Names come from the cluster: a fake or hostile source served a 5,000-character node name and
     pod name ending in terminal escapes, and inspect and plan printed them whole (lines of 10,000
-    characters). They are cut past 253 characters, the longest name the API takes, with control
+    characters). They are cut past 317 characters, the longest pod key (namespace/name) the API can make, with control
     characters shown as '?'."""
     node, pod = "n" * 5000 + "\x1b[2J\x1b]0;owned\x07", "p" * 5000 + "\x1b[31m"
     with FakeKube() as kube:
@@ -169,4 +169,4 @@ def test_names_no_api_server_takes_are_cut_and_escaped_in_every_text_output(tmp_
             assert r.exit_code == 0, r.output[:2000]
             assert "\x1b" not in r.output and "\x07" not in r.output
             assert max(map(len, r.output.splitlines())) < 1000, args
-            assert "n" * 250 + "... (5014 characters)" in r.output or args[0] == "plan" and "--preempt" in args
+            assert "n" * 314 + "... (5014 characters)" in r.output or args[0] == "plan" and "--preempt" in args

@@ -25,10 +25,13 @@ def test_ordinary_tables_are_unchanged():
 
 
 def test_a_name_longer_than_any_the_api_takes_is_cut_wherever_it_stands():
-    """A Kubernetes name is at most 253 characters; a longer one came from a hostile or fake source
-    (a 5,000-character node name printed whole, 10,000-character lines in `stowage plan`). Each run
-    without white space is cut at 253, saying how long it was; shorter text is untouched."""
+    """A Kubernetes name is at most 253 characters, a pod's key (namespace/name) at most 317; a
+    longer run came from a hostile or fake source (a 5,000-character node name printed whole,
+    10,000-character lines in `stowage plan`). Each run without white space is cut at 317, saying
+    how long it was; shorter text is untouched, the longest key the API can make included."""
     name = "n" * 5000
     line = printable(f"fits now on 2 node(s) (gpu-b, {name})")
-    assert line == f"fits now on 2 node(s) (gpu-b, {'n' * 250}... (5001 characters)"
+    assert line == f"fits now on 2 node(s) (gpu-b, {'n' * 314}... (5001 characters)"
+    key = f"{'s' * 63}/{'p' * 253}"
+    assert printable(key) == key and printable(f"pod {key} x") == f"pod {key} x"
     assert printable("x" * 253) == "x" * 253 and printable(line) == line and printable("a b\x1bc") == "a b?c"
