@@ -96,3 +96,16 @@ def test_trace_without_gpu_spec_column_loads(tmp_path):
     (tmp_path / "openb_pod_list_x.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,10,2,1000\n")
     p = load_pods("x", tmp_path)
     assert p.request(0).gpus == 2 and p.models(0) == ()
+
+
+def test_a_trace_given_as_a_folder_or_a_path_is_named_as_given(tmp_path):
+    """`--trace /some/dir` said "trace file not found: <data-dir>/openb_pod_list_/some/dir.csv": the
+    folder was taken for a trace name (noticed by the command-line helper, session 15)."""
+    with pytest.raises(TraceError) as exc:
+        load_pods(str(tmp_path), tmp_path)
+    assert f"{tmp_path} is a folder, not a trace CSV" in str(exc.value)
+    assert "openb_pod_list_" not in str(exc.value)
+    missing = tmp_path / "sub" / "mine"
+    with pytest.raises(TraceError) as exc:
+        load_pods(str(missing), tmp_path)
+    assert f"trace file not found: {missing}\n" in str(exc.value)

@@ -85,6 +85,9 @@ def data_dir(explicit: str | os.PathLike | None = None) -> Path:
 
 
 def _rows(path: Path, required: tuple[str, ...]) -> list[dict[str, str]]:
+    if path.is_dir():
+        raise TraceError(f"{path} is a folder, not a trace CSV (a folder of openb CSVs is --data-dir; "
+                         "--trace is a trace name such as default, or a CSV's path)")
     if not path.is_file():
         raise TraceError(f"trace file not found: {path}\nGet the openb CSVs from {SOURCE_HINT} "
                          f"and point --data-dir (or $STOWAGE_OPENB) at the folder holding them.")
@@ -117,7 +120,7 @@ def load_nodes(directory: Path) -> Nodes:
 def trace_path(trace: str, directory: Path) -> Path:
     """A trace name ("default", "gpushare40") or a path to a CSV of the same format."""
     p = Path(trace)
-    if trace.endswith(".csv") or p.is_file():
+    if trace.endswith(".csv") or p.exists() or "/" in trace or os.sep in trace:   # a path, not a name
         return p
     return directory / f"{POD_PREFIX}{trace}.csv"
 
