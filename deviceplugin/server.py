@@ -32,7 +32,7 @@ from stowage.resources import DEFAULT_MEMORY_UNIT_MIB, GPU_RESOURCES, RESOURCE_G
 from gpunode.podresources.client import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET, PodList
 
 from . import allocator, corrections
-from gpunode.devices import UNHEALTHY, DeviceTable, id_lengths
+from gpunode.devices import UNHEALTHY, DeviceTable, id_lengths, units_per_card
 from .podres import KubeletAllocations
 from gpunode.backoff import Backoff, Heartbeat, RoundGuard
 from gpunode.deadline import DeadlineCalls, Stuck
@@ -152,6 +152,21 @@ def check_message_sizes(cards: list[GpuInfo], resources: Any, memory_unit_mib: i
             f"{r}: at --memory-unit-mib {memory_unit_mib} this node's {len(cards)} card(s) make {devices} devices, "
             f"a ListAndWatch message of {size / 2 ** 20:.1f} MiB, over the kubelet's {KUBELET_MAX_MESSAGE_BYTES >> 20} "
             f"MiB gRPC limit: the kubelet would fail ListAndWatch and advertise none{hint}", hi)
+
+
+def warn_cards_below_unit(cards: list[GpuInfo], resources: Any, memory_unit_mib: int) -> None:
+    """Say which cards offer no ``nvidia.com/gpu-memory`` device because ``--memory-unit-mib`` is
+    larger than their memory: every shared-GPU pod is refused there ("Insufficient
+    nvidia.com/gpu-memory"), and without this line nothing on the node said why."""
+    if RESOURCE_GPU_MEMORY not in resources:
+        return
+    small = [c for c in cards if units_per_card(RESOURCE_GPU_MEMORY, c, memory_unit_mib) == 0]
+    if small:
+        log.warning("%s: at --memory-unit-mib %d, %d card(s) have less memory than one unit and offer no "
+                    "%s device, so no shared-GPU pod can be placed on them: %s (the extender's "
+                    "--memory-unit-mib must be the same as this one; a smaller unit gives them devices)",
+                    RESOURCE_GPU_MEMORY, memory_unit_mib, len(small), RESOURCE_GPU_MEMORY,
+                    ", ".join(f"{c.uuid} ({c.memory_mib} MiB)" for c in small))
 
 
 def socket_name(resource: str) -> str:
@@ -716,6 +731,7 @@ class HealthMonitor:
             except MessageTooLarge as exc:
                 log.error("GPU %d (%s) can be read now but is not advertised: %s", index, card.uuid, exc)
                 continue
+            warn_cards_below_unit([card], cfg.resources, cfg.memory_unit_mib)
             indices.add(index)
             added.append(card)
             log.warning("GPU %d can be read now, after %d failed tries: %s %s, %d MiB, NUMA %s; advertised", index,
@@ -789,6 +805,7 @@ class DevicePlugin:
         except MessageTooLarge:
             self.nvml.shutdown()
             raise
+        warn_cards_below_unit(cards, cfg.resources, cfg.memory_unit_mib)
         self.state = DeviceState(DeviceTable(cards, cfg.memory_unit_mib))
         lister = None
         if cfg.core_api is not None and cfg.node:
