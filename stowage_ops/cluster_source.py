@@ -286,7 +286,6 @@ class LiveFacts:
     names: dict[str, str] = field(default_factory=dict)               # uid -> namespace/name, of every pod seen
     node_notes: dict[str, list[str]] = field(default_factory=dict)    # node -> what the operator should know
     gpu_allocatable: dict[str, int | None] = field(default_factory=dict)   # node -> stated_gpus() of it
-    gpus_asked: dict[str, tuple[str, int]] = field(default_factory=dict)    # uid -> (node, nvidia.com/gpu) of bound pods
     pods_read: int = 0
 
     def errors_from(self, status: Mapping[str, Any]) -> None:
@@ -313,17 +312,6 @@ class LiveFacts:
         return sorted(({"pod": self.names.get(uid, "?"), "uid": uid, "node": node}
                        for uid, node in self.unrecorded.items()), key=lambda e: (e["pod"], e["uid"]))
 
-    def gpus_outside(self, model: ClusterModel) -> dict[str, int]:
-        """Node -> the ``nvidia.com/gpu`` asked by the pods bound there that hold no card in
-        ``model`` (another scheduler's, or one whose record the feed refused): kube-scheduler
-        subtracts them from the node's allocatable like any other pod's."""
-        out: dict[str, int] = {}
-        for uid, (node, gpus) in self.gpus_asked.items():
-            al = model.allocations.get(uid)
-            if al is None or not al.cards:
-                out[node] = out.get(node, 0) + gpus
-        return out
-
     def note_inventories(self, model: ClusterModel) -> None:
         """Add :func:`inventory_note` of every node read to its notes, after the other notes."""
         for name, stated in self.gpu_allocatable.items():
@@ -342,32 +330,10 @@ class LiveFacts:
             return
         from extender.kube_objects import pod_key
         self.names[uid] = pod_key(pod)
-        self._note_gpus_asked(pod, uid, gone)
         if gone:
             self.daemon_pods.discard(uid)
         elif any(isinstance(o, Mapping) and o.get("kind") == "DaemonSet" and o.get("controller") for o in owners):
             self.daemon_pods.add(uid)
-
-
-    def _note_gpus_asked(self, pod: Mapping[str, Any], uid: str, gone: bool) -> None:
-        """Keep the ``nvidia.com/gpu`` a bound, unfinished pod asks (effective request rule), as
-        kube-scheduler counts it on its node; a pod whose request cannot be read counts 0 (the
-        extender refuses it at filter; kube-scheduler's own parse is not modelled)."""
-        from extender.kube_objects import TERMINAL_PHASES
-        from stowage.resources import pod_gpu_request
-
-        self.gpus_asked.pop(uid, None)
-        spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-        status = pod.get("status") if isinstance(pod.get("status"), Mapping) else {}
-        node = spec.get("nodeName")
-        if gone or not isinstance(node, str) or not node or status.get("phase") in TERMINAL_PHASES:
-            return
-        try:
-            gpus = pod_gpu_request(pod).gpus
-        except Exception:   # hostile values: the feed's pod error says what the extender makes of it
-            return
-        if gpus:
-            self.gpus_asked[uid] = (node, gpus)
 
 
 # The taint the cluster autoscaler puts on a node it is about to delete (NoSchedule).

@@ -195,7 +195,7 @@ def plan(source: Source, shapes: list[Shape], drain: bool, preempt_shapes: list[
         what += "\n" + learn.describe()
     prios = marks.all_priorities() if marks is not None else {}
     # kube-scheduler's own check of a node's allocatable nvidia.com/gpu (a live cluster's nodes)
-    kube = GpuAllocatable(facts.gpu_allocatable, facts.gpus_outside(model)) if facts is not None else None
+    kube = GpuAllocatable(facts.gpu_allocatable) if facts is not None else None
     pplans = [preemption_plan(model, s, priority or 0, prios, allocatable=kube) for s in preempt_shapes]
     results = [capacity(model, s, placer=placer, limit=limit, learned=learned, allocatable=kube,
                         progress=_every(lambda n, s=s: f"shape {s.text}: {n} pods placed so far..."))

@@ -272,23 +272,20 @@ class GpuAllocatable:
     (:attr:`stowage_ops.cluster_source.LiveFacts.gpu_allocatable`: a missing one is 0, as
     kube-scheduler reads it; None: unreadable, not checked). Memory and compute are the model's
     (:attr:`packing.model.NodeMeta.gpu_allocatable`, as the feed read the Node, in the feed's
-    memory unit) less what every pod on the node asks
-    (:attr:`packing.model.PodAllocation.kube_request`: those without a record too); a node that
-    does not state one is not checked for it (a node with Stowage's device plugin states all
-    three; one without it has no card memory for a slice)."""
+    memory unit); a node that does not state one is not checked for it (a node with Stowage's
+    device plugin states all three; one without it has no card memory for a slice). What the
+    pods bound there ask of each is the model's count of them
+    (:attr:`packing.model.PodAllocation.kube_request`: every bound pod, those without a record
+    or with one the feed refused too), the one the preempt verb uses."""
 
     stated: Mapping[str, int | None] = field(default_factory=dict)
-    # node -> nvidia.com/gpu asked by pods bound there that hold no card in the model
-    # (:meth:`stowage_ops.cluster_source.LiveFacts.gpus_outside`)
-    outside: Mapping[str, int] = field(default_factory=dict)
 
     def room(self, model: ClusterModel, node: str) -> int | None:
         """Whole GPUs kube-scheduler would still admit on ``node`` (None: not checked)."""
         stated = self.stated.get(node)
         if stated is None or node not in model.index:
             return None
-        held = sum(len(al.cards) for al in _pods_on(model, node) if al.whole)
-        return stated - held - self.outside.get(node, 0)
+        return stated - sum(al.kube_request.gpus for al in _pods_on(model, node))
 
     @staticmethod
     def share_room(model: ClusterModel, node: str) -> tuple[int | None, int | None]:
