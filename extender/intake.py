@@ -386,7 +386,13 @@ class BodyReader:
         """``(body or refusal, lane)``: release ``lane`` (:meth:`done`) once the answer is made."""
         length = environ.get("CONTENT_LENGTH") or ""
         stream = environ["wsgi.input"]
-        stated = whole_number(length, self.limit + 1) if "HTTP_TRANSFER_ENCODING" not in environ else None
+        chunked = "HTTP_TRANSFER_ENCODING" in environ
+        if not chunked and not length:
+            # Neither header: the request has no body (RFC 9112 6.3; gunicorn's parser reads
+            # none). Read as one of unknown length, every GET (/readyz, /metrics) took the
+            # big-body lane and waited for it behind a stalled big body.
+            return b"", None
+        stated = whole_number(length, self.limit + 1) if not chunked else None
         known = stated is not None
         n = stated if stated is not None else -1
         if known and n > self.limit:

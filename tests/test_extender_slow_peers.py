@@ -1,0 +1,85 @@
+"""Peers that are not kube-scheduler, over real sockets against the real gunicorn server: whatever
+they do, kube-scheduler's requests and the kubelet's probes are still answered in time
+(docs/security.md#slow-clients-and-big-bodies). Found by attacking `stowage extender
+--simulated builtin --workers 2` with such peers while a client called filter every 0.2 s."""
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+import requests
+import yaml
+
+from extender_harness import start_process
+
+CLUSTER = {"nodes": [{"name": "node-b", "gpus": {"model": "Tesla T4", "count": 4, "memory": "16Gi"}}]}
+POD = {"metadata": {"name": "p", "namespace": "default", "uid": "uid-1"},
+       "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+FILTER = orjson.dumps({"Pod": POD, "NodeNames": ["node-b"]})
+
+
+def _start(tmp_path: Path, workers: int, *args: str, threads: int = 2):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(CLUSTER))
+    return start_process(str(path), str(tmp_path), "--workers", str(workers), *args, threads=threads)
+
+
+def _port(proc) -> int:
+    return int(proc.url.rsplit(":", 1)[1])
+
+
+def _read_all(s: socket.socket) -> bytes:
+    """What the server sends until it closes the connection."""
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    return data
+
+
+def _hold_the_big_body_lane(port: int) -> socket.socket:
+    """A client that starts a chunked body (a body of unknown length takes the big-body lane),
+    sends more than the read-ahead so that a thread takes it, then stalls: it holds the lane
+    until the client timeout."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    chunk = b"x" * (128 << 10)
+    s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Transfer-Encoding: chunked\r\n\r\n" + b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+    return s
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "split"])
+def test_a_request_without_a_body_does_not_wait_for_the_big_body_lane(tmp_path, workers):
+    """Found: a request with neither Content-Length nor Transfer-Encoding (every GET: /readyz,
+    /healthz, /metrics, /state) was read as a body of unknown length, so it took the big-body
+    lane, one per extender. While a client held the lane (a stalled chunked body, or in the split
+    layout a GET the stopped decision process had not answered), the kubelet's /readyz probe
+    waited the whole client timeout and got 503 "busy reading another large request body". Such
+    a request has no body (RFC 9112 6.3; gunicorn reads none): it now takes no lane."""
+    timeout_s = 8.0
+    proc, http = _start(tmp_path, workers, "--client-timeout", str(timeout_s))
+    holder = None
+    try:
+        holder = _hold_the_big_body_lane(_port(proc))
+        time.sleep(1.0)  # a request thread has taken it, and the lane with it
+        for path in ("/readyz", "/healthz", "/metrics", "/state"):
+            t0 = time.monotonic()
+            r = requests.get(proc.url + path, timeout=60)
+            waited = time.monotonic() - t0
+            assert r.status_code == 200, (path, r.status_code, r.text[:200])
+            assert waited < timeout_s / 2, f"{path} waited {waited:.1f} s for the lane"
+        # A bodiless POST is an empty body, refused as such (400), not a wait for the lane.
+        # (requests would add "Content-Length: 0"; a peer need not.)
+        t0 = time.monotonic()
+        with socket.create_connection(("127.0.0.1", _port(proc)), timeout=60) as s:
+            s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = _read_all(s)
+        waited = time.monotonic() - t0
+        assert answer.startswith(b"HTTP/1.1 400 ") and waited < timeout_s / 2, (waited, answer[:300])
+    finally:
+        if holder is not None:
+            holder.close()
+        http.close()
+        proc.stop()
