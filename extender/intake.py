@@ -28,10 +28,14 @@ import fcntl
 import logging
 import os
 import re
+import selectors
 import socket
 import ssl
 import tempfile
+import threading
 import time
+from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,10 +106,17 @@ PREFETCH_BODY = 64 << 10
 # Open connections per worker process (gunicorn's default is 1,000): each may hold up to
 # HEAD_MAX + PREFETCH_BODY bytes read ahead, so this bounds that memory (64 MiB).
 WORKER_CONNECTIONS = 512
+# Answer bytes the socket could not take at once, held per worker process for the event loop to
+# write as the clients read them (the same 64 MiB as what is read ahead). Past it the oldest
+# such answers are dropped (their clients had the longest to read them) and the thread writes
+# its own answer, blocking within the client timeout, as gunicorn does.
+WRITE_BEHIND_BYTES = 64 << 20
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:([^\r\n]*)", re.IGNORECASE)
 _CHUNKED = re.compile(rb"\r\ntransfer-encoding[ \t]*:", re.IGNORECASE)
 _NO_PEER_SENDS = 2**63 - 1
 MORE, COMPLETE, CLOSE = "more", "complete", "close"
+# handle()'s result for a request answered but for bytes the event loop still writes
+_DRAIN = object()
 
 
 def request_is_complete(buf: bytes | bytearray) -> bool:
@@ -167,6 +178,9 @@ class DeadlineConn(TConn):
         self.started: float | None = None
         self.ahead = bytearray()          # read ahead, not yet given to the parser
         self.tls: ssl.SSLSocket | None = None   # after a handshake done without a thread
+        self.unsent = bytearray()         # answer bytes the event loop writes (write-behind)
+        self.drain_deadline = float("inf")
+        self.after_drain = False          # keep the connection alive once they are written
 
     def init(self) -> None:
         if self.initialized:
@@ -247,6 +261,44 @@ class DeadlineConn(TConn):
         self.data_ready = True
 
 
+class _WriteBehindSocket:
+    """The plain connection as an answer is written to it: what the socket takes at once is
+    sent, the rest goes to ``conn.unsent`` for the event loop (:meth:`GuardedWorker.drain`), so
+    that a client that does not read holds no request thread. Over the worker's
+    :data:`WRITE_BEHIND_BYTES` the thread writes blocking, within the client timeout (the
+    socket's timeout), as gunicorn does, after what is queued."""
+
+    def __init__(self, sock: socket.socket, conn: DeadlineConn, worker: "GuardedWorker") -> None:
+        self._sock = sock
+        self._conn = conn
+        self._worker = worker
+
+    def sendall(self, data: bytes) -> None:
+        view = memoryview(data)
+        if not self._conn.unsent:
+            timeout = self._sock.gettimeout()
+            self._sock.setblocking(False)
+            try:
+                while view:
+                    view = view[self._sock.send(view):]
+            except (BlockingIOError, InterruptedError):
+                pass
+            finally:
+                self._sock.settimeout(timeout)
+            if not view:
+                return
+        if self._worker.reserve_unsent(len(view)):
+            self._conn.unsent += view
+            return
+        unsent, self._conn.unsent = self._conn.unsent, bytearray()
+        self._worker.release_unsent(len(unsent))
+        self._sock.sendall(unsent)
+        self._sock.sendall(view)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
 class GuardedWorker(ThreadWorker):
     """gunicorn's ``gthread`` worker that gives a request a thread only once it has arrived, and
     then a deadline (see the module docstring)."""
@@ -272,9 +324,105 @@ class GuardedWorker(ThreadWorker):
         except (OSError, ValueError):
             return False
         try:
-            return super().handle(conn)
+            result = super().handle(conn)
         finally:
             conn.started = None  # the next request on this connection gets its own deadline
+        if conn.unsent:
+            conn.after_drain = bool(result)
+            return _DRAIN
+        return result
+
+    def handle_request(self, req: Any, conn: DeadlineConn) -> bool:  # type: ignore[override]
+        """gunicorn's, writing the answer through :class:`_WriteBehindSocket` on a plain
+        connection (TLS keeps gunicorn's blocking write: only clients with a certificate of the
+        client CA get that far)."""
+        if conn.tls is not None:
+            return super().handle_request(req, conn)
+        plain = conn.sock
+        conn.sock = _WriteBehindSocket(plain, conn, self)
+        try:
+            return super().handle_request(req, conn)
+        finally:
+            conn.sock = plain
+
+    # ------------------------------------------------------------------- write-behind
+    def init_process(self) -> None:
+        self.unsent_bytes = 0
+        self.unsent_lock = threading.Lock()
+        self.draining: deque[DeadlineConn] = deque()
+        super().init_process()
+
+    def reserve_unsent(self, n: int) -> bool:
+        """Count ``n`` more answer bytes held for the event loop; False (nothing counted) past
+        :data:`WRITE_BEHIND_BYTES`, and the loop then drops the oldest held answers."""
+        with self.unsent_lock:
+            if self.unsent_bytes + n <= WRITE_BEHIND_BYTES:
+                self.unsent_bytes += n
+                return True
+        self.method_queue.defer(self.shed_oldest_unsent)
+        return False
+
+    def release_unsent(self, n: int) -> None:
+        with self.unsent_lock:
+            self.unsent_bytes -= n
+
+    def finish_request(self, conn: Any, fs: Any) -> None:
+        if not fs.cancelled() and fs.exception() is None and fs.result() is _DRAIN and self.alive:
+            conn.drain_deadline = time.monotonic() + client_timeout()
+            conn.sock.setblocking(False)
+            self.draining.append(conn)
+            self.poller.register(conn.sock, selectors.EVENT_WRITE, lambda _sock: self.drain(conn))
+            return
+        if not fs.cancelled() and fs.exception() is None and fs.result() is _DRAIN:  # stopping
+            self.release_unsent(len(conn.unsent))
+            conn.unsent = bytearray()
+            fs = _done(False)
+        super().finish_request(conn, fs)
+
+    def drain(self, conn: DeadlineConn) -> None:
+        """Write what the socket takes of a held answer; once all is written, the connection goes
+        on as gunicorn's would (kept alive, the next pipelined request served, or closed)."""
+        try:
+            sent = conn.sock.send(conn.unsent)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._end_drain(conn)
+            self.nr_conns -= 1
+            conn.close()
+            return
+        del conn.unsent[:sent]
+        self.release_unsent(sent)
+        if conn.unsent:
+            return
+        self._end_drain(conn)
+        self.finish_request(conn, _done(conn.after_drain))
+
+    def _end_drain(self, conn: DeadlineConn) -> None:
+        self.draining.remove(conn)
+        try:
+            self.poller.unregister(conn.sock)
+        except (OSError, KeyError, ValueError):
+            pass
+        self.release_unsent(len(conn.unsent))
+        conn.unsent = bytearray()
+
+    def _drop_draining(self, conn: DeadlineConn) -> None:
+        self._end_drain(conn)
+        self.nr_conns -= 1
+        conn.close()
+
+    def shed_oldest_unsent(self) -> None:
+        """Past :data:`WRITE_BEHIND_BYTES`: close the connections holding the oldest answers
+        until half of it is free (their clients had the longest to read them)."""
+        shed = 0
+        while self.draining and self.unsent_bytes > WRITE_BEHIND_BYTES // 2:
+            self._drop_draining(self.draining[0])
+            shed += 1
+        if shed:
+            log.warning("answers not taken by their clients filled %d MiB: closed the %d oldest "
+                        "connection(s) (a client that sends requests and does not read the answers?)",
+                        WRITE_BEHIND_BYTES >> 20, shed)
 
     def murder_pending(self) -> None:
         """Also close connections waiting for the rest of a request past its deadline, and shed
@@ -286,6 +434,8 @@ class GuardedWorker(ThreadWorker):
             self.pending_conns.remove(conn)
             conn.refuse_late()
             self._drop(conn)
+        for conn in [c for c in self.draining if now >= c.drain_deadline]:
+            self._drop_draining(conn)  # its client did not take its answer in time
         self.shed_idle_at_cap()
 
     def shed_idle_at_cap(self) -> None:
@@ -321,6 +471,13 @@ class GuardedWorker(ThreadWorker):
             pass
         self.nr_conns -= 1
         conn.close()
+
+
+def _done(result: Any) -> Future:
+    """A finished future holding ``result``, as gunicorn's ``finish_request`` takes it."""
+    fs: Future = Future()
+    fs.set_result(result)
+    return fs
 
 
 WORKER_CLASS = f"{__name__}.GuardedWorker"

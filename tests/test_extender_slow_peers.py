@@ -83,3 +83,50 @@ def test_a_request_without_a_body_does_not_wait_for_the_big_body_lane(tmp_path, 
             holder.close()
         http.close()
         proc.stop()
+
+
+BIG_CLUSTER = {"nodes": [{"name": "node-{i:03d}", "count": 200,
+                          "gpus": {"model": "Tesla T4", "count": 8, "memory": "16Gi"}}]}
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "split"])
+def test_clients_that_never_read_their_answers_do_not_hold_the_request_threads(tmp_path, workers):
+    """Found: a client that sends requests (pipelined, or one after another) and never reads the
+    answers held a request thread for the whole --client-timeout once the socket's buffers were
+    full: the thread blocked writing. As many such clients as there are threads (8 per worker
+    as shipped) and kube-scheduler's filter waited past its 5 s httpTimeout, again and again.
+    An answer the socket cannot take now is handed to the worker's event loop, which writes it as
+    the client reads, within the client timeout, holding no thread (and the next pipelined
+    request waits for it). Here: twice as many such clients as threads, answers of ~300 KB
+    (/state of 200 nodes), a client timeout of 30 s; a filter must be answered well within it."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(BIG_CLUSTER))
+    threads = 2
+    proc, http = start_process(str(path), str(tmp_path), "--workers", str(workers), "--client-timeout", "30",
+                               threads=threads)
+    readers: list[socket.socket] = []
+    try:
+        port = _port(proc)
+        state = http.get(proc.url + "/state", timeout=60).content
+        assert len(state) > 100_000, len(state)
+        pipelined = b"GET /state HTTP/1.1\r\nHost: x\r\n\r\n" * (20 * (1 << 20) // len(state))  # ~20 MiB of answers
+        for _ in range(2 * threads * workers):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", port))
+            s.sendall(pipelined)  # read ahead whole by the server (it is small); never read back
+            readers.append(s)
+        time.sleep(3.0)  # they have filled their sockets by now
+        body = orjson.dumps({"Pod": POD, "NodeNames": ["node-001"]})
+        for _ in range(3):
+            t0 = time.monotonic()
+            r = requests.post(proc.url + "/filter", data=body, timeout=60)
+            waited = time.monotonic() - t0
+            assert r.status_code == 200 and r.json()["NodeNames"] == ["node-001"], r.text[:300]
+            assert waited < 5.0, f"filter waited {waited:.1f} s behind clients that do not read"
+        assert proc.proc.poll() is None
+    finally:
+        for s in readers:
+            s.close()
+        http.close()
+        proc.stop()
