@@ -110,6 +110,22 @@ def simple_placers(policy_value: str):
     return get_placer(SIMPLE_PLACERS[policy_value])
 
 
+def stop_with_clients(proc: Any, http: requests.Session, clients: Iterable[socket.socket] = ()) -> None:
+    """Close the raw client sockets a test opened, then its session and the extender."""
+    for s in clients:
+        s.close()
+    http.close()
+    proc.stop()
+
+
+def timed_post(url: str, data: bytes, timeout: float = 60) -> tuple[requests.Response, float]:
+    """POST ``data`` on a new connection: (the answer, seconds it took), for tests that bound
+    how long a client such as kube-scheduler waits while others misbehave."""
+    t0 = time.monotonic()
+    r = requests.post(url, data=data, timeout=timeout)
+    return r, time.monotonic() - t0
+
+
 def bytes_kept(feed: Callable[[Any], Any], items: Iterable[Any]) -> int:
     """Bytes still allocated (tracemalloc) after ``feed`` of each item and a collection: what
     feeding them made stay (what ``feed`` returns is dropped)."""

@@ -14,7 +14,7 @@ import pytest
 import requests
 import yaml
 
-from extender_harness import start_process
+from extender_harness import start_process, stop_with_clients, timed_post
 
 CLUSTER = {"nodes": [{"name": "node-b", "gpus": {"model": "Tesla T4", "count": 4, "memory": "16Gi"}}]}
 POD = {"metadata": {"name": "p", "namespace": "default", "uid": "uid-1"},
@@ -210,17 +210,12 @@ def test_a_client_holding_every_connection_slot_does_not_lock_others_out(tmp_pat
                 s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
                 assert s.recv(4096).startswith(b"HTTP/1.1 200")
             held.append(s)
-        t0 = time.monotonic()
-        r = requests.post(proc.url + "/filter", data=FILTER, timeout=60)
-        waited = time.monotonic() - t0
+        r, waited = timed_post(proc.url + "/filter", FILTER)
         assert r.status_code == 200 and r.json()["NodeNames"] == ["node-b"]
         assert waited < 30, f"the probe waited {waited:.1f} s: let in by the 60 s timeout, not by shedding"
         assert proc.proc.poll() is None
     finally:
-        for s in held:
-            s.close()
-        http.close()
-        proc.stop()
+        stop_with_clients(proc, http, held)
 
 
 def _shipped_extender() -> tuple[int, int]:
