@@ -113,6 +113,8 @@ WORKER_CONNECTIONS = 512
 WRITE_BEHIND_BYTES = 64 << 20
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:([^\r\n]*)", re.IGNORECASE)
 _CHUNKED = re.compile(rb"\r\ntransfer-encoding[ \t]*:", re.IGNORECASE)
+_EXPECT_CONTINUE = re.compile(rb"\r\nexpect[ \t]*:[ \t]*100-continue[ \t]*(?=\r\n)", re.IGNORECASE)
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NO_PEER_SENDS = 2**63 - 1
 MORE, COMPLETE, CLOSE = "more", "complete", "close"
 # handle()'s result for a request answered but for bytes the event loop still writes
@@ -235,7 +237,28 @@ class DeadlineConn(TConn):
             pass
         except (ssl.SSLError, OSError):
             return CLOSE
-        return COMPLETE if self.ahead and request_is_complete(self.ahead) else MORE
+        if self.ahead and request_is_complete(self.ahead):
+            return COMPLETE
+        self.answer_expect_continue(src)
+        return MORE
+
+    def answer_expect_continue(self, src: Any) -> None:
+        """A client waiting for ``100 Continue`` before its body (``Expect: 100-continue``) gets
+        it as soon as its head is in (best effort: one non-blocking send), and the expectation is
+        taken out of the head, so that gunicorn does not answer it a second time. Without it the
+        client waited for the read-ahead's body until the 408 (curl: 1 s per big body)."""
+        end = self.ahead.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        line_end = self.ahead.find(b"\r\n")
+        m = _EXPECT_CONTINUE.search(self.ahead, line_end, end + 2)
+        if m is None or not self.ahead[:line_end].endswith(b" HTTP/1.1"):
+            return
+        del self.ahead[m.start():m.end()]
+        try:
+            src.send(CONTINUE)
+        except (OSError, ValueError):
+            pass
 
     def refuse_late(self) -> None:
         """Tell a client that sent a request head but not the rest in time why it is cut off

@@ -13,7 +13,7 @@ import pytest
 import requests
 import yaml
 
-from extender_harness import start_process
+from extender_harness import start_process, stop_with_clients, timed_post
 
 CLUSTER = {"nodes": [{"name": "node-b", "gpus": {"model": "Tesla T4", "count": 4, "memory": "16Gi"}}]}
 POD = {"metadata": {"name": "p", "namespace": "default", "uid": "uid-1"},
@@ -79,10 +79,7 @@ def test_a_request_without_a_body_does_not_wait_for_the_big_body_lane(tmp_path, 
         waited = time.monotonic() - t0
         assert answer.startswith(b"HTTP/1.1 400 ") and waited < timeout_s / 2, (waited, answer[:300])
     finally:
-        if holder is not None:
-            holder.close()
-        http.close()
-        proc.stop()
+        stop_with_clients(proc, http, [holder] if holder is not None else [])
 
 
 BIG_CLUSTER = {"nodes": [{"name": "node-{i:03d}", "count": 200,
@@ -119,14 +116,34 @@ def test_clients_that_never_read_their_answers_do_not_hold_the_request_threads(t
         time.sleep(3.0)  # they have filled their sockets by now
         body = orjson.dumps({"Pod": POD, "NodeNames": ["node-001"]})
         for _ in range(3):
-            t0 = time.monotonic()
-            r = requests.post(proc.url + "/filter", data=body, timeout=60)
-            waited = time.monotonic() - t0
+            r, waited = timed_post(proc.url + "/filter", body)
             assert r.status_code == 200 and r.json()["NodeNames"] == ["node-001"], r.text[:300]
             assert waited < 5.0, f"filter waited {waited:.1f} s behind clients that do not read"
         assert proc.proc.poll() is None
     finally:
-        for s in readers:
-            s.close()
-        http.close()
-        proc.stop()
+        stop_with_clients(proc, http, readers)
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "split"])
+def test_a_client_that_expects_100_continue_is_told_to_send_its_body(tmp_path, workers):
+    """Found: a client that sends ``Expect: 100-continue`` and waits for the ``100 Continue``
+    before its body (curl does for bodies over 1 MiB, for 1 s; Go's net/http with
+    ExpectContinueTimeout set) got nothing: the request is read ahead until its body is there,
+    and gunicorn answers the expectation only once a thread takes it. A strict client waited
+    for the 408 at the client timeout, curl 1 s per big body. The read-ahead now answers it as
+    soon as the head is in, once."""
+    proc, http = _start(tmp_path, workers, "--client-timeout", "20")
+    try:
+        with socket.create_connection(("127.0.0.1", _port(proc)), timeout=5) as s:
+            s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Expect: 100-continue\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(FILTER))
+            first = s.recv(4096)
+            assert first == b"HTTP/1.1 100 Continue\r\n\r\n", first
+            s.sendall(FILTER)
+            s.settimeout(30)
+            answer = _read_all(s)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+        assert b"100 Continue" not in answer, answer[:300]  # once, not again when a thread takes it
+        assert orjson.loads(answer.split(b"\r\n\r\n", 1)[1])["NodeNames"] == ["node-b"]
+    finally:
+        stop_with_clients(proc, http)
