@@ -108,8 +108,9 @@ PREFETCH_BODY = 64 << 10
 WORKER_CONNECTIONS = 512
 # Answer bytes the socket could not take at once, held per worker process for the event loop to
 # write as the clients read them (the same 64 MiB as what is read ahead). Past it the oldest
-# such answers are dropped (their clients had the longest to read them) and the thread writes
-# its own answer, blocking within the client timeout, as gunicorn does.
+# such answers are dropped (their clients had the longest to read them) to make room; an answer
+# too big for half of it is written by its thread, blocking within the client timeout, as
+# gunicorn does.
 WRITE_BEHIND_BYTES = 64 << 20
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:([^\r\n]*)", re.IGNORECASE)
 _CHUNKED = re.compile(rb"\r\ntransfer-encoding[ \t]*:", re.IGNORECASE)
@@ -287,9 +288,9 @@ class DeadlineConn(TConn):
 class _WriteBehindSocket:
     """The plain connection as an answer is written to it: what the socket takes at once is
     sent, the rest goes to ``conn.unsent`` for the event loop (:meth:`GuardedWorker.drain`), so
-    that a client that does not read holds no request thread. Over the worker's
-    :data:`WRITE_BEHIND_BYTES` the thread writes blocking, within the client timeout (the
-    socket's timeout), as gunicorn does, after what is queued."""
+    that a client that does not read holds no request thread. Where
+    :meth:`GuardedWorker.reserve_unsent` finds no room, the thread writes blocking, within the
+    client timeout (the socket's timeout), as gunicorn does, after what is queued."""
 
     def __init__(self, sock: socket.socket, conn: DeadlineConn, worker: "GuardedWorker") -> None:
         self._sock = sock
@@ -371,23 +372,32 @@ class GuardedWorker(ThreadWorker):
     # ------------------------------------------------------------------- write-behind
     def init_process(self) -> None:
         self.unsent_bytes = 0
-        self.unsent_lock = threading.Lock()
+        self.unsent_room = threading.Condition()
         self.draining: deque[DeadlineConn] = deque()
         super().init_process()
 
     def reserve_unsent(self, n: int) -> bool:
-        """Count ``n`` more answer bytes held for the event loop; False (nothing counted) past
-        :data:`WRITE_BEHIND_BYTES`, and the loop then drops the oldest held answers."""
-        with self.unsent_lock:
-            if self.unsent_bytes + n <= WRITE_BEHIND_BYTES:
-                self.unsent_bytes += n
-                return True
-        self.method_queue.defer(self.shed_oldest_unsent)
-        return False
+        """Count ``n`` more answer bytes held for the event loop. Past :data:`WRITE_BEHIND_BYTES`
+        the loop is asked to drop the oldest held answers and this thread waits for the room
+        (within the client timeout), rather than block on its own client's socket: a thread
+        blocked there stayed so for the whole client timeout however much was freed meanwhile.
+        False (nothing counted) for more than half the bound, which no shedding makes room for,
+        or when no room came in time."""
+        if n > WRITE_BEHIND_BYTES // 2:
+            return False
+        fits = lambda: self.unsent_bytes + n <= WRITE_BEHIND_BYTES  # noqa: E731
+        with self.unsent_room:
+            if not fits():
+                self.method_queue.defer(self.shed_oldest_unsent)
+                if not self.unsent_room.wait_for(fits, timeout=client_timeout()):
+                    return False
+            self.unsent_bytes += n
+            return True
 
     def release_unsent(self, n: int) -> None:
-        with self.unsent_lock:
+        with self.unsent_room:
             self.unsent_bytes -= n
+            self.unsent_room.notify_all()
 
     def finish_request(self, conn: Any, fs: Any) -> None:
         if not fs.cancelled() and fs.exception() is None and fs.result() is _DRAIN and self.alive:

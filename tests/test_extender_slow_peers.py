@@ -5,6 +5,7 @@ they do, kube-scheduler's requests and the kubelet's probes are still answered i
 from __future__ import annotations
 
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -147,3 +148,58 @@ def test_a_client_that_expects_100_continue_is_told_to_send_its_body(tmp_path, w
         assert orjson.loads(answer.split(b"\r\n\r\n", 1)[1])["NodeNames"] == ["node-b"]
     finally:
         stop_with_clients(proc, http)
+
+
+def _extender_with_write_behind_bytes(tmp_path: Path, monkeypatch, budget: int) -> Path:
+    """Make the extenders this test starts hold at most ``budget`` bytes of answers for the event
+    loop (:data:`extender.intake.WRITE_BEHIND_BYTES`), set in the master before it forks: the
+    interpreter the harness runs is a script that sets it, then runs ``-m extender.cli``."""
+    script = tmp_path / "python-small-write-behind"
+    script.write_text(f"#!{sys.executable}\n"
+                      "import os, runpy, sys\n"
+                      "sys.path.insert(0, os.getcwd())\n"
+                      "import extender.intake\n"
+                      f"extender.intake.WRITE_BEHIND_BYTES = {budget}\n"
+                      "assert sys.argv[1:3] == ['-m', 'extender.cli'], sys.argv\n"
+                      "sys.argv = ['extender.cli'] + sys.argv[3:]\n"
+                      "runpy.run_module('extender.cli', run_name='__main__', alter_sys=True)\n")
+    script.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(script))
+    return script
+
+
+def test_past_the_write_behind_bound_the_oldest_unread_answers_are_dropped(tmp_path, monkeypatch):
+    """The answers held for clients that do not read them are bounded per worker; past the bound
+    the connections holding the oldest are closed (and logged), so neither memory nor the request
+    threads are theirs, and kube-scheduler's filter is still answered in time. Here the bound is
+    4 MiB, each answer ~1.7 MB (a filter naming 50,000 unknown nodes) and eight clients pipeline
+    three each without reading."""
+    _extender_with_write_behind_bytes(tmp_path, monkeypatch, 4 << 20)
+    threads = 2
+    proc, http = _start(tmp_path, 1, "--client-timeout", "30", threads=threads)
+    readers: list[socket.socket] = []
+    try:
+        body = orjson.dumps({"Pod": POD, "NodeNames": [f"unknown-{i}" for i in range(50_000)]})
+        pipelined = b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        for _ in range(4 * threads):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", _port(proc)))
+            s.setblocking(False)
+            try:
+                s.send(pipelined * 3)
+            except BlockingIOError:
+                pass
+            readers.append(s)
+        log = Path(proc.log.name)
+        deadline = time.monotonic() + 60
+        while "answers not taken by their clients filled 4 MiB" not in log.read_text():
+            assert time.monotonic() < deadline, proc.log_tail()
+            time.sleep(0.2)
+        for _ in range(3):
+            r, waited = timed_post(proc.url + "/filter", FILTER)
+            assert r.status_code == 200 and r.json()["NodeNames"] == ["node-b"], r.text[:300]
+            assert waited < 5.0, f"filter waited {waited:.1f} s behind clients that do not read"
+        assert proc.proc.poll() is None
+    finally:
+        stop_with_clients(proc, http, readers)
