@@ -83,6 +83,29 @@ def test_a_request_without_a_body_does_not_wait_for_the_big_body_lane(tmp_path, 
         stop_with_clients(proc, http, [holder] if holder is not None else [])
 
 
+def _non_reading_client(port: int, requests_bytes: bytes) -> socket.socket:
+    """A client with a small receive buffer that sends ``requests_bytes`` (as much as the server
+    takes now) and never reads an answer."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.setblocking(False)
+    try:
+        s.send(requests_bytes)
+    except BlockingIOError:
+        pass
+    return s
+
+
+def _filter_is_answered_in_time(proc, body: bytes, node: str) -> None:
+    """kube-scheduler's filter, three times: each answered, within its 5 s httpTimeout."""
+    for _ in range(3):
+        r, waited = timed_post(proc.url + "/filter", body)
+        assert r.status_code == 200 and r.json()["NodeNames"] == [node], r.text[:300]
+        assert waited < 5.0, f"filter waited {waited:.1f} s behind clients that do not read"
+    assert proc.proc.poll() is None
+
+
 BIG_CLUSTER = {"nodes": [{"name": "node-{i:03d}", "count": 200,
                           "gpus": {"model": "Tesla T4", "count": 8, "memory": "16Gi"}}]}
 
@@ -108,19 +131,10 @@ def test_clients_that_never_read_their_answers_do_not_hold_the_request_threads(t
         state = http.get(proc.url + "/state", timeout=60).content
         assert len(state) > 100_000, len(state)
         pipelined = b"GET /state HTTP/1.1\r\nHost: x\r\n\r\n" * (20 * (1 << 20) // len(state))  # ~20 MiB of answers
-        for _ in range(2 * threads * workers):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.connect(("127.0.0.1", port))
-            s.sendall(pipelined)  # read ahead whole by the server (it is small); never read back
-            readers.append(s)
+        for _ in range(2 * threads * workers):  # (the requests are small: all sent at once)
+            readers.append(_non_reading_client(port, pipelined))
         time.sleep(3.0)  # they have filled their sockets by now
-        body = orjson.dumps({"Pod": POD, "NodeNames": ["node-001"]})
-        for _ in range(3):
-            r, waited = timed_post(proc.url + "/filter", body)
-            assert r.status_code == 200 and r.json()["NodeNames"] == ["node-001"], r.text[:300]
-            assert waited < 5.0, f"filter waited {waited:.1f} s behind clients that do not read"
-        assert proc.proc.poll() is None
+        _filter_is_answered_in_time(proc, orjson.dumps({"Pod": POD, "NodeNames": ["node-001"]}), "node-001")
     finally:
         stop_with_clients(proc, http, readers)
 
@@ -182,24 +196,12 @@ def test_past_the_write_behind_bound_the_oldest_unread_answers_are_dropped(tmp_p
         body = orjson.dumps({"Pod": POD, "NodeNames": [f"unknown-{i}" for i in range(50_000)]})
         pipelined = b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
         for _ in range(4 * threads):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.connect(("127.0.0.1", _port(proc)))
-            s.setblocking(False)
-            try:
-                s.send(pipelined * 3)
-            except BlockingIOError:
-                pass
-            readers.append(s)
+            readers.append(_non_reading_client(_port(proc), pipelined * 3))
         log = Path(proc.log.name)
         deadline = time.monotonic() + 60
         while "answers not taken by their clients filled 4 MiB" not in log.read_text():
             assert time.monotonic() < deadline, proc.log_tail()
             time.sleep(0.2)
-        for _ in range(3):
-            r, waited = timed_post(proc.url + "/filter", FILTER)
-            assert r.status_code == 200 and r.json()["NodeNames"] == ["node-b"], r.text[:300]
-            assert waited < 5.0, f"filter waited {waited:.1f} s behind clients that do not read"
-        assert proc.proc.poll() is None
+        _filter_is_answered_in_time(proc, FILTER, "node-b")
     finally:
         stop_with_clients(proc, http, readers)
