@@ -52,8 +52,9 @@ KUBE_ONLY_OPTIONS = {"record_key_file": "--record-key-file", "scheduler_names": 
 # The largest memory bound a flag sets (16 GiB; the shipped extender container has 1 GiB in all):
 # a bigger number is a typo (MiB taken for bytes), not a cluster.
 MAX_BOUND_MIB = 16384
-# The longest --timeout (an hour): gunicorn restarts a worker that answers nothing this long; past
-# it a stuck worker is never restarted, and a number past a float's range crashed gunicorn's master.
+# The longest --timeout (an hour): gunicorn restarts a worker whose event loop has not beaten for
+# this long; past it a stuck worker is never restarted, and a number past a float's range crashed
+# gunicorn's master.
 MAX_WORKER_TIMEOUT_S = 3600
 
 
@@ -365,7 +366,9 @@ def _learned_configmap(ctx: click.Context, param: click.Parameter, value: str) -
               help="Seconds a client has to send a whole request (TLS handshake, head, body) once it started, "
                    "and again to take the answer; past it: 408, and the thread serves others.")
 @click.option("--timeout", type=WholeRange(5, MAX_WORKER_TIMEOUT_S), default=60, show_default=True,
-              help="Seconds a request may run before gunicorn restarts the worker.")
+              help="Seconds a worker's event loop may go without a heartbeat before gunicorn restarts the "
+                   "worker (gunicorn's --timeout). A request stuck in its thread does not stop the heartbeat; "
+                   "in the split layout the relay's 120 s deadline ends it.")
 @click.option("--learned-configmap", default=DEFAULT_PAST_NAME, show_default=True, metavar="[NAMESPACE/]NAME|off",
               callback=_learned_configmap,
               help="Kube mode: the ConfigMap that keeps what the placers learned from deleted pods, so a "

@@ -82,8 +82,9 @@ def gunicorn_options(bind: str, threads: int, log_level: str, timeout: int = 60,
     more workers only in the split layout, where the workers hold no state).
 
     ``keepalive`` exceeds kube-scheduler's idle connection reuse so its connections are not
-    cut under it; ``timeout`` bounds how long a stuck request may hold the worker; ``tls``:
-    HTTPS that only accepts clients with a certificate from the client CA.
+    cut under it; ``timeout`` is how long the worker's event loop may go without a heartbeat (a
+    request stuck in its thread does not stop it); ``tls``: HTTPS that only accepts clients with
+    a certificate from the client CA.
     """
     return {**tls_options(tls),
         "bind": bind,
