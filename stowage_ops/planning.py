@@ -199,6 +199,12 @@ class Learned:
                 shapes.append((shape[0], shape[1], 1))
         return cls(tuple(shapes), left)
 
+    @classmethod
+    def held(cls, model: ClusterModel) -> "Learned":
+        """What a simulated cluster's placer learns (it has no Pod objects): the shapes of the pods
+        the model holds, as :func:`_prime` shows them, to teach once and copy per what-if."""
+        return cls(tuple((shape_of_allocation(al), (), 1) for al in model.allocations.values()))
+
     @property
     def pods(self) -> int:
         return sum(n for _, _, n in self.shapes)
@@ -544,6 +550,11 @@ def drain_plan(model: ClusterModel, placer: str | Placer | None = None, *, keep_
     send the extender for it.
     """
     sim = model.copy()
+    if learned is None and (placer is None or isinstance(placer, str)):
+        # A simulated cluster's placer learns the pods the cluster holds: taught once, copied per
+        # candidate (Learned.taught), as a live cluster's. Taught afresh per candidate (_prime),
+        # the plan was O(nodes x pods): 143 of 149 s on 1,000 nodes and 7,250 pods.
+        learned = Learned.held(sim)
     names = _node_names(sim)
     kube = allocatable or GpuAllocatable()
     tight = kube.tight(sim)

@@ -4,6 +4,8 @@ grow with the cluster (a copy of the whole model per drain candidate made `plan 
 emptied must leave no trace on the plan of the next."""
 from __future__ import annotations
 
+from collections import Counter
+
 from planning_clusters import add_node, uniform_cluster
 
 from packing.model import ClusterModel
@@ -80,3 +82,26 @@ def test_long_plans_say_how_far_they_are_on_stderr(monkeypatch):
     drain = [line for line in lines if line.startswith("drain: ")]
     assert drain[:2] == ["drain: 10 of 36 GPU nodes tried...", "drain: 20 of 36 GPU nodes tried..."]
     assert quiet.stderr == ""
+
+
+def test_a_simulated_clusters_placer_learns_its_pods_once_not_once_per_candidate(monkeypatch):
+    """Found by experiment: `plan --simulated FILE --fill 10000 --drain` on 1,000 nodes took 149 s,
+    143 s of it teaching each candidate's fresh placer every pod of the cluster again
+    (O(nodes x pods): 7.3 million observations for 7,250 pods). The placer is taught the pods once
+    and each candidate gets a copy, as on a live cluster (:meth:`Learned.taught`). 30 nodes with
+    one pod each: every pod's shape is read a bounded number of times, not 30 times."""
+    import stowage_ops.planning as planning
+
+    reads = []
+    real = planning.shape_of_allocation
+
+    def counting(al):
+        reads.append(al.uid)
+        return real(al)
+
+    monkeypatch.setattr(planning, "shape_of_allocation", counting)
+    m = uniform_cluster({f"n{i:02d}": 1 for i in range(30)})
+    plan = drain_plan(m, placer="pack")
+    assert len(plan.drained) > 1
+    assert max(Counter(reads).values()) <= 4, Counter(reads).most_common(3)
+
