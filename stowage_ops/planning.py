@@ -259,6 +259,9 @@ KUBE_GPU_REFUSAL = ("Insufficient nvidia.com/gpu (kube-scheduler: the node's all
 # ... and for a slice's two resources.
 KUBE_GPU_MEMORY_REFUSAL = ("Insufficient nvidia.com/gpu-memory (kube-scheduler: the node's allocatable "
                            "nvidia.com/gpu-memory, less what its pods ask, is too little)")
+# ... for a pod asking more whole GPUs than the node's allocatable has, whatever is evicted.
+KUBE_GPU_SHORT = ("Insufficient nvidia.com/gpu (kube-scheduler: the node's allocatable nvidia.com/gpu is fewer than "
+                  "the pod asks, whatever is evicted)")
 KUBE_GPU_CORE_REFUSAL = ("Insufficient nvidia.com/gpu-core (kube-scheduler: the node's allocatable nvidia.com/gpu-core, "
                          "less what its pods ask, is too little)")
 
@@ -823,11 +826,13 @@ def preemption_plan(model: ClusterModel, shape: Shape, priority: int,
     the pods of lower priority are the candidates (as kube-scheduler proposes them), and
     :func:`packing.preempt.judge_node` — the extender's preempt verb — keeps the fewest of them
     whose going frees cards the pod can use. ``priorities``: pod uid -> priority (0 when absent).
-    ``allocatable``: as for :func:`capacity`; a node where kube-scheduler's check of
-    ``nvidia.com/gpu`` refuses the pod is no option (which evictions would satisfy that check is
-    not planned); one where its check of gpu-memory or gpu-core does gets the evictions its count
-    needs (:func:`packing.preempt.judge_node` counts the node's allocatable), even where the
-    cards have room now."""
+    ``allocatable``: as for :func:`capacity`; a node whose allocatable ``nvidia.com/gpu`` is
+    below the pod's GPUs is no option, whatever is evicted; one where kube-scheduler's check of
+    ``nvidia.com/gpu``, gpu-memory or gpu-core refuses the pod for what the pods there ask gets
+    the evictions its count needs (:func:`packing.preempt.judge_node` counts the node's
+    allocatable, as kube-scheduler counts the node without its victims), even where the cards
+    have room now. (Before, a node whose pods asked any of its GPUs was no option for a
+    whole-GPU pod: "evictions for it are not planned".)"""
     from packing.preempt import judge_node, row_copy
 
     prio = dict(priorities or {})
@@ -837,9 +842,9 @@ def preemption_plan(model: ClusterModel, shape: Shape, priority: int,
     with model.lock:
         mask = card_mask(model.a, model.models, shape.policy, shape.req)
         for i, name in iter_nodes(model):
-            room = kube.room(model, name) if shape.req.gpus else None
-            if room is not None and room < shape.req.gpus:
-                why[f"{KUBE_GPU_REFUSAL}; evictions for it are not planned"] += 1
+            stated = kube.stated.get(name) if shape.req.gpus else None
+            if stated is not None and stated < shape.req.gpus:
+                why[KUBE_GPU_SHORT] += 1   # however many pods go
                 continue
             row = row_copy(model.a, i)
             f = fit(row, shape.req, mask[i:i + 1], shape.policy.tolerates)

@@ -112,3 +112,40 @@ def test_live_cluster_priorities_come_from_the_pods(tmp_path):
     assert [(o["node"], [e["pod"] for e in o["evict"]], [e["priority"] for e in o["evict"]]) for o in p["options"]] \
         == [("n2", ["default/batch"], [10])]
     assert p["noEvictionHelps"] == {"no pod of lower priority holds cards here": 1}
+
+
+def test_live_whole_gpu_preemption_plans_the_evictions_kube_schedulers_gpu_count_needs(tmp_path):
+    """Found by experiment (a live cluster at int32 priorities): on a node whose allocatable
+    nvidia.com/gpu matches its cards, `--preempt 4` said "Insufficient nvidia.com/gpu ...;
+    evictions for it are not planned" as soon as any pod held a card: the GPUs the pods ask were
+    counted against the pod before any eviction. kube-scheduler counts the node without its
+    victims, and the preempt verb (judge_node) counts allocatable too, so the lower-priority pods
+    holding the cards are the plan. A pod of the same priority is no victim, and a node whose
+    allocatable is below the shape stays no option whatever is evicted."""
+    from fakekube import FakeKube, kubeconfig_file, make_node
+    from test_inspect_plan_live import alloc, stowage_pod
+
+    from stowage.inventory import INVENTORY_ANNOTATION, Card, encode_inventory
+    from stowage_ops.planning import KUBE_GPU_SHORT
+
+    def cards(node: str) -> dict[str, str]:
+        return {INVENTORY_ANNOTATION: encode_inventory(
+            [Card(index=k, uuid=f"GPU-{node}-{k}", model="NVIDIA L4", memory_mib=24 * GiB) for k in range(4)])}
+
+    with FakeKube() as kube:
+        for node, gpus in (("busy", 4), ("equal", 4), ("short", 3)):
+            kube.create_node(make_node(node, gpus=gpus, annotations=cards(node)))
+        for name, node, card, prio in (("low-a", "busy", 0, -(2 ** 31)), ("low-b", "busy", 1, 0),
+                                       ("peer", "equal", 0, 2 ** 31 - 1)):
+            pod = stowage_pod(name, namespace="ml", gpus=1, node=node, phase="Running",
+                              annotations=alloc(node, [(card, 24 * GiB, 1000)], True))
+            pod["spec"]["priority"] = prio
+            kube.create_pod(pod)
+        cfg = kubeconfig_file(tmp_path, kube.url)
+        r = CliRunner().invoke(main, ["plan", "--kubeconfig", cfg, "--preempt", "4", "--priority", str(2 ** 31 - 1),
+                                      "-o", "json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    (p,) = json.loads(r.stdout)["preempt"]
+    assert [(o["node"], [(e["pod"], e["priority"]) for e in o["evict"]]) for o in p["options"]] \
+        == [("busy", [("ml/low-a", -(2 ** 31)), ("ml/low-b", 0)])]
+    assert p["noEvictionHelps"] == {"no pod of lower priority holds cards here": 1, KUBE_GPU_SHORT: 1}   # equal, short
