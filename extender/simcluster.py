@@ -292,16 +292,89 @@ def load_cluster(path: str | Path | None = None) -> SimCluster:
         p = Path(path)
         src = str(p)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise SimClusterError(f"{src}: cannot read cluster file: {exc.strerror or exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise SimClusterError(f"{src}: more than {MAX_FILE_BYTES} bytes, too big for a cluster file (write many "
+                              "alike nodes as one entry with count)")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SimClusterError(f"{src}: not UTF-8 text (byte {exc.start}), so not a cluster YAML file") from None
+    return parse_cluster(_load_yaml(text, src), src)
+
+
+# Bounds on what a cluster file's YAML may stand for, checked on the composed node graph before
+# any Python object is built. Why: aliases share one node, so a few hundred bytes of nested
+# anchors ("billion laughs") stand for 9**8 strings, and every reader that walks the data whole
+# (an error's repr, str() of a label) built all of them (1.3 GB, no end); nesting is bounded so
+# that no reader recurses past Python's limit (PyYAML's own composer raised RecursionError).
+# A real file is a few levels deep and a few thousand nodes: many alike nodes are one entry.
+MAX_FILE_BYTES = 16 << 20
+MAX_YAML_NODES = 2_000_000    # YAML nodes the document stands for, each alias counted in full
+MAX_YAML_DEPTH = 64
+
+
+class _ClusterLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):   # type: ignore[misc]
+    """Safe loading: plain data only, no Python tags."""
+
+
+def _node_sizes(root: yaml.Node, src: str) -> None:
+    """Raise the file's error if ``root`` nests deeper than MAX_YAML_DEPTH, contains itself, or
+    stands for more than MAX_YAML_NODES nodes with every alias expanded. Iterative, and each
+    shared node is sized once, so checking costs the file's size, not what it stands for."""
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
+    while stack:
+        node, depth, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            on_path.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in _children(node))
+            if size[key] > MAX_YAML_NODES:
+                raise SimClusterError(f"{src}: its aliases stand for more than {MAX_YAML_NODES} YAML nodes "
+                                      f"(line {node.start_mark.line + 1}): not a cluster file")
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise SimClusterError(f"{src}: an anchor refers to itself (line {node.start_mark.line + 1}): not a "
+                                  "cluster file")
+        if depth > MAX_YAML_DEPTH:
+            raise SimClusterError(f"{src}: nested more than {MAX_YAML_DEPTH} levels deep (line "
+                                  f"{node.start_mark.line + 1}): not a cluster file")
+        on_path.add(key)
+        stack.append((node, depth, True))
+        stack.extend((c, depth + 1, False) for c in _children(node))
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _load_yaml(text: str, src: str) -> Any:
+    """The document in ``text``, safely loaded within the bounds above; the file's
+    :class:`SimClusterError` for anything else."""
+    loader = _ClusterLoader(text)
     try:
-        doc = yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _node_sizes(node, src)
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise SimClusterError(f"{src}: not valid YAML: {exc}") from None
-    return parse_cluster(doc, src)
+    except RecursionError:   # the pure-Python composer, where libyaml is missing: nesting
+        raise SimClusterError(f"{src}: nested too deep: not a cluster file") from None
+    finally:
+        loader.dispose()
 
 
 def node_objects(cluster: SimCluster) -> list[dict[str, Any]]:

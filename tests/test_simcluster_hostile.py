@@ -1,0 +1,70 @@
+"""Hostile --simulated / --cluster YAML files: each gets the file's own error, quickly and in
+bounded memory, never a traceback (found by feeding such files to `stowage inspect --simulated`)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from extender.simcluster import SimClusterError, load_cluster
+
+
+def _bomb(levels: int) -> str:
+    """A flow list of "billion laughs" anchors: level k holds nine aliases of level k-1, so the
+    last one stands for 9**levels strings in a file of a few hundred bytes."""
+    s = '[&l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]'
+    for k in range(1, levels):
+        s += f", &l{k} [" + ",".join([f"*l{k - 1}"] * 9) + "]"
+    return s + "]"
+
+
+def _gpus(count: str) -> str:
+    return f"nodes:\n  - name: n1\n    gpus:\n      model: A100\n      memory: 80Gi\n      count: {count}\n"
+
+
+@pytest.mark.parametrize("where", ["count", "labels"])
+def test_an_alias_bomb_is_refused_before_it_is_expanded(tmp_path, where):
+    """Before: the error for `count` repr()'d the 4.8 million strings the aliases stand for (a
+    full bomb of 9**8 took 1.3 GB and never finished), and `labels` str()'d them."""
+    p = tmp_path / "bomb.yaml"
+    bomb = _bomb(7)
+    p.write_text(_gpus(bomb) if where == "count" else f"nodes:\n  - name: n1\n    labels: {{a: {bomb}}}\n")
+    started = time.monotonic()
+    with pytest.raises(SimClusterError) as exc:
+        load_cluster(p)
+    assert "aliases" in str(exc.value) and str(exc.value).startswith(str(p))
+    assert len(str(exc.value)) < 400 and time.monotonic() - started < 5
+
+
+def test_an_alias_that_contains_itself_is_refused(tmp_path):
+    p = tmp_path / "loop.yaml"
+    p.write_text("nodes:\n  - &a {name: n1, labels: *a}\n")
+    with pytest.raises(SimClusterError, match="refers to itself"):
+        load_cluster(p)
+
+
+def test_ordinary_aliases_still_work(tmp_path):
+    p = tmp_path / "reuse.yaml"
+    p.write_text("nodes:\n  - name: a-{i}\n    count: 2\n    gpus: &g {model: L4, count: 2, memory: 24Gi}\n"
+                 "  - name: b\n    gpus: *g\n  - {<<: {name: c}, gpus: *g}\n")
+    assert [len(n.cards) for n in load_cluster(p).nodes] == [2, 2, 2, 2]
+
+
+@pytest.mark.parametrize("depth", [100, 900, 5000])
+def test_deep_nesting_is_the_files_error(tmp_path, depth):
+    """Before: a RecursionError traceback (PyYAML's pure-Python composer recurses per level)."""
+    p = tmp_path / "deep.yaml"
+    p.write_text("nodes: " + "[" * depth + "]" * depth + "\n")
+    with pytest.raises(SimClusterError) as exc:
+        load_cluster(p)
+    said = str(exc.value)
+    assert said.startswith(f"{p}: ") and "nest" in said[len(str(p)):]
+
+
+def test_a_file_past_the_size_limit_is_refused_unread(tmp_path, monkeypatch):
+    import extender.simcluster as simcluster
+    monkeypatch.setattr(simcluster, "MAX_FILE_BYTES", 1000)
+    p = tmp_path / "big.yaml"
+    p.write_text(_gpus("1") + "#" * 1000 + "\n")
+    with pytest.raises(SimClusterError, match="more than 1000 bytes"):
+        load_cluster(p)
