@@ -318,7 +318,20 @@ MAX_YAML_DEPTH = 64
 
 
 class _ClusterLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):   # type: ignore[misc]
-    """Safe loading: plain data only, no Python tags."""
+    """Safe loading (no Python tags), and a key written twice in one mapping is an error: the
+    second silently replaced the first (a second top-level ``nodes:`` dropped every node above)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"found the key {str(key)[:80]!r} a second time", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def _node_sizes(root: yaml.Node, src: str) -> None:

@@ -68,3 +68,23 @@ def test_a_file_past_the_size_limit_is_refused_unread(tmp_path, monkeypatch):
     p.write_text(_gpus("1") + "#" * 1000 + "\n")
     with pytest.raises(SimClusterError, match="more than 1000 bytes"):
         load_cluster(p)
+
+
+@pytest.mark.parametrize("text,key", [
+    # two files pasted together: the second `nodes:` silently dropped every node of the first
+    ("nodes:\n  - name: a\nnodes:\n  - name: b\n", "'nodes'"),
+    ("nodes:\n  - name: a\n    gpus: {model: L4, memory: 24Gi, count: 1, count: 2}\n", "'count'"),
+])
+def test_a_key_written_twice_is_refused(tmp_path, text, key):
+    """Before: YAML's last-wins, with nothing said (found: `stowage inspect --simulated` showed
+    only node b)."""
+    p = tmp_path / "twice.yaml"
+    p.write_text(text)
+    with pytest.raises(SimClusterError, match=f"found the key {key} a second time"):
+        load_cluster(p)
+
+
+def test_a_merge_key_may_still_be_overridden(tmp_path):
+    p = tmp_path / "merge.yaml"
+    p.write_text("nodes:\n  - <<: {name: base, cpu: 8}\n    name: mine\n")
+    assert [(n.name, n.cpu_milli) for n in load_cluster(p).nodes] == [("mine", 8000)]
