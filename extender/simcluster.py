@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from stowage.inventory import (MAX_CARDS_PER_NODE, GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, INVENTORY_ANNOTATION, Card, Inventory,
+from stowage.inventory import (MAX_CARDS_PER_NODE, MAX_MEMORY_UNIT_MIB, MAX_NUMA_NODE, GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, INVENTORY_ANNOTATION, Card, Inventory,
                                encode_inventory)
 from stowage.resources import (DEFAULT_MEMORY_UNIT_MIB, MAX_CARD_MEMORY_MIB, RESOURCE_GPU, RESOURCE_GPU_MEMORY, RequestError,
                                quantity_to_mib, quantity_to_milli)
@@ -129,13 +129,15 @@ def _host(value: Any, where: str, conv) -> int:
     return out
 
 
-def _per_card(value: Any, count: int, where: str, default: int) -> list[int]:
+def _numa(value: Any, count: int, where: str) -> list[int]:
+    """Each card's NUMA node, -1 (unknown) to MAX_NUMA_NODE: the bound the inventory annotation
+    holds it to (a larger one overflowed the model's int64 array: a traceback in inspect)."""
     if value is None:
-        return [default] * count
+        return [-1] * count
     if isinstance(value, int) and not isinstance(value, bool):
-        return [value] * count
+        return [_int(value, where, -1, MAX_NUMA_NODE)] * count
     if isinstance(value, list) and len(value) == count:
-        return [_int(v, f"{where}[{k}]", lo=-1) for k, v in enumerate(value)]
+        return [_int(v, f"{where}[{k}]", -1, MAX_NUMA_NODE) for k, v in enumerate(value)]
     raise SimClusterError(f"{where}: expected one int or a list of {count} ints, got {value!r}")
 
 
@@ -178,7 +180,7 @@ def _cards(node: str, gpus: Any, where: str) -> tuple[Card, ...]:
     if "memory" not in gpus:
         raise SimClusterError(f"{where}.memory: missing (per-card memory, e.g. 80Gi)")
     mem = _mib(gpus["memory"], f"{where}.memory")
-    numa = _per_card(gpus.get("numa"), count, f"{where}.numa", -1)
+    numa = _numa(gpus.get("numa"), count, f"{where}.numa")
     links = _nvlink(gpus.get("nvlink"), count, f"{where}.nvlink")
     bad = gpus.get("unhealthy") or []
     if not isinstance(bad, list):
@@ -247,7 +249,7 @@ def parse_cluster(doc: Any, src: str = "<cluster>") -> SimCluster:
     unknown = set(doc) - {"nodes", "memoryUnitMiB"}
     if unknown:
         raise SimClusterError(f"{src}: unknown top-level key(s) {', '.join(sorted(map(str, unknown)))}")
-    unit = _int(doc.get("memoryUnitMiB", DEFAULT_MEMORY_UNIT_MIB), _where(src, "memoryUnitMiB"), 1)
+    unit = _int(doc.get("memoryUnitMiB", DEFAULT_MEMORY_UNIT_MIB), _where(src, "memoryUnitMiB"), 1, MAX_MEMORY_UNIT_MIB)
     entries = doc.get("nodes")
     if not isinstance(entries, list) or not entries:
         raise SimClusterError(f"{src}: 'nodes' must be a non-empty list")

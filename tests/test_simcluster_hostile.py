@@ -6,7 +6,9 @@ import time
 
 import pytest
 
-from extender.simcluster import SimClusterError, load_cluster
+from extender.simcluster import SimClusterError, load_cluster, node_objects, parse_cluster
+from packing.model import ClusterModel
+from stowage.inventory import MAX_MEMORY_UNIT_MIB, MAX_NUMA_NODE, inventory_from_node
 
 
 def _bomb(levels: int) -> str:
@@ -88,3 +90,28 @@ def test_a_merge_key_may_still_be_overridden(tmp_path):
     p = tmp_path / "merge.yaml"
     p.write_text("nodes:\n  - <<: {name: base, cpu: 8}\n    name: mine\n")
     assert [(n.name, n.cpu_milli) for n in load_cluster(p).nodes] == [("mine", 8000)]
+
+
+def _with_gpus(**gpus) -> dict:
+    return {"nodes": [{"name": "n1", "gpus": {"model": "L4", "count": 2, "memory": "24Gi", **gpus}}]}
+
+
+@pytest.mark.parametrize("doc,said", [
+    # numa 2**80 reached the model's int64 array: an OverflowError traceback in stowage inspect
+    (_with_gpus(numa=2 ** 80), "nodes[0].gpus.numa: 1208925819614629174706176 is out of range (-1..4095)"),
+    (_with_gpus(numa=[0, 2 ** 80]), "nodes[0].gpus.numa[1]: 1208925819614629174706176 is out of range (-1..4095)"),
+    (_with_gpus(numa=-7), "nodes[0].gpus.numa: -7 is out of range (-1..4095)"),
+    # a unit the inventory annotation of node_objects could not carry (decode_inventory refuses it)
+    ({"memoryUnitMiB": 2 ** 80, **_with_gpus()}, "memoryUnitMiB: 1208925819614629174706176 is out of range (1..1048576)"),
+])
+def test_numbers_beyond_what_an_inventory_holds_are_refused(doc, said):
+    with pytest.raises(SimClusterError) as exc:
+        parse_cluster(doc, "my.yaml")
+    assert str(exc.value) == f"my.yaml: {said}"
+
+
+def test_the_largest_numbers_allowed_reach_the_model_and_the_node_objects():
+    cluster = parse_cluster({"memoryUnitMiB": MAX_MEMORY_UNIT_MIB, **_with_gpus(numa=[MAX_NUMA_NODE, -1])})
+    model = ClusterModel()
+    cluster.populate(model)
+    assert [c.numa for c in inventory_from_node(node_objects(cluster)[0]).cards] == [MAX_NUMA_NODE, -1]
