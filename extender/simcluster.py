@@ -79,11 +79,21 @@ def _where(src: str, path: str) -> str:
     return f"{src}: {path}"
 
 
+def _quoted(value: Any) -> str:
+    """A value of the file for its error: a scalar as written (at most 80 characters), a list or
+    mapping by its type only (its repr is as big as the file, or as all its aliases)."""
+    if isinstance(value, (list, dict, set)):
+        return f"<{type(value).__name__}>"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "..."
+
+
 def _int(value: Any, where: str, lo: int = 0, hi: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SimClusterError(f"{where}: expected a whole number, got {value!r}")
+        raise SimClusterError(f"{where}: expected a whole number, got {_quoted(value)}")
     if value < lo or (hi is not None and value > hi):
-        raise SimClusterError(f"{where}: {value} is out of range ({lo}..{hi if hi is not None else ''})")
+        raise SimClusterError(f"{where}: {str(value)[:40]}{'...' if len(str(value)) > 40 else ''} is out of range "
+                              f"({lo}..{hi if hi is not None else ''})")
     return value
 
 
@@ -107,7 +117,7 @@ def _mib(value: Any, where: str) -> int:
         raise SimClusterError(f"{where}: {exc} (per-card memory: a quantity such as 80Gi, or a bare "
                               "number of MiB)") from None
     if mib <= 0:
-        raise SimClusterError(f"{where}: memory must be positive, got {value!r}")
+        raise SimClusterError(f"{where}: memory must be positive, got {_quoted(value)}")
     if mib > MAX_CARD_MEMORY_MIB:   # the bound every inventory reader holds a card to
         raise SimClusterError(f"{where}: memory must be at most {MAX_CARD_MEMORY_MIB} MiB, got {str(value)[:40]!r}")
     if bare and mib < SMALLEST_BARE_MIB:
@@ -138,7 +148,7 @@ def _numa(value: Any, count: int, where: str) -> list[int]:
         return [_int(value, where, -1, MAX_NUMA_NODE)] * count
     if isinstance(value, list) and len(value) == count:
         return [_int(v, f"{where}[{k}]", -1, MAX_NUMA_NODE) for k, v in enumerate(value)]
-    raise SimClusterError(f"{where}: expected one int or a list of {count} ints, got {value!r}")
+    raise SimClusterError(f"{where}: expected one int or a list of {count} ints, got {_quoted(value)}")
 
 
 def _nvlink(value: Any, count: int, where: str) -> list[set[int]]:
@@ -150,7 +160,7 @@ def _nvlink(value: Any, count: int, where: str) -> list[set[int]]:
     elif isinstance(value, list) and all(isinstance(g, list) for g in value):
         groups = value
     else:
-        raise SimClusterError(f"{where}: expected \"all\" or a list of card-index groups, got {value!r}")
+        raise SimClusterError(f"{where}: expected \"all\" or a list of card-index groups, got {_quoted(value)}")
     for gi, g in enumerate(groups):
         ks = [_int(k, f"{where}[{gi}]", 0, count - 1) for k in g]
         for k in ks:
@@ -388,6 +398,8 @@ def _load_yaml(text: str, src: str) -> Any:
         raise SimClusterError(f"{src}: not valid YAML: {exc}") from None
     except RecursionError:   # the pure-Python composer, where libyaml is missing: nesting
         raise SimClusterError(f"{src}: nested too deep: not a cluster file") from None
+    except ValueError as exc:   # int() of a number past Python's 4300 digits, in the constructor
+        raise SimClusterError(f"{src}: not valid YAML here: {str(exc)[:120]}") from None
     finally:
         loader.dispose()
 

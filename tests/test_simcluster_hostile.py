@@ -115,3 +115,14 @@ def test_the_largest_numbers_allowed_reach_the_model_and_the_node_objects():
     model = ClusterModel()
     cluster.populate(model)
     assert [c.numa for c in inventory_from_node(node_objects(cluster)[0]).cards] == [MAX_NUMA_NODE, -1]
+
+
+def test_an_integer_of_thousands_of_digits_is_the_files_error(tmp_path):
+    """Before: PyYAML's int() raised Python's 4300-digit ValueError as a traceback; and under
+    that limit the error quoted all 4000 digits."""
+    p = tmp_path / "digits.yaml"
+    for digits in (5000, 4000):
+        p.write_text(_gpus("9" * digits))
+        with pytest.raises(SimClusterError) as exc:
+            load_cluster(p)
+        assert str(exc.value).startswith(f"{p}: ") and len(str(exc.value)) < 300
