@@ -28,6 +28,7 @@ from stowage.resources import (DEFAULT_MEMORY_UNIT_MIB, MAX_CARD_MEMORY_MIB, RES
                                quantity_to_mib, quantity_to_milli)
 
 from packing.model import ClusterModel
+from packing.pod_policy import GPU_MODEL, MAX_MODEL_NAME
 
 BUILTIN = "builtin"
 _UUID_NS = uuid.UUID("6f1d3a52-5b7e-4c1e-9d5f-2a8b7c6e4d30")
@@ -184,6 +185,9 @@ def _cards(node: str, gpus: Any, where: str) -> tuple[Card, ...]:
     model = gpus.get("model")
     if not isinstance(model, str) or not model.strip():
         raise SimClusterError(f"{where}.model: expected a GPU model name")
+    if len(model.strip()) > MAX_MODEL_NAME or "," in model or not model.isprintable():
+        raise SimClusterError(f"{where}.model: {_quoted(model)} is not a GPU model name (printable, no comma, at most "
+                              f"{MAX_MODEL_NAME} characters: what a pod's {GPU_MODEL} list can name)")
     if "count" not in gpus:
         raise SimClusterError(f"{where}.count: missing (cards per node, e.g. 8)")
     count = _int(gpus.get("count"), f"{where}.count", 0, MAX_CARDS_PER_NODE)
@@ -199,6 +203,45 @@ def _cards(node: str, gpus: Any, where: str) -> tuple[Card, ...]:
     return tuple(Card(index=k, uuid=card_uuid(node, k), model=model.strip(), memory_mib=mem,
                       healthy=k not in unhealthy, numa=numa[k], nvlink=tuple(sorted(links[k])))
                  for k in range(count))
+
+
+# A Kubernetes label: key [prefix/]name (prefix a DNS subdomain), value empty or a name.
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?" + _LABEL_NAME)
+_LABEL_VALUE = re.compile(f"({_LABEL_NAME})?")
+
+
+def _label_text(value: Any) -> str | None:
+    """A label key or value as Kubernetes text: YAML's true/false and numbers as written, null
+    as empty; None for a list or mapping (no label can hold one)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    return None
+
+
+def _labels(value: Any, where: str) -> dict[str, str]:
+    """The node's extra labels, each one an API server would store: they are served on the
+    node objects (--full-nodes), where a list was str()'d into one before."""
+    if not isinstance(value, dict):
+        raise SimClusterError(f"{where}: expected a mapping")
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        key, text = _label_text(k), _label_text(v)
+        if text is None:
+            raise SimClusterError(f"{where}: the value of {_quoted(key)} must be a text, not {_quoted(v)}")
+        if key is None or len(key) > MAX_NODE_NAME_CHARS + 64 or not _LABEL_KEY.fullmatch(key) \
+                or len(key.rpartition("/")[0]) > MAX_NODE_NAME_CHARS:
+            raise SimClusterError(f"{where}: {_quoted(key if key is not None else k)} is not a Kubernetes label key "
+                                  "([prefix/]name: a name of at most 63 letters, digits, '-', '_' or '.')")
+        if not _LABEL_VALUE.fullmatch(text):
+            raise SimClusterError(f"{where}: {_quoted(key)} = {_quoted(text)} is not a Kubernetes label value (at "
+                                  "most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)")
+        out[key] = text
+    return out
 
 
 # A Kubernetes node name: a DNS subdomain (RFC 1123), what the API server takes as metadata.name.
@@ -278,9 +321,7 @@ def parse_cluster(doc: Any, src: str = "<cluster>") -> SimCluster:
             raise SimClusterError(f"{where}.name: with count > 1 the name needs {{i}} (e.g. \"a100-{{i:02d}}\")")
         cpu = _host(entry.get("cpu"), f"{where}.cpu", quantity_to_milli)
         mem = _host(entry.get("memory"), f"{where}.memory", quantity_to_mib)
-        labels = entry.get("labels") or {}
-        if not isinstance(labels, dict):
-            raise SimClusterError(f"{where}.labels: expected a mapping")
+        labels = _labels(entry.get("labels") or {}, f"{where}.labels")
         parts = _name_parts(pattern, f"{where}.name")
         for i in range(1, count + 1):
             name = node_name(pattern, parts, i, f"{where}.name")
@@ -289,7 +330,7 @@ def parse_cluster(doc: Any, src: str = "<cluster>") -> SimCluster:
             seen.add(name)
             nodes.append(SimNode(name=name, cards=_cards(name, entry.get("gpus"), f"{where}.gpus"),
                                  cpu_milli=cpu, memory_mib=mem,
-                                 labels={str(k): str(v) for k, v in labels.items()}))
+                                 labels=labels))
             if len(nodes) > MAX_NODES:
                 raise SimClusterError(f"{src}: more than {MAX_NODES} nodes")
     return SimCluster(nodes=tuple(nodes), memory_unit_mib=unit, source=src)

@@ -126,3 +126,34 @@ def test_an_integer_of_thousands_of_digits_is_the_files_error(tmp_path):
         with pytest.raises(SimClusterError) as exc:
             load_cluster(p)
         assert str(exc.value).startswith(f"{p}: ") and len(str(exc.value)) < 300
+
+
+def _node(**entry) -> dict:
+    return {"nodes": [{"name": "n1", **entry}]}
+
+
+@pytest.mark.parametrize("doc,said", [
+    # each was accepted and served, str()'d, as a label of the node objects (--full-nodes)
+    (_node(labels={"zone": [1, 2]}), "nodes[0].labels: the value of 'zone' must be a text, not <list>"),
+    (_node(labels={"zone": "x" * 64}), "nodes[0].labels: 'zone' = 'xxxxxxxx"),
+    (_node(labels={"a b": "x"}), "nodes[0].labels: 'a b' is not a Kubernetes label key"),
+    (_node(labels={"zone": "east west"}), "nodes[0].labels: 'zone' = 'east west' is not a Kubernetes label value"),
+    (_node(labels={"k" * 64: "x"}), "nodes[0].labels: 'kkkkkkkk"),
+    # a model a pod's stowage.io/gpu-model list can never name (its items are split at commas,
+    # and at most 128 characters), or that writes control characters to a terminal
+    (_with_gpus(model="A100,H100"), "nodes[0].gpus.model: 'A100,H100' is not a GPU model name"),
+    (_with_gpus(model="A100\x1b[31m"), "nodes[0].gpus.model: 'A100\\x1b[31m' is not a GPU model name"),
+    (_with_gpus(model="A" * 129), "nodes[0].gpus.model: 'AAAA"),
+])
+def test_labels_and_models_nothing_could_carry_are_refused(doc, said):
+    with pytest.raises(SimClusterError) as exc:
+        parse_cluster(doc, "my.yaml")
+    assert str(exc.value).startswith(f"my.yaml: {said}")
+
+
+def test_usual_labels_and_models_still_load():
+    doc = _node(labels={"zone": "a", "topology.kubernetes.io/region": "eu-1", "gpu": True, "rack": 7, "empty": None},
+                gpus={"model": "NVIDIA A100-SXM4-80GB (rev 2)", "count": 1, "memory": "80Gi"})
+    node = parse_cluster(doc).nodes[0]
+    assert node.labels == {"zone": "a", "topology.kubernetes.io/region": "eu-1", "gpu": "true", "rack": "7", "empty": ""}
+    assert node.cards[0].model == "NVIDIA A100-SXM4-80GB (rev 2)"
