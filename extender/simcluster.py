@@ -33,6 +33,10 @@ from packing.pod_policy import GPU_MODEL, MAX_MODEL_NAME
 BUILTIN = "builtin"
 _UUID_NS = uuid.UUID("6f1d3a52-5b7e-4c1e-9d5f-2a8b7c6e4d30")
 MAX_NODES = 100_000
+# Cards of the whole cluster: 10,000 nodes of 64 cards or 100,000 of 8 (the latency benchmarks'
+# largest clusters are 10,000 nodes). Checked per entry before its nodes are built: 100,000
+# nodes of 64 cards (a 90-byte file) built 6.4 million cards, a minute and gigabytes.
+MAX_CLUSTER_CARDS = 1_000_000
 
 
 class SimClusterError(ValueError):
@@ -162,11 +166,17 @@ def _nvlink(value: Any, count: int, where: str) -> list[set[int]]:
         groups = value
     else:
         raise SimClusterError(f"{where}: expected \"all\" or a list of card-index groups, got {_quoted(value)}")
+    if sum(len(g) for g in groups) > MAX_NVLINK_INDICES:
+        raise SimClusterError(f"{where}: more than {MAX_NVLINK_INDICES} card indices in all (every pair of "
+                              f"{MAX_CARDS_PER_NODE} cards is fewer)")
     for gi, g in enumerate(groups):
         ks = [_int(k, f"{where}[{gi}]", 0, count - 1) for k in g]
         for k in ks:
             peers[k].update(x for x in ks if x != k)
     return peers
+
+
+MAX_NVLINK_INDICES = MAX_CARDS_PER_NODE ** 2   # every pair of a node's cards is fewer (4,032)
 
 
 def _known_keys(entry: dict, known: set[str], where: str) -> None:
@@ -176,9 +186,26 @@ def _known_keys(entry: dict, known: set[str], where: str) -> None:
         raise SimClusterError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
 
 
-def _cards(node: str, gpus: Any, where: str) -> tuple[Card, ...]:
+@dataclass(frozen=True)
+class _CardsSpec:
+    """An entry's validated ``gpus``, the same for each of its ``count`` nodes: read once per
+    entry (each node was read again before: its nvlink groups, count times), built per node."""
+
+    model: str = ""
+    memory_mib: int = 0
+    numa: tuple[int, ...] = ()
+    links: tuple[tuple[int, ...], ...] = ()
+    unhealthy: frozenset[int] = frozenset()
+
+    def cards(self, node: str) -> tuple[Card, ...]:
+        return tuple(Card(index=k, uuid=card_uuid(node, k), model=self.model, memory_mib=self.memory_mib,
+                          healthy=k not in self.unhealthy, numa=self.numa[k], nvlink=self.links[k])
+                     for k in range(len(self.numa)))
+
+
+def _cards(gpus: Any, where: str) -> _CardsSpec:
     if gpus is None:
-        return ()
+        return _CardsSpec()
     if not isinstance(gpus, dict):
         raise SimClusterError(f"{where}: expected a mapping with model, count, memory")
     _known_keys(gpus, {"model", "count", "memory", "numa", "nvlink", "unhealthy"}, where)
@@ -199,10 +226,11 @@ def _cards(node: str, gpus: Any, where: str) -> tuple[Card, ...]:
     bad = gpus.get("unhealthy") or []
     if not isinstance(bad, list):
         raise SimClusterError(f"{where}.unhealthy: expected a list of card indices")
-    unhealthy = {_int(k, f"{where}.unhealthy", 0, max(count - 1, 0)) for k in bad}
-    return tuple(Card(index=k, uuid=card_uuid(node, k), model=model.strip(), memory_mib=mem,
-                      healthy=k not in unhealthy, numa=numa[k], nvlink=tuple(sorted(links[k])))
-                 for k in range(count))
+    if len(bad) > MAX_CARDS_PER_NODE:
+        raise SimClusterError(f"{where}.unhealthy: more than {MAX_CARDS_PER_NODE} card indices")
+    unhealthy = frozenset(_int(k, f"{where}.unhealthy", 0, max(count - 1, 0)) for k in bad)
+    return _CardsSpec(model=model.strip(), memory_mib=mem, numa=tuple(numa),
+                      links=tuple(tuple(sorted(peers)) for peers in links), unhealthy=unhealthy)
 
 
 # A Kubernetes label: key [prefix/]name (prefix a DNS subdomain), value empty or a name.
@@ -308,6 +336,7 @@ def parse_cluster(doc: Any, src: str = "<cluster>") -> SimCluster:
         raise SimClusterError(f"{src}: 'nodes' must be a non-empty list")
     nodes: list[SimNode] = []
     seen: set[str] = set()
+    cards = 0
     for e, entry in enumerate(entries):
         where = _where(src, f"nodes[{e}]")
         if not isinstance(entry, dict):
@@ -323,12 +352,17 @@ def parse_cluster(doc: Any, src: str = "<cluster>") -> SimCluster:
         mem = _host(entry.get("memory"), f"{where}.memory", quantity_to_mib)
         labels = _labels(entry.get("labels") or {}, f"{where}.labels")
         parts = _name_parts(pattern, f"{where}.name")
+        spec = _cards(entry.get("gpus"), f"{where}.gpus")
+        cards += count * len(spec.numa)
+        if cards > MAX_CLUSTER_CARDS:
+            raise SimClusterError(f"{where}: {count} nodes of {len(spec.numa)} cards make more than "
+                                  f"{MAX_CLUSTER_CARDS} cards in the cluster")
         for i in range(1, count + 1):
             name = node_name(pattern, parts, i, f"{where}.name")
             if name in seen:
                 raise SimClusterError(f"{where}: duplicate node name {name!r}")
             seen.add(name)
-            nodes.append(SimNode(name=name, cards=_cards(name, entry.get("gpus"), f"{where}.gpus"),
+            nodes.append(SimNode(name=name, cards=spec.cards(name),
                                  cpu_milli=cpu, memory_mib=mem,
                                  labels=labels))
             if len(nodes) > MAX_NODES:
