@@ -473,6 +473,8 @@ def _load_yaml(text: str, src: str) -> Any:
         raise SimClusterError(f"{src}: not valid YAML: {exc}") from None
     except RecursionError:   # the pure-Python composer, where libyaml is missing: nesting
         raise SimClusterError(f"{src}: nested too deep: not a cluster file") from None
+    except SimClusterError:   # a ValueError too, from _node_sizes: already the file's error
+        raise
     except ValueError as exc:   # int() of a number past Python's 4300 digits, in the constructor
         raise SimClusterError(f"{src}: not valid YAML here: {str(exc)[:120]}") from None
     finally:

@@ -34,14 +34,14 @@ def test_an_alias_bomb_is_refused_before_it_is_expanded(tmp_path, where):
     started = time.monotonic()
     with pytest.raises(SimClusterError) as exc:
         load_cluster(p)
-    assert "aliases" in str(exc.value) and str(exc.value).startswith(str(p))
+    assert str(exc.value).startswith(f"{p}: its aliases stand for more than ")
     assert len(str(exc.value)) < 400 and time.monotonic() - started < 5
 
 
 def test_an_alias_that_contains_itself_is_refused(tmp_path):
     p = tmp_path / "loop.yaml"
     p.write_text("nodes:\n  - &a {name: n1, labels: *a}\n")
-    with pytest.raises(SimClusterError, match="refers to itself"):
+    with pytest.raises(SimClusterError, match=r"^\S+loop\.yaml: an anchor refers to itself \(line 2\)"):
         load_cluster(p)
 
 
