@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .inventory import MAX_CARDS_PER_NODE
+from .inventory import MAX_CARD_TEXT, MAX_CARDS_PER_NODE
 from .resources import (CORE_MILLI_PER_CARD, DEFAULT_MEMORY_UNIT_MIB, MAX_CARD_MEMORY_MIB, GpuRequest, RequestError,
                         pod_gpu_request)
 
@@ -114,7 +114,7 @@ def encode_allocation(rec: AllocationRecord, key: RecordKey | None = None, pod_u
 
 MAX_RECORD_CARDS = 64            # the most cards one pod may ask for (MAX_GPUS_PER_POD)
 MAX_CARD_INDEX = MAX_CARDS_PER_NODE - 1
-MAX_RECORD_TEXT = 256            # characters of a node name or card uuid
+MAX_RECORD_TEXT = MAX_CARD_TEXT  # characters of a node name or card uuid (an inventory's uuid fits)
 
 
 def _int_field(card: Mapping[str, Any], name: str, hi: int) -> int:

@@ -16,7 +16,6 @@ are optional. Where the annotation is absent (a cluster running NVIDIA's own dev
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
@@ -81,15 +80,27 @@ MAX_NUMA_NODE = 4095
 MAX_MEMORY_UNIT_MIB = 1 << 20
 
 
+# Characters of a card's uuid or model name: the allocation record names cards by uuid and
+# holds it to this (stowage.allocation.MAX_RECORD_TEXT), so a longer one could be chosen at
+# bind and then never honoured; NVML's names are ~40 characters.
+MAX_CARD_TEXT = 256
+
+
 def _bounded(v: Any, lo: int, hi: int, what: str) -> int:
-    """``int(v)`` within [lo, hi]; ValueError otherwise (also for inf and NaN, which ``int`` would
-    raise as OverflowError / ValueError)."""
-    if isinstance(v, float) and not math.isfinite(v):
-        raise ValueError(f"{what} is {v}")
-    n = int(v)
-    if not lo <= n <= hi:
-        raise ValueError(f"{what} {str(n)[:40]} is outside {lo}..{hi}")
-    return n
+    """``v`` if it is a JSON integer within [lo, hi]; ValueError otherwise. Not ``int(v)``: it
+    took 1.9 as card 1, true as 1 and "81_920" as 81920 (inf and NaN are floats: refused too)."""
+    if type(v) is not int:
+        raise ValueError(f"{what} must be a whole number, not {str(v)[:40]!r}")
+    if not lo <= v <= hi:
+        raise ValueError(f"{what} {str(v)[:40]} is outside {lo}..{hi}")
+    return v
+
+
+def _text(v: Any, what: str) -> str:
+    """``v`` if it is a text of 1 to MAX_CARD_TEXT characters (``str()`` made a list a uuid)."""
+    if not isinstance(v, str) or not 1 <= len(v) <= MAX_CARD_TEXT:
+        raise ValueError(f"{what} must be a text of 1 to {MAX_CARD_TEXT} characters")
+    return v
 
 
 def decode_inventory(value: str) -> Inventory:
@@ -118,10 +129,13 @@ def decode_inventory(value: str) -> Inventory:
             if not isinstance(links, (list, tuple)) or len(links) > MAX_CARDS_PER_NODE:
                 raise TypeError("nvlink must be a list of card indices")
             numa = c.get("numa")
-            card = Card(index=_bounded(c["index"], 0, top, "index"), uuid=str(c["uuid"]),
-                        model=str(c.get("model") or UNKNOWN_MODEL),
+            healthy = c.get("healthy", True)
+            if not isinstance(healthy, bool):   # bool("false") was True: a sick card handed out
+                raise ValueError("healthy must be true or false")
+            card = Card(index=_bounded(c["index"], 0, top, "index"), uuid=_text(c["uuid"], "uuid"),
+                        model=_text(c.get("model") or UNKNOWN_MODEL, "model"),
                         memory_mib=_bounded(c["memoryMiB"], 0, MAX_CARD_MEMORY_MIB, "memoryMiB"),
-                        healthy=bool(c.get("healthy", True)),
+                        healthy=healthy,
                         numa=-1 if numa is None else _bounded(numa, -1, MAX_NUMA_NODE, "numa"),
                         nvlink=tuple(_bounded(x, 0, top, "nvlink index") for x in links))
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
@@ -136,7 +150,7 @@ def decode_inventory(value: str) -> Inventory:
         uuids[card.uuid] = card.index
         cards.append(card)
     try:
-        unit = _bounded(doc.get("memoryUnitMiB") or DEFAULT_MEMORY_UNIT_MIB, 1, MAX_MEMORY_UNIT_MIB, "memoryUnitMiB")
+        unit = _bounded(doc.get("memoryUnitMiB", DEFAULT_MEMORY_UNIT_MIB), 1, MAX_MEMORY_UNIT_MIB, "memoryUnitMiB")
     except (TypeError, ValueError, OverflowError) as exc:
         raise InventoryError(f"{INVENTORY_ANNOTATION}: {str(exc)[:120]}") from None
     return Inventory(cards=tuple(sorted(cards, key=lambda c: c.index)), source="annotation", memory_unit_mib=unit)
