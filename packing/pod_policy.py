@@ -104,7 +104,10 @@ def _memory_mib(key: str, value: str) -> int:
     with a unit is bytes (``80Gi``). Bounded, so no size beyond any card reaches the placer."""
     try:
         q, suffix = split_quantity(value.strip())
-    except QuantityOutOfRange as exc:
+    except QuantityOutOfRange as exc:   # an exponent past +-40: "e-" only in a tiny one (no unit then)
+        if "e-" in value.lower():
+            raise PolicyError(f"annotation {key}: {shown(value)} is too small to be a card size (e.g. 80Gi or "
+                              "80)") from exc
         raise PolicyError(f"annotation {key}: {shown(value)} is more than any card could ever hold") from exc
     except RequestError as exc:
         raise PolicyError(f"annotation {key}: {shown(value)} is not a quantity (e.g. 80Gi or 80)") from exc
