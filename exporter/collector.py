@@ -90,6 +90,12 @@ class _Status:
         return ok
 
 
+def _not_there(exc: BaseException) -> bool:
+    """Whether a name source failed only because its path does not exist (not mounted), rather
+    than being there and unreadable (a FIFO, too large, not the kubelet's format, no permission)."""
+    return isinstance(exc.__cause__, FileNotFoundError)
+
+
 def _short(name: str, keep: int = 40) -> str:
     """A name for a log line: quoted, cut to ``keep`` characters with its length said."""
     return repr(name) if len(name) <= keep else f"{name[:keep]!r}...({len(name)} characters)"
@@ -194,16 +200,17 @@ class Snapshotter:
         """PID -> pod for the processes on shared cards: cgroup -> pod UID -> namespace/name, the
         UID named by the pod log directories and/or the kubelet checkpoint joined with PodResources."""
         pods: dict[str, PodKey] = {}
+        logs_absent = ckpt_absent = False
         try:
             pods.update(podlogs.read(self.cfg.pod_logs_dir))
             logs_ok = True
         except podlogs.PodLogsError as exc:
-            logs_ok, logs_why = False, str(exc)
+            logs_ok, logs_why, logs_absent = False, str(exc), _not_there(exc)
         try:
             uid_map: UidMap | None = ckpt.join(assignments, ckpt.read(self.cfg.checkpoint_path))
             ckpt_why = ""
         except ckpt.CheckpointError as exc:
-            uid_map, ckpt_why = None, str(exc)
+            uid_map, ckpt_why, ckpt_absent = None, str(exc), _not_there(exc)
         if uid_map is not None:
             for uid, key in uid_map.pods.items():
                 pods.setdefault(uid, key)
@@ -211,10 +218,16 @@ class Snapshotter:
         neither = not logs_ok and uid_map is None
         hint = "; processes cannot be matched to pods, shared cards are split by units held (estimated)"
         level = logging.WARNING if neither else logging.DEBUG
-        snap.up["podlogs"] = self.status.set("podlogs", logs_ok, "" if logs_ok else logs_why + (hint if neither else ""),
-                                             level)
-        snap.up["checkpoint"] = self.status.set("checkpoint", uid_map is not None,
-                                                ckpt_why + (hint if neither else ""), level)
+        # A source that is not there at all while the other names the pods is the deployment's
+        # choice (the shipped DaemonSet mounts /var/log/pods, not the checkpoint), not a missing
+        # source: it gets no series. Before, it was served as 0 for ever and the shipped alert
+        # StowageExporterSourceDown (stowage_exporter_up == 0) fired on every node with a shared card.
+        if not (logs_absent and uid_map is not None):
+            snap.up["podlogs"] = self.status.set(
+                "podlogs", logs_ok, "" if logs_ok else logs_why + (hint if neither else ""), level)
+        if not (ckpt_absent and logs_ok):
+            snap.up["checkpoint"] = self.status.set("checkpoint", uid_map is not None,
+                                                    ckpt_why + (hint if neither else ""), level)
         owners: dict[int, PodKey | Owner] = {}
         unreadable = []
         for c in shared:
