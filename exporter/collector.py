@@ -354,8 +354,9 @@ class GpuCollector(Collector):
             g("stowage_gpu_memory_total_bytes", "Card memory in total, bytes.", labels=CARD_LABELS),
             g("stowage_gpu_power_watts", "Card power draw, watts.", labels=CARD_LABELS),
             g("stowage_gpu_temperature_celsius", "Card core temperature, degrees Celsius.", labels=CARD_LABELS),
-            g("stowage_gpu_healthy", "1 while the card is reachable and has no fatal XID / pending reset condition "
-              "(the device plugin's rules), else 0.",
+            g("stowage_gpu_healthy", "1 while the device plugin would advertise the card Healthy, else 0: 0 after a "
+              "critical XID, on a failing probe (pending retired pages or row remaps, volatile uncorrectable ECC, "
+              "MIG mode), while XID events cannot be watched, or while NVML cannot read the card.",
               labels=CARD_LABELS),
             g("stowage_pod_gpu_utilization_ratio",
               "Share of the card's time this container's processes kept it busy, 0..1.", labels=POD_LABELS),
