@@ -118,7 +118,7 @@ class Snapshotter:
         snap = Snapshot(taken_at=time.monotonic())
         cards = self.nvml.read()
         snap.up["nvml"] = self.status.set("nvml", cards is not None, self.nvml.error or "NVML unavailable")
-        snap.cards = cards or []
+        snap.cards = cards if cards is not None else self.nvml.known_unreachable()
         if self.nvml.xid_watched is not None:   # its failures are logged by the XID watcher itself
             snap.up["xid"] = self.nvml.xid_watched
         try:

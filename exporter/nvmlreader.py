@@ -124,6 +124,13 @@ def _wall_clock_us() -> int:
     return int(time.time() * 1e6)
 
 
+def _unread(last: CardSample) -> CardSample:
+    """A card read before that cannot be read now: its identity, unhealthy, nothing measured."""
+    return CardSample(index=last.index, uuid=last.uuid, model=last.model, memory_total_bytes=0,
+                      memory_used_bytes=0, utilization=None, power_watts=None, temperature_c=None,
+                      healthy=False, reachable=False)
+
+
 @dataclass
 class _ProcUtilState:
     last_ts: dict[str, int] = field(default_factory=dict)  # uuid -> newest sample timestamp seen (µs)
@@ -378,6 +385,20 @@ class NvmlReader:
                 self._start_xids()                # first read, after an NVML re-init, or the watcher died
         return self._xid_blind(cards)
 
+    def known_unreachable(self) -> list[CardSample]:
+        """Every card read before, as unreachable: what a reading serves while NVML as a whole does
+        not answer (:meth:`read` gave None). No card can be read then, and a card read once that
+        NVML cannot read keeps its health series at 0 (docs/metrics-contract.md); before, every
+        card's series went, health included, so an alert on ``stowage_gpu_healthy == 0`` resolved
+        at the moment every card died. Cards never read have no UUID or model: none here. A count
+        that is no number keeps the session (:meth:`read`: counted again on the next reading) and
+        judges no card: nothing then, as before. Nor is the outage a failed probe of each card (the
+        device plugin probes its cards by their own handles): once NVML answers, each card is served
+        as its own probe and XIDs say, without a recovery period for the outage."""
+        if self.ok:
+            return []
+        return [_unread(c) for c in sorted(self._known.values(), key=lambda c: c.index)]
+
     def _log_missing(self, label: str, reason: str, labels_now: set[str]) -> None:
         """Log a card that cannot be read once when it goes, not on every snapshot."""
         if label not in self._missing:
@@ -392,9 +413,7 @@ class NvmlReader:
         answers again it turns healthy under the same quiet-period rule as the device plugin.
         """
         self._healthy(last.uuid, f"NVML cannot reach the card: {why}")   # even with health checks disabled: 0
-        return CardSample(index=last.index, uuid=last.uuid, model=last.model, memory_total_bytes=0,
-                          memory_used_bytes=0, utilization=None, power_watts=None, temperature_c=None,
-                          healthy=False, reachable=False)
+        return _unread(last)
 
     def _read_card(self, index: int, uuid: str, h: Any) -> CardSample:
         """One card's telemetry and health. Its name is its identity (an odd one makes the card
