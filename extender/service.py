@@ -489,9 +489,12 @@ class ExtenderService:
     def _learn(self, uid: str, req: GpuRequest, models: tuple[str, ...] = ()) -> None:
         """Show the placers a pod, once per uid however often it is seen (filter, prioritize, a
         second scheduling cycle after its bind, the watch) while :attr:`_learned` remembers the
-        uid: one its bounds forgot is learned again if seen again (extender/learned_uids.py)."""
+        uid: one its bounds forgot is learned again if seen again (extender/learned_uids.py).
+        Nor once the watch showed it deleted (a scheduling cycle begun before the deletion may
+        reach filter after it): it was learned already, no second deletion would ever forget its
+        uid, and a restarted extender learns it once (:attr:`departed`)."""
         with self._pods_lock:
-            if not self._learned.add(uid, req, models):
+            if uid in self._deleted or not self._learned.add(uid, req, models):
                 return
         with self.model.lock:  # placers are not required to be thread-safe
             for placer in self._distinct_placers():
