@@ -115,7 +115,11 @@ class PodClass:
         return self.gpus if self.gpus else (1 if self.is_gpu else 0)
 
     def sort_key(self) -> tuple:
-        return (self.cpu_milli, self.milli_per_gpu, self.gpu_number, "|".join(self.models), self.host_mem_mib)
+        """FGD's order of equally frequent classes, then every other field, so that no two
+        classes tie: which of two tied classes :meth:`Workload.typical` keeps must not depend on
+        which was seen first (a restarted extender learns the departed pods first)."""
+        return (self.cpu_milli, self.milli_per_gpu, self.gpu_number, "|".join(self.models), self.host_mem_mib,
+                self.min_card_mem_mib, self.mem_mib, self.core_milli, self.models)
 
 
 MAX_CLASSES = 1024   # distinct pod classes a learned workload keeps (see Workload)
