@@ -187,6 +187,8 @@ def _row(row: Any) -> tuple[GpuRequest, tuple[str, ...], int]:
             isinstance(m, str) and 0 < len(m) <= MAX_MODEL_NAME for m in models):
         raise PastError(f"models must be a list of at most {MAX_MODELS_PER_LIST} names of 1 to "
                         f"{MAX_MODEL_NAME} characters")
+    if tuple(models) != model_list(models):   # as add() keeps it: one list, one row
+        raise PastError("models must be sorted, without repeats")
     n = _int(n, "pods", 1, MAX_COUNT)
     req = GpuRequest(gpus=gpus, mem_mib=mem, core_milli=core, min_card_mem_mib=min_card, cpu_milli=cpu,
                      host_mem_mib=float(host_mem))   # a float, as pod_request gives it
