@@ -30,7 +30,7 @@ from .gunicorn_conf import ExtenderServer, TLSFiles, gunicorn_options, register_
 from .learned_store import DEFAULT_NAME as DEFAULT_PAST_NAME
 from .learned_store import DEFAULT_NAMESPACE as DEFAULT_PAST_NAMESPACE
 from .learned_store import parse_location
-from .intake import DEFAULT_CLIENT_TIMEOUT_S, return_big_buffers_to_the_system, set_client_timeout
+from .intake import DEFAULT_CLIENT_TIMEOUT_S, check_gunicorn, return_big_buffers_to_the_system, set_client_timeout
 from .kube_objects import LIST_LEARN_BYTES
 from .learned_uids import LEARNED_BYTES
 from .pending_pods import PENDING_BYTES
@@ -192,6 +192,10 @@ def run_server(cfg: ServeConfig, bind: str, threads: int, log_level: str,
                factory: Callable[[ServeConfig], Flask] = build_app, workers: int = 1, **extra: Any) -> None:
     """Run gunicorn in this process until SIGTERM/SIGINT: one worker holding the model, or with
     ``workers`` > 1 the split layout (HTTP workers in front of one decision process)."""
+    try:
+        check_gunicorn()   # said here in one line; ExtenderServer checks too, for every other host
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
     if workers > 1:
         from .split import run_split
 

@@ -28,7 +28,7 @@ from typing import Any, Callable
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 
-from .intake import WORKER_CLASS, WORKER_CONNECTIONS
+from .intake import WORKER_CLASS, WORKER_CONNECTIONS, check_gunicorn
 
 log = logging.getLogger("stowage.extender")
 
@@ -124,6 +124,7 @@ class ExtenderServer(BaseApplication):
     """A gunicorn application whose WSGI app comes from ``app_factory`` (called in the worker)."""
 
     def __init__(self, app_factory: Callable[[], Flask], options: dict[str, Any]) -> None:
+        check_gunicorn()   # before anything is served: an older gunicorn fails inside the worker
         self.app_factory = app_factory
         self.options = options
         super().__init__()

@@ -514,6 +514,22 @@ def _done(result: Any) -> Future:
 
 
 WORKER_CLASS = f"{__name__}.GuardedWorker"
+# The oldest gunicorn whose gthread worker has what GuardedWorker builds on: ``pending_conns`` and
+# ``murder_pending`` (26.0), ``method_queue`` (24.0). pyproject.toml asks for the same.
+MIN_GUNICORN = (26, 0)
+
+
+def check_gunicorn(version: tuple[int, ...] | None = None) -> None:
+    """Raise RuntimeError, saying which gunicorn is installed and which is needed, when it is
+    older than :data:`MIN_GUNICORN`. Why: on 22-25 the extender started and then failed inside
+    its worker (an AttributeError on the first connection), far from the cause."""
+    import gunicorn
+
+    have = tuple(version if version is not None else gunicorn.version_info)
+    if tuple(have[:2]) < MIN_GUNICORN:
+        need = ".".join(map(str, MIN_GUNICORN))
+        raise RuntimeError(f"gunicorn {'.'.join(map(str, have))} is installed; the extender's worker needs "
+                           f"gunicorn>={MIN_GUNICORN[0]} ({need} or later: pip install 'gunicorn>={need}')")
 
 
 # ------------------------------------------------------------------------- the big-body lane
