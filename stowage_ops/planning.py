@@ -294,7 +294,7 @@ class GpuAllocatable:
         stated = self.stated.get(node)
         if stated is None or node not in model.index:
             return None
-        return stated - sum(al.kube_request.gpus for al in _pods_on(model, node))
+        return stated - _asked(model, node).gpus
 
     @staticmethod
     def share_room(model: ClusterModel, node: str) -> tuple[int | None, int | None]:
@@ -306,9 +306,7 @@ class GpuAllocatable:
         st = meta.gpu_allocatable
         if st.mem_mib is None and st.core_milli is None:
             return None, None
-        used = Counts()
-        for al in _pods_on(model, node):
-            used = used + al.kube_request
+        used = _asked(model, node)
         return (None if st.mem_mib is None else st.mem_mib - used.mem_mib,
                 None if st.core_milli is None else st.core_milli - used.core_milli)
 
@@ -486,6 +484,15 @@ def _pods_on(model: ClusterModel, node: str) -> list[PodAllocation]:
         return []
     allocs = [model.allocations[u] for u in sorted(meta.pods) if u in model.allocations]
     return [al for al in allocs if al.applied]
+
+
+def _asked(model: ClusterModel, node: str) -> Counts:
+    """What the pods bound to ``node`` ask of the GPU resources, as kube-scheduler counts them
+    (:attr:`packing.model.PodAllocation.kube_request`)."""
+    used = Counts()
+    for al in _pods_on(model, node):
+        used = used + al.kube_request
+    return used
 
 
 def _milli_held(al: PodAllocation) -> int:
