@@ -97,7 +97,7 @@ def _int(value: Any, where: str, lo: int = 0, hi: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SimClusterError(f"{where}: expected a whole number, got {_quoted(value)}")
     if value < lo or (hi is not None and value > hi):
-        raise SimClusterError(f"{where}: {str(value)[:40]}{'...' if len(str(value)) > 40 else ''} is out of range "
+        raise SimClusterError(f"{where}: {_quoted(value)} is out of range "
                               f"({lo}..{hi if hi is not None else ''})")
     return value
 
@@ -124,7 +124,7 @@ def _mib(value: Any, where: str) -> int:
     if mib <= 0:
         raise SimClusterError(f"{where}: memory must be positive, got {_quoted(value)}")
     if mib > MAX_CARD_MEMORY_MIB:   # the bound every inventory reader holds a card to
-        raise SimClusterError(f"{where}: memory must be at most {MAX_CARD_MEMORY_MIB} MiB, got {str(value)[:40]!r}")
+        raise SimClusterError(f"{where}: memory must be at most {MAX_CARD_MEMORY_MIB} MiB, got {_quoted(value)}")
     if bare and mib < SMALLEST_BARE_MIB:
         shown = str(value).strip()
         raise SimClusterError(f"{where}: a bare number is MiB, and {shown} MiB is smaller than any GPU: "
